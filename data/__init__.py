@@ -1,0 +1,1 @@
+"""Token data: the on-disk shard format, corpus preparation and the memory-mapped loader."""

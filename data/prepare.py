@@ -1,0 +1,287 @@
+"""Corpus -> token shards: `python -m data.prepare`.
+
+    python -m data.prepare --demo --out shards/demo           # offline: the stdlib's .py files, bytes tokenizer
+    python -m data.prepare --dataset HuggingFaceFW/fineweb --subset sample-10BT --streaming \\
+        --tokenizer gpt2 --out shards/fineweb
+    python -m data.prepare --files 'corpus/*.jsonl' --text-field text --name mine --out shards/mine
+
+The token stream is every document preceded by <|endoftext|>, in source order. It is cut exactly, even
+inside a document (as llm.c and modded-nanogpt do): the first --val-tokens tokens go to
+DIR/<name>_val_000000.bin, the rest to DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the
+last one shorter). DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and
+token count), documents, tokens, text_bytes, bytes_per_token, and "settings" (what determines the output).
+It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
+again with the same arguments, continues after its last shard and ends with the same bytes as an
+uninterrupted run. Another run's shards in DIR are refused unless --overwrite.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from collections import deque
+from itertools import islice
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from atomic import write_json
+from data import sources
+from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
+from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+
+BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
+META = "meta.json"
+OUR_SHARDS = ("*_val_[0-9][0-9][0-9][0-9][0-9][0-9].bin", "*_train_[0-9][0-9][0-9][0-9][0-9][0-9].bin")
+
+
+class PrepareError(ValueError):
+    """An output directory or argument that prepare cannot use; the message says the fix."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="Hugging Face dataset, e.g. HuggingFaceFW/fineweb")
+    src.add_argument("--files", help="glob of local .txt (one document per file), .jsonl or .parquet files")
+    src.add_argument("--demo", dest="source", action="store_const", const="stdlib",
+                     help="offline demo corpus: this Python's standard library sources (same as --source stdlib)")
+    src.add_argument("--source", choices=["stdlib"])
+    p.add_argument("--subset", help="dataset config name, e.g. sample-10BT")
+    p.add_argument("--split", default="train")
+    p.add_argument("--text-field", default="text", help="column holding the text (.jsonl, .parquet, datasets)")
+    p.add_argument("--streaming", action="store_true", help="stream the dataset instead of downloading it first")
+    p.add_argument("--tokenizer", help="bytes | gpt2 | any tiktoken name | a .tiktoken file "
+                                       "(default: bytes for the demo corpus, else gpt2)")
+    p.add_argument("--name", help="shard file prefix (default: demo, or a slug of the dataset/folder name)")
+    p.add_argument("--out", help="output directory (default: shards/NAME)")
+    p.add_argument("--shard-tokens", type=int, default=10**8)
+    p.add_argument("--val-tokens", type=int, default=10**7, help="the first N tokens form the val shard (0: none)")
+    p.add_argument("--max-docs", type=int, help="stop after this many documents")
+    p.add_argument("--max-tokens", type=int, help="stop after this many tokens (cut exactly)")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes (1: inline)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards of other settings in --out")
+    args = p.parse_args(argv)
+    for flag in ("shard_tokens", "workers", "max_docs", "max_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.val_tokens < 0:
+        p.error("--val-tokens must be >= 0")
+    args.tokenizer = args.tokenizer or ("bytes" if args.source else "gpt2")
+    args.name = args.name or _slug(args)
+    args.out = Path(args.out or Path("shards") / args.name)
+    return args
+
+
+def open_source(args: argparse.Namespace) -> tuple[dict, Callable[[], Iterator[str]]]:
+    """A description of the corpus (it goes into meta.json) and a function that starts its documents."""
+    if args.source == "stdlib":
+        files = sources.stdlib_files()
+        return ({"kind": "stdlib", "python": sys.version.split()[0], **_file_stats(files)},
+                lambda: sources.read_text_files(files))
+    if args.files:
+        files = sources.local_files(args.files)
+        return ({"kind": "files", "pattern": args.files, "text_field": args.text_field, **_file_stats(files)},
+                lambda: sources.file_documents(files, args.text_field))
+    # --streaming changes how the rows arrive, not which: it is not part of the description.
+    return ({"kind": "huggingface", "dataset": args.dataset, "subset": args.subset, "split": args.split,
+             "text_field": args.text_field},
+            lambda: sources.hf_documents(args.dataset, args.subset, args.split, args.text_field, args.streaming))
+
+
+def _file_stats(files: list[Path]) -> dict:
+    # Count and size stand for the content: a resumed run must not continue on a changed corpus.
+    return {"folder": str(Path(os.path.commonpath([p.parent for p in files])).resolve()), "files": len(files),
+            "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _slug(args: argparse.Namespace) -> str:
+    if args.source:
+        return "demo"
+    base = args.dataset.rsplit("/", 1)[-1] if args.dataset else Path(args.files).parent.name
+    return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "corpus"
+
+
+def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
+    """meta.json to continue from: a fresh one, or the one a run with the same settings left in `out`."""
+    for stale in out.glob(".*.tmp*"):  # left by a killed writer (atomic_path cleans up only on exceptions)
+        stale.unlink()
+    found = sorted({p.name for pattern in OUR_SHARDS for p in out.glob(pattern)})
+    meta_path = out / META
+    old = _read_meta(meta_path) if meta_path.exists() else None
+    if overwrite:
+        for name in [META, *found]:  # meta.json first: it must never list shards that are gone
+            (out / name).unlink(missing_ok=True)
+    elif old is not None and old["settings"] != settings:
+        diffs = [f"{k}: directory has {old['settings'].get(k)!r}, this run {v!r}"
+                 for k, v in settings.items() if old["settings"].get(k) != v]
+        raise PrepareError(f"{out} holds shards made with different settings ({'; '.join(diffs)}); "
+                           f"write to another --out directory or pass --overwrite to replace them")
+    elif old is not None:
+        _check_listed_shards(out, old)
+        return old
+    elif found:
+        raise PrepareError(f"{out} holds shards ({found[0]} ...) but no {META}, so their settings are unknown; "
+                           f"write to another --out directory or pass --overwrite to replace them")
+    return {"complete": False, "settings": settings, "shards": [], "documents": 0, "partial_doc_tokens": 0,
+            "tokens": 0, "text_bytes": 0}
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as e:
+        meta = str(e)
+    if not isinstance(meta, dict) or not {"settings", "shards", "complete"} <= meta.keys():
+        raise PrepareError(f"{path}: not a meta.json written by data.prepare ({str(meta)[:100]}); "
+                           f"write to another --out directory or pass --overwrite")
+    return meta
+
+
+def _check_listed_shards(out: Path, meta: dict) -> None:
+    for shard in meta["shards"]:
+        try:
+            n = len(open_shard(out / shard["file"]))
+        except ShardError as e:
+            n = str(e)
+        if n != shard["tokens"]:
+            raise PrepareError(f"{out / shard['file']}: {META} lists {shard['tokens']} tokens, found {n}; "
+                               f"the directory was changed by hand: pass --overwrite to re-create it")
+
+
+_ENC = None  # each worker process builds its tokenizer once, in _init_worker
+
+
+def _init_worker(tokenizer: str, dtype: str) -> None:
+    global _ENC
+    enc = get_tokenizer(tokenizer)
+    _ENC = enc, eot_token(enc), np.dtype(dtype)
+
+
+def _encode(docs: list[str]) -> list[tuple[np.ndarray, int]]:
+    enc, eot, dtype = _ENC
+    out = []
+    for doc in docs:
+        ids = enc.encode_ordinary(doc)  # ordinary: a literal "<|endoftext|>" in a document is just text
+        arr = np.empty(len(ids) + 1, dtype=dtype)
+        arr[0], arr[1:] = eot, ids
+        out.append((arr, len(doc.encode("utf-8", errors="replace"))))
+    return out
+
+
+def encode_documents(docs: Iterable[str], tokenizer: str, dtype: np.dtype,
+                     workers: int) -> Iterator[tuple[np.ndarray, int]]:
+    """Each document's tokens (<|endoftext|> first) and UTF-8 size, in order, tokenized by `workers` processes."""
+    docs = iter(docs)
+    batches = iter(lambda: list(islice(docs, BATCH_DOCS)), [])
+    if workers == 1:
+        _init_worker(tokenizer, dtype.str)
+        for batch in batches:
+            yield from _encode(batch)
+        return
+    # A bounded queue of tasks instead of Pool.imap: imap's feeder thread would read the whole corpus ahead.
+    with multiprocessing.Pool(workers, _init_worker, (tokenizer, dtype.str)) as pool:
+        pending: deque = deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_encode, (batch,)))
+            if len(pending) >= 4 * workers:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+
+
+def shard_file(meta: dict) -> tuple[str, int]:
+    """The name and token count of the next shard: the val shard first (if any), then train shards."""
+    name, val = meta["settings"]["name"], meta["settings"]["val_tokens"]
+    if val and not meta["shards"]:
+        return f"{name}_val_000000.bin", val
+    index = len(meta["shards"]) + (0 if val else 1)
+    return f"{name}_train_{index:06d}.bin", meta["settings"]["shard_tokens"]
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    """Tokenize the corpus into shards in args.out (resuming a killed run); return the final meta.json."""
+    source, documents = open_source(args)
+    enc = get_tokenizer(args.tokenizer)
+    dtype = dtype_for_vocab(enc.n_vocab)
+    settings = {"name": args.name, "tokenizer": args.tokenizer, "vocab_size": enc.n_vocab, "source": source,
+                "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens, "max_docs": args.max_docs,
+                "max_tokens": args.max_tokens}
+    meta = start_meta(args.out, settings, args.overwrite)
+    meta.update(tokenizer=args.tokenizer, vocab_size=enc.n_vocab, eot_token=eot_token(enc), dtype=dtype.name)
+    if meta["complete"]:
+        print(f"prepare: {args.out} is already complete ({meta['tokens']:,} tokens); nothing to do",
+              file=sys.stderr)
+        return meta
+    first, skip = meta["documents"], meta["partial_doc_tokens"]
+    stream = encode_documents(islice(documents(), first, args.max_docs), args.tokenizer, dtype, args.workers)
+    t0, written = time.time(), meta["tokens"]
+    bar = tqdm(unit="tok", unit_scale=True, initial=written, file=sys.stderr, disable=None, desc="prepare")
+    buf, buffered, doc, uncounted_bytes = [], 0, first - 1, 0
+    for doc, (toks, nbytes) in enumerate(stream, first):
+        full = len(toks)
+        toks = toks[skip:] if doc == first else toks
+        if args.max_tokens is not None:
+            toks = toks[:args.max_tokens - meta["tokens"] - buffered]
+        buf.append(toks)
+        buffered += len(toks)
+        uncounted_bytes += nbytes
+        bar.update(len(toks))
+        bar.set_postfix_str(f"docs={doc + 1:,}", refresh=False)
+        while buffered >= shard_file(meta)[1]:
+            rest = _write_next(args.out, meta, np.concatenate(buf))
+            buf, buffered = [rest], len(rest)
+            # The rest, if any, is the tail of this document: resume re-tokenizes it and skips what is written.
+            meta["documents"], meta["partial_doc_tokens"] = (doc, full - len(rest)) if len(rest) else (doc + 1, 0)
+            counted = uncounted_bytes - (nbytes if len(rest) else 0)  # a document's bytes count once it is done
+            meta["text_bytes"] += counted
+            uncounted_bytes -= counted
+            write_json(args.out / META, meta)
+        if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
+            break
+    bar.close()
+    if buffered:
+        _write_next(args.out, meta, np.concatenate(buf))
+        meta["documents"], meta["partial_doc_tokens"] = doc + 1, 0
+        meta["text_bytes"] += uncounted_bytes
+    if not any("_train_" in s["file"] for s in meta["shards"]):
+        raise PrepareError(f"the corpus gave only {meta['tokens']:,} tokens, all taken by the val split "
+                           f"(--val-tokens {args.val_tokens:,}); lower --val-tokens or add documents")
+    meta["complete"] = True
+    # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
+    meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]
+    write_json(args.out / META, meta)
+    rate = (meta["tokens"] - written) / max(time.time() - t0, 1e-9)
+    print(f"prepare: {meta['documents']:,} documents, {meta['tokens']:,} tokens in {len(meta['shards'])} shards "
+          f"-> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
+    return meta
+
+
+def _write_next(out: Path, meta: dict, tokens: np.ndarray) -> np.ndarray:
+    """Write the next shard from the head of `tokens`; return the tokens left over."""
+    name, size = shard_file(meta)
+    write_shard(out / name, tokens[:size], dtype=meta["dtype"])
+    n = min(size, len(tokens))
+    meta["shards"].append({"file": name, "tokens": n})
+    meta["tokens"] += n
+    return tokens[size:]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `python -m data.prepare`."""
+    args = parse_args(argv)
+    try:
+        prepare(args)
+    except (PrepareError, TokenizerError, sources.SourceError) as e:
+        sys.exit(f"prepare: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

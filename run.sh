@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# shardrun: one command from a fresh machine to a trained GPT.
+#   bash run.sh            the main job for this machine (see `bash run.sh help`)
+#   bash run.sh test       the whole test suite
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT=$(pwd)
+VENV=${SHARDRUN_VENV:-$ROOT/.venv}
+PY=$VENV/bin/python
+
+usage() {
+  cat <<'USAGE'
+usage: bash run.sh [COMMAND] [ARGS...]
+
+  (none)                 the main job: the CPU track on a machine without a GPU (offline: prepare the
+                         Python stdlib corpus, train configs/cpu.toml, print the summary and a sample);
+                         the speedrun track with GPUs (fetch FineWeb shards, train the speedrun config)
+  test [PYTEST ARGS]     the whole test suite (pytest); e.g. `bash run.sh test -m "not slow"`
+  prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
+  train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1
+  bench [loader|recipe|memory] [ARGS]
+                         the benchmarks in scripts/ (default: loader)
+  leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)
+  sample CHECKPOINT [ARGS]
+                         python -m scripts.sample: text from a checkpoint
+  help                   this text
+
+environment:
+  BUDGET                 training budget in seconds (overrides train.budget_s)
+  CONFIG                 config of the main job (default configs/cpu.toml, or the speedrun config on GPUs)
+  NPROC                  processes per node (default: number of GPUs, else 1)
+  NNODES NODE_RANK MASTER_ADDR MASTER_PORT
+                         multi-node: torchrun --rdzv-backend=c10d at MASTER_ADDR:MASTER_PORT
+                         (MASTER_PORT default 29517: 29500 is often taken on shared nodes)
+  FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs (default 9, 100M tokens each)
+  SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it
+USAGE
+}
+
+# Create or reuse the virtualenv and install requirements once (again only when they change).
+# A machine whose Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch.
+setup_env() {
+  local base=${PYTHON:-python3} req=requirements.txt keep_torch want
+  "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "shardrun needs Python 3.11+")'
+  keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
+  if [ ! -x "$PY" ]; then
+    if [ "$keep_torch" = 1 ]; then "$base" -m venv --system-site-packages "$VENV"; else "$base" -m venv "$VENV"; fi
+  fi
+  want=$(sha256sum "$req" | cut -d' ' -f1)-$keep_torch
+  if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
+    echo "[run.sh] installing requirements into $VENV (once) ..."
+    if [ "$keep_torch" = 1 ]; then
+      grep -v '^torch[=<>~ ]' "$req" > "$VENV/requirements.notorch.txt"
+      req=$VENV/requirements.notorch.txt
+    fi
+    "$PY" -m pip install -q --disable-pip-version-check -r "$req"
+    echo "$want" > "$VENV/.requirements.sha"
+  fi
+}
+
+num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
+
+# train.py, in one process or under torchrun (multi-node through c10d rendezvous).
+launch() {
+  local nproc=${NPROC:-1} nnodes=${NNODES:-1} budget=()
+  [ -n "${BUDGET:-}" ] && budget=(--train.budget_s="$BUDGET")
+  if [ "$nproc" = 1 ] && [ "$nnodes" = 1 ]; then
+    "$PY" train.py "$@" "${budget[@]}"
+  elif [ "$nnodes" = 1 ]; then
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$@" "${budget[@]}"
+  else
+    : "${MASTER_ADDR:?multi-node runs need MASTER_ADDR (address of the first node)}"
+    "$PY" -m torch.distributed.run --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
+      --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29517}" --rdzv-id="${RDZV_ID:-shardrun}" \
+      train.py "$@" "${budget[@]}"
+  fi
+}
+
+cpu_track() {
+  local config=${CONFIG:-configs/cpu.toml} run_id
+  run_id=cpu-$(date +%Y%m%d-%H%M%S)
+  echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
+  "$PY" -m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo
+  echo "[run.sh] training $config on $(nproc) cores"
+  launch --config "$config" --log.run_id="$run_id"
+  "$PY" -m scripts.leaderboard "runs/$run_id"
+  echo "[run.sh] a sample from runs/$run_id/checkpoint.pt:"
+  "$PY" -m scripts.sample "runs/$run_id/checkpoint.pt" --prompt "def " --tokens 300 --seed 0
+}
+
+gpu_track() {
+  local ngpu=$1 config
+  config=${CONFIG:-configs/speedrun_8xh100.toml}
+  [ "$ngpu" = 1 ] && [ -z "${CONFIG:-}" ] && config=configs/speedrun_1gpu.toml
+  echo "[run.sh] speedrun track on $ngpu GPU(s): fetching pre-tokenized FineWeb shards if missing"
+  "$PY" -m scripts.fetch_fineweb --shards "${FINEWEB_SHARDS:-9}" --out shards/fineweb10B
+  NPROC=${NPROC:-$ngpu} launch --config "$config"
+}
+
+cmd=${1:-main}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  help|-h|--help) usage; exit 0 ;;
+  test|prepare|train|bench|leaderboard|sample|main) setup_env ;;
+  *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
+esac
+case "$cmd" in
+  test) exec "$PY" -m pytest tests "$@" ;;
+  prepare) exec "$PY" -m data.prepare "$@" ;;
+  train)
+    [ $# -ge 1 ] || { echo "usage: bash run.sh train CONFIG [--section.key=value ...]" >&2; exit 2; }
+    config=$1; shift
+    launch --config "$config" "$@" ;;
+  bench)
+    which=${1:-loader}; [ $# -gt 0 ] && shift
+    exec "$PY" -m "scripts.bench_$which" "$@" ;;
+  leaderboard) [ $# -gt 0 ] || set -- runs records; exec "$PY" -m scripts.leaderboard "$@" ;;
+  sample) exec "$PY" -m scripts.sample "$@" ;;
+  main)
+    ngpu=$(num_gpus)
+    if [ "$ngpu" -gt 0 ]; then gpu_track "$ngpu"; else cpu_track; fi ;;
+esac

@@ -1,0 +1,218 @@
+"""`python -m data.prepare` and `python -m scripts.fetch_fineweb` end to end on real files."""
+import json
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data import sources
+from data.prepare import PrepareError, parse_args, prepare
+from data.shards import open_shard, write_shard
+from tests.helpers import ROOT, run
+
+DOCS = ["first document\nwith two lines\n", "héllo wörld ✓ 🙂\r\nwindows line", "x <|endoftext|> y",
+        "  spaces  ", "short", "a longer one " * 9]
+EOT = 256  # the bytes tokenizer's <|endoftext|>
+
+
+def run_prepare(*argv: str) -> dict:
+    """prepare in this process (workers=1 unless given); returns meta.json as written."""
+    args = parse_args(["--workers", "1", *argv] if "--workers" not in argv else list(argv))
+    prepare(args)
+    return json.loads((args.out / "meta.json").read_text())
+
+
+def token_stream(out: Path) -> np.ndarray:
+    """All shards listed in meta.json, concatenated in order."""
+    meta = json.loads((out / "meta.json").read_text())
+    return np.concatenate([open_shard(out / s["file"]) for s in meta["shards"]])
+
+
+def documents_of(tokens: np.ndarray) -> list[str]:
+    """Split a bytes-tokenizer stream on <|endoftext|> (which starts it) and decode each document."""
+    assert tokens[0] == EOT
+    cuts = np.flatnonzero(tokens == EOT)
+    return [bytes(tokens[a + 1:b].astype(np.uint8)).decode() for a, b in zip(cuts, [*cuts[1:], len(tokens)])]
+
+
+def all_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def write_corpus(folder: Path, kind: str, field: str = "text") -> str:
+    """DOCS as files of one kind in `folder`; returns the glob for --files."""
+    folder.mkdir()
+    rows = [{"id": i, field: d} for i, d in enumerate(DOCS)]
+    if kind == "txt":  # one document per file; names sort in document order
+        for i, d in enumerate(DOCS):
+            (folder / f"doc{i:02d}.txt").write_bytes(d.encode())
+    elif kind == "jsonl":  # two files, to check the order across files
+        for name, part in (("a.jsonl", rows[:4]), ("b.jsonl", rows[4:])):
+            (folder / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows[:3]), folder / "a.parquet")
+        pq.write_table(pa.Table.from_pylist(rows[3:]), folder / "b.parquet")
+    return str(folder / f"*.{kind}")
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
+def test_local_files_give_back_the_documents_in_order(tmp_path, kind):
+    pattern = write_corpus(tmp_path / "corpus", kind, field="body")
+    out = tmp_path / "out"
+    meta = run_prepare("--files", pattern, "--text-field", "body", "--tokenizer", "bytes", "--out", str(out),
+                       "--shard-tokens", "50", "--val-tokens", "30")
+    tokens = token_stream(out)
+    assert documents_of(tokens) == DOCS
+    total = sum(len(d.encode()) + 1 for d in DOCS)
+    sizes = [30] + [50] * ((total - 30) // 50) + ([(total - 30) % 50] if (total - 30) % 50 else [])
+    assert [s["tokens"] for s in meta["shards"]] == sizes
+    assert [s["file"] for s in meta["shards"]] == ["corpus_val_000000.bin"] + [
+        f"corpus_train_{i:06d}.bin" for i in range(1, len(sizes))]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(s["file"] for s in meta["shards"]), "meta.json"])
+    assert meta["complete"] and meta["documents"] == len(DOCS) and meta["tokens"] == total == len(tokens)
+    text_bytes = sum(len(d.encode()) for d in DOCS)
+    assert meta["text_bytes"] == text_bytes and meta["bytes_per_token"] == text_bytes / total
+    assert (meta["tokenizer"], meta["vocab_size"], meta["eot_token"], meta["dtype"]) == ("bytes", 257, 256, "uint16")
+    assert meta["settings"]["source"]["kind"] == "files" and meta["settings"]["source"]["pattern"] == pattern
+    assert meta["settings"]["shard_tokens"] == 50 and meta["settings"]["val_tokens"] == 30
+
+
+def test_a_local_dataset_folder_through_datasets(tmp_path):
+    write_corpus(tmp_path / "ds", "parquet")
+    out = tmp_path / "out"
+    meta = run_prepare("--dataset", str(tmp_path / "ds"), "--tokenizer", "bytes", "--out", str(out),
+                       "--val-tokens", "0", "--shard-tokens", "1000")
+    assert documents_of(token_stream(out)) == DOCS
+    assert [s["file"] for s in meta["shards"]] == ["ds_train_000001.bin"]
+    assert meta["settings"]["source"] == {"kind": "huggingface", "dataset": str(tmp_path / "ds"), "subset": None,
+                                          "split": "train", "text_field": "text"}
+
+
+def test_demo_corpus_is_the_stdlib_sources(tmp_path):
+    out = tmp_path / "demo"
+    meta = run_prepare("--demo", "--max-docs", "12", "--out", str(out), "--val-tokens", "5000",
+                       "--shard-tokens", "20000")
+    expected = list(islice(sources.stdlib_documents(), 12))
+    assert documents_of(token_stream(out)) == expected
+    assert meta["tokenizer"] == "bytes" and meta["documents"] == 12
+    names = [p.relative_to(sysconfig.get_paths()["stdlib"]).as_posix() for p in sources.stdlib_files()]
+    assert names == sorted(names) and "os.py" in names and not any("site-packages" in n for n in names)
+    # --max-tokens cuts the same stream exactly
+    cut = run_prepare("--demo", "--max-docs", "12", "--max-tokens", "12345", "--out", str(tmp_path / "cut"),
+                      "--val-tokens", "5000", "--shard-tokens", "20000")
+    assert cut["tokens"] == 12345 and np.array_equal(token_stream(tmp_path / "cut"), token_stream(out)[:12345])
+
+
+def test_two_workers_write_the_same_bytes_as_one(tmp_path):
+    common = ["--demo", "--max-docs", "150", "--val-tokens", "100000", "--shard-tokens", "300000"]
+    run_prepare(*common, "--workers", "1", "--out", str(tmp_path / "w1"))
+    run_prepare(*common, "--workers", "2", "--out", str(tmp_path / "w2"))
+    assert all_bytes(tmp_path / "w1") == all_bytes(tmp_path / "w2")
+
+
+def test_killed_runs_resume_to_the_same_output(tmp_path):
+    common = ["--demo", "--max-docs", "200", "--val-tokens", "10000", "--shard-tokens", "100000", "--workers", "1"]
+    out = tmp_path / "killed"
+    for kill in (1, 2):
+        proc = subprocess.Popen([sys.executable, "-m", "data.prepare", *common, "--out", str(out)], cwd=ROOT,
+                                stderr=subprocess.DEVNULL)
+        done_before = len(list(out.glob("demo_train_*.bin")))
+        deadline = time.time() + 120
+        while len(list(out.glob("demo_train_*.bin"))) <= done_before and proc.poll() is None:
+            assert time.time() < deadline
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, f"run {kill} finished before it could be killed"
+        assert not json.loads((out / "meta.json").read_text())["complete"]
+    run_prepare(*common, "--out", str(out))
+    whole = run_prepare(*common, "--out", str(tmp_path / "whole"))
+    # meta.json is among the bytes compared: documents and text_bytes were counted once across the kills.
+    assert all_bytes(out) == all_bytes(tmp_path / "whole")
+    assert whole["documents"] == 200 and whole["text_bytes"] == sum(
+        len(d.encode()) for d in islice(sources.stdlib_documents(), 200))
+
+
+def test_other_settings_in_the_directory_are_refused(tmp_path):
+    out = tmp_path / "out"
+    common = ["--demo", "--max-docs", "3", "--val-tokens", "100", "--out", str(out)]
+    run_prepare(*common, "--shard-tokens", "1000")
+    before = all_bytes(out)
+    run_prepare(*common, "--shard-tokens", "1000")  # same settings, complete: nothing to do
+    assert all_bytes(out) == before
+    with pytest.raises(PrepareError, match=rf"{out} .*shard_tokens: directory has 1000, this run 5000.*--overwrite"):
+        run_prepare(*common, "--shard-tokens", "5000")
+    assert all_bytes(out) == before
+    meta = run_prepare(*common, "--shard-tokens", "5000", "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(s["file"] for s in meta["shards"]), "meta.json"])
+    assert documents_of(token_stream(out)) == list(islice(sources.stdlib_documents(), 3))
+
+    foreign = tmp_path / "foreign"
+    write_shard(foreign / "x_train_000001.bin", [1, 2, 3])
+    with pytest.raises(PrepareError, match=rf"{foreign} holds shards .*no meta.json.*--overwrite"):
+        run_prepare(*common[:-1], str(foreign), "--shard-tokens", "1000")
+
+
+def test_cli_errors_are_clear_and_fast(tmp_path):
+    pattern = write_corpus(tmp_path / "corpus", "jsonl", field="body")
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("this is not a rank file\n")
+    cases = [
+        (["--files", pattern, "--tokenizer", "bytes"], ["no column 'text'", "['body', 'id']", "--text-field"]),
+        (["--files", pattern, "--text-field", "body", "--tokenizer", str(bad)], [str(bad), "not a .tiktoken"]),
+        (["--demo", "--tokenizer", "gpt2"], ["TIKTOKEN_CACHE_DIR", ".tiktoken"]),
+        (["--files", str(tmp_path / "none" / "*.txt")], ["matches no file"]),
+    ]
+    for argv, needles in cases:
+        t0 = time.time()
+        proc = run([sys.executable, "-m", "data.prepare", *argv, "--out", str(tmp_path / "out")], check=False,
+                   env={"HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}, timeout=120)
+        assert time.time() - t0 < 30 and proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("prepare: error: ") and "Traceback" not in proc.stderr
+        for needle in needles:
+            assert needle in proc.stderr, (needle, proc.stderr)
+
+
+def fetch(out: Path, shards: int, env: dict) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "scripts.fetch_fineweb", "--shards", str(shards), "--out", str(out)],
+               env=env, check=False, timeout=60)
+
+
+def test_fetch_keeps_valid_files_and_fails_fast_offline(tmp_path):
+    out = tmp_path / "fineweb"
+    no_network = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed port: refused at once
+    for env in ({"HF_HUB_OFFLINE": "1"}, no_network):
+        t0 = time.time()
+        proc = fetch(out, 2, env)
+        assert proc.returncode == 1 and time.time() - t0 < 10, proc.stderr
+        assert "fineweb_val_000000.bin" in proc.stderr and "fineweb_train_000002.bin" in proc.stderr
+        assert ("HF_HUB_OFFLINE" if env["HF_HUB_OFFLINE"] == "1" else "cannot reach http://127.0.0.1:9") in proc.stderr
+    for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"):
+        write_shard(out / name, np.arange(1000) % 50257, dtype=np.uint16)
+    before = all_bytes(out)
+    proc = fetch(out, 2, no_network)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 downloaded, 3 already present" in proc.stderr and all_bytes(out) == before
+    (out / "fineweb_train_000002.bin").write_bytes(before["fineweb_train_000002.bin"][:-2])  # truncated
+    proc = fetch(out, 2, no_network)
+    assert proc.returncode == 1 and "fineweb_train_000002.bin: truncated" in proc.stderr
+    assert "fineweb_train_000001.bin" not in proc.stderr
+
+
+def test_argument_defaults_and_checks(tmp_path):
+    demo = parse_args(["--source", "stdlib"])
+    assert (demo.source, demo.tokenizer, demo.name, demo.out) == ("stdlib", "bytes", "demo", Path("shards/demo"))
+    web = parse_args(["--dataset", "HuggingFaceFW/fineweb", "--subset", "sample-10BT"])
+    assert (web.tokenizer, web.name, web.out, web.shard_tokens, web.val_tokens) == (
+        "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10**7)
+    for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)

@@ -1,0 +1,99 @@
+"""Tokenizers: the byte-level one, local .tiktoken files, and gpt2 failing fast when offline."""
+import base64
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data import tokenizer
+from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+from tests.helpers import run
+
+TEXTS = ["", "hello world", "héllo wörld ✓ 🙂 中文", "a\r\nb\rc\n\n\t\0 end", "x <|endoftext|> y", "  lead  trail  "]
+
+
+def test_bytes_tokenizer_is_utf8_bytes_and_round_trips():
+    enc = get_tokenizer("bytes")
+    assert (enc.n_vocab, eot_token(enc), enc.name) == (257, 256, "bytes")
+    for text in TEXTS:
+        ids = enc.encode_ordinary(text)
+        assert ids == list(text.encode("utf-8"))
+        assert enc.decode(ids) == text
+    raw = np.random.default_rng(0).integers(0, 256, size=5000).astype(np.uint8).tobytes()
+    assert enc.decode_bytes(list(raw)) == raw
+    assert enc.encode_ordinary(raw.decode("utf-8", errors="replace")) == list(
+        raw.decode("utf-8", errors="replace").encode("utf-8"))
+
+
+def write_ranks(path, ranks: dict[bytes, int]) -> None:
+    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+
+
+def test_local_tiktoken_file_splits_with_the_gpt2_pattern(tmp_path):
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({b"o ": 256, b"he": 257, b"ll": 258, b"hell": 259, b"hello": 260, b" w": 261})
+    path = tmp_path / "tiny.tiktoken"
+    write_ranks(path, ranks)
+    enc = get_tokenizer(str(path))
+    assert (enc.n_vocab, eot_token(enc), enc.name) == (263, 262, "tiny")
+    # GPT-2's pattern cuts "hello| world" before the space, so the cheaper merge "o " never applies.
+    assert enc.encode_ordinary("hello world") == [260, 261, *b"orld"]
+    assert enc.decode(enc.encode_ordinary("hello world")) == "hello world"
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"not base64! 1\n", ":1: not a .tiktoken rank file"),
+    (b"aGk= 1 2\n", ":1: not a .tiktoken rank file"),
+    (b"aGk= one\n", ":1: not a .tiktoken rank file"),
+    (b"aGk= 1\n", "256 single bytes have no rank"),
+    (b"", "256 single bytes have no rank"),
+])
+def test_bad_tiktoken_file_is_refused_naming_it(tmp_path, content, message):
+    path = tmp_path / "bad.tiktoken"
+    path.write_bytes(content)
+    with pytest.raises(TokenizerError, match=message) as err:
+        get_tokenizer(str(path))
+    assert str(path) in str(err.value)
+
+
+def test_repeated_ranks_and_missing_or_unknown_names(tmp_path):
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks[b"ab"] = 3
+    write_ranks(tmp_path / "dup.tiktoken", ranks)
+    with pytest.raises(TokenizerError, match="ranks repeat"):
+        get_tokenizer(str(tmp_path / "dup.tiktoken"))
+    with pytest.raises(TokenizerError, match="no such .tiktoken file"):
+        get_tokenizer(str(tmp_path / "absent.tiktoken"))
+    with pytest.raises(TokenizerError, match="unknown tokenizer 'gpt3'.*gpt2"):
+        get_tokenizer("gpt3")
+
+
+# A proxy on a closed port makes any download fail at once, whatever network the test machine has.
+NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+
+
+def test_gpt2_offline_fails_fast_with_the_offline_hint(tmp_path):
+    code = "from data.tokenizer import get_tokenizer; get_tokenizer('gpt2')"
+    t0 = time.time()
+    proc = run([sys.executable, "-c", code], env={"TIKTOKEN_CACHE_DIR": str(tmp_path), **NO_NETWORK},
+               check=False, timeout=60)
+    assert time.time() - t0 < 10
+    assert proc.returncode != 0 and "TokenizerError" in proc.stderr
+    assert "TIKTOKEN_CACHE_DIR" in proc.stderr and ".tiktoken" in proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_download_that_hangs_is_cut_off(tmp_path, monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        for key, value in NO_NETWORK.items():
+            monkeypatch.setenv(key, proxy if value else "")
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+        monkeypatch.setattr(tokenizer, "DOWNLOAD_DEADLINE_S", 1.0)
+        t0 = time.time()
+        with pytest.raises(TokenizerError, match="no answer within 1 s.*TIKTOKEN_CACHE_DIR"):
+            get_tokenizer("r50k_base")
+        assert time.time() - t0 < 5
