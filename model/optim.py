@@ -1,0 +1,86 @@
+"""Optimizers for the GPT: AdamW alone (baseline) or Muon for hidden matrices + AdamW for the rest.
+
+Learning-rate contract with the trainer: every param group stores its base rate in `group["initial_lr"]`;
+the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of every optimizer, each step.
+All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from model.gpt import GPT
+from model.muon import Muon
+
+
+@dataclass
+class OptimConfig:
+    """The [optim] section."""
+    name: str = "adamw"  # "adamw": one AdamW for everything | "muon": Muon + AdamW groups (speedrun recipe)
+    lr: float = 6e-4  # adamw: learning rate of every parameter
+    weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
+    eps: float = 1e-8  # Adam epsilon (both recipes)
+    embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
+    head_lr: float = 0.008  # muon: Adam rate of the untied head
+    scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
+    muon_lr: float = 0.05  # muon: rate of the hidden matrices of the blocks
+    muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
+    ns_steps: int = 5  # muon: Newton-Schulz iterations
+    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
+
+    def __post_init__(self) -> None:
+        if self.name not in ("adamw", "muon"):
+            raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
+
+
+def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar"."""
+    gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
+    if gpt is None:
+        raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")
+    embeds = {id(m.weight) for m in gpt.modules() if isinstance(m, nn.Embedding)}
+    hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2}
+    roles = {"matrix": [], "embed": [], "head": [], "scalar": []}
+    for p in gpt.parameters():
+        if id(p) in embeds:
+            roles["embed"].append(p)
+        elif p is gpt.lm_head.weight:
+            roles["head"].append(p)
+        else:
+            roles["matrix" if id(p) in hidden else "scalar"].append(p)
+    return roles
+
+
+def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over non-empty groups, fused when every parameter is on CUDA."""
+    groups = [g for g in groups if g["params"]]
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    fused = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
+    """The optimizers for `model` (a GPT, possibly wrapped by DDP/FSDP2/compile) under recipe `cfg.name`."""
+    roles = param_roles(model)
+    if cfg.name == "adamw":
+        return [_adamw([
+            {"params": roles["matrix"] + roles["head"], "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+            {"params": roles["embed"] + roles["scalar"], "lr": cfg.lr, "weight_decay": 0.0},
+        ], cfg)]
+    adam = _adamw([
+        {"params": roles["embed"], "lr": cfg.embed_lr, "weight_decay": 0.0},
+        {"params": roles["head"], "lr": cfg.head_lr, "weight_decay": 0.0},
+        {"params": roles["scalar"], "lr": cfg.scalar_lr, "weight_decay": 0.0},
+    ], cfg)
+    muon = Muon(roles["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay,
+                ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr)
+    for g in muon.param_groups:
+        g["initial_lr"] = g["lr"]
+    return [adam, muon]

@@ -1,0 +1,130 @@
+"""Sample text from a trained checkpoint.
+
+    python -m scripts.sample runs/<run_id>/checkpoint.pt --prompt "The meaning of life" --tokens 200
+    python -m scripts.sample ckpt.pt --temperature 0            # greedy
+    python -m scripts.sample ckpt.pt --tokenizer gpt2 --top-k 50 --seed 1
+
+The tokenizer is --tokenizer, else the one named in the meta.json beside the training shards
+(the checkpoint config's data.train glob), as written by data.prepare.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+from model import get_model
+
+
+class SampleError(ValueError):
+    """A checkpoint or tokenizer that cannot be used for sampling; the message says which and how to fix it."""
+
+
+@torch.no_grad()
+def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, *, vocab_size: int | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend idx [B, T] by max_new_tokens sampled ids, conditioning on at most the model's block_size tokens.
+
+    temperature 0 is greedy; top_k keeps the k likeliest ids; vocab_size, when given, samples only ids below it
+    (a tokenizer smaller than the model's vocabulary).
+    """
+    block_size = model.cfg.block_size
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -block_size:])
+        logits = logits[:, -1, :vocab_size]
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_id = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        idx = torch.cat([idx, next_id], dim=1)
+    return idx
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
+    """The GPT of a checkpoint.pt (eval mode, on `device`) and the checkpoint's run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise SampleError(f"{path}: no such checkpoint; pass runs/<run_id>/checkpoint.pt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
+        raise SampleError(f"{path}: cannot be loaded as a checkpoint ({str(e)[:200]})") from None
+    if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():
+        got = f"keys {sorted(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise SampleError(f"{path}: expected a dict with keys 'config' and 'model' (train.py's checkpoint.pt), "
+                          f"got {got}")
+    try:
+        model = get_model(ckpt["config"])
+        model.load_state_dict(ckpt["model"])
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise SampleError(f"{path}: its config and weights do not make a model: {str(e)[:300]}") from None
+    return model.to(device).eval(), ckpt["config"]
+
+
+def tokenizer_name(config: dict, override: str | None = None) -> str:
+    """--tokenizer if given, else the "tokenizer" of the meta.json next to the config's training shards."""
+    if override:
+        return override
+    train = config.get("data", {}).get("train")
+    if not isinstance(train, str) or not train:
+        raise SampleError("the checkpoint's config has no data.train glob to find meta.json by; "
+                          "pass --tokenizer NAME")
+    folders = sorted({Path(f).parent for f in glob.glob(train)}) or [Path(train).parent]
+    meta = folders[0] / "meta.json"
+    try:
+        return json.loads(meta.read_text())["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SampleError(f"{meta}: cannot read the tokenizer name from it ({type(e).__name__}: {e}); the "
+                          f"data.train shards {train!r} have no usable meta.json — pass --tokenizer NAME") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: print the prompt followed by the sampled continuation."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", help="a checkpoint.pt written by train.py")
+    ap.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
+    ap.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
+    ap.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only")
+    ap.add_argument("--seed", type=int, default=None, help="fixes the sample (default: a fresh one each run)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer name or .tiktoken path (default: from meta.json)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
+        ap.error("--tokens and --temperature must be >= 0 and --top-k >= 1")
+    try:
+        model, config = load_checkpoint(args.checkpoint, args.device)
+        enc = get_tokenizer(tokenizer_name(config, args.tokenizer))
+        # A new document starts after <|endoftext|>, so an empty prompt conditions on that token alone.
+        ids = enc.encode(args.prompt, allowed_special="all") if args.prompt else [eot_token(enc)]
+        if max(ids) >= model.cfg.vocab_size:
+            raise SampleError(f"tokenizer {enc.name!r} gives id {max(ids)} but the model has only "
+                              f"{model.cfg.vocab_size} ids; pass the tokenizer the model was trained with")
+    except (SampleError, TokenizerError) as e:
+        print(f"sample: {e}", file=sys.stderr)
+        return 2
+    generator = torch.Generator(args.device)
+    if args.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(args.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=args.device)
+    out = generate(model, idx, args.tokens, args.temperature, args.top_k,
+                   vocab_size=min(enc.n_vocab, model.cfg.vocab_size), generator=generator)
+    print(args.prompt + enc.decode(out[0, len(ids):].tolist()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""torchrun worker: each rank iterates its TokenLoader and val_batches and saves what it got.
+
+usage: torchrun --nproc_per_node=W tests/loader_worker.py GLOB OUT_DIR STEPS BATCH SEQ_LEN
+Writes OUT_DIR/rank{r}.npz with `train` [STEPS, 2, B, T] and `val` [2, rows, T]; the test checks the union.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from atomic import atomic_path
+from data.loader import TokenLoader, val_batches
+
+
+def main(pattern: str, out: str, steps: int, batch: int, seq_len: int) -> None:
+    """Run this rank's share and save it."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with TokenLoader(pattern, batch, seq_len, rank=rank, world_size=world, seed=5) as loader:
+        train = [torch.stack(next(loader)).numpy() for _ in range(steps)]
+    val = [torch.stack(b).numpy() for b in val_batches(pattern, batch, seq_len, 40 * (seq_len + 1),
+                                                      rank=rank, world_size=world)]
+    counts = torch.tensor([len(val)])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    assert counts.item() == len(val), "every rank must yield the same number of val batches"
+    with atomic_path(Path(out) / f"rank{rank}.npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, train=np.stack(train), val=np.concatenate(val, axis=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]))

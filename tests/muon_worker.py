@@ -1,0 +1,104 @@
+"""torchrun worker: two optimizer steps under DDP, then FSDP2, on gloo; rank 0 saves the full final weights.
+
+usage: torchrun --nproc_per_node=W tests/muon_worker.py OUT.pt   (saves {mode: {case: state}})
+The test runs the same steps in one process (`train` with no wrapping) and compares.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from atomic import atomic_path
+from model import get_model
+from model.muon import Muon
+from model.optim import OptimConfig, build_optimizers
+
+STEPS = 2  # the second step also checks the momentum buffers
+GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, norm="rmsnorm",
+                  activation="relu2", rotary=True, qk_norm=True, tie_embeddings=False, value_embeds=1,
+                  unet_skips=True)
+
+
+def mlp() -> nn.Sequential:
+    """Matrices with rows that 2 ranks cannot split evenly (33, 5), tall and wide."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 33, bias=False), nn.Tanh(), nn.Linear(33, 5, bias=False), nn.Tanh(),
+                         nn.Linear(5, 16, bias=False))
+
+
+def mlp_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
+    """Mean squared error on this rank's share of a fixed batch of 8."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    return (model(x.chunk(world)[rank]) - y.chunk(world)[rank]).square().mean()
+
+
+def gpt() -> nn.Module:
+    torch.manual_seed(0)
+    return get_model(GPT_CONFIG)
+
+
+def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
+    """Next-token loss on this rank's share of a fixed batch of 4 sequences."""
+    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (4, 17), generator=torch.Generator().manual_seed(1))
+    idx = idx.chunk(world)[rank]
+    return model(idx[:, :-1], idx[:, 1:])[1]
+
+
+def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], rank: int = 0, world: int = 1) -> None:
+    """STEPS steps on this process's share of the fixed global batch."""
+    for _ in range(STEPS):
+        loss_fn(model, rank, world).backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad()
+
+
+CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss)}
+
+
+def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
+    """Plain Muon for the MLP; the muon recipe (Muon + AdamW groups) for the GPT."""
+    if name == "mlp":
+        return [Muon(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.1)]
+    return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01))
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded copies of the weights (DTensors gathered), without wrapper prefixes."""
+    return {k.removeprefix("module."): v.full_tensor() if hasattr(v, "full_tensor") else v.clone()
+            for k, v in model.state_dict().items()}
+
+
+def wrap(model: nn.Module, name: str, mode: str, world: int) -> nn.Module:
+    """DDP, or FSDP2 on every layer (GPT: every block) and then the root, as trainer/parallel.py does."""
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model.blocks if name == "gpt" else model[::2]):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def main(out: str) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for mode in ("ddp", "fsdp"):
+        for name, (build, loss_fn) in CASES.items():
+            model = wrap(build(), name, mode, world)
+            train(model, loss_fn, optimizers_for(name, model), rank, world)
+            results.setdefault(mode, {})[name] = full_state(model)
+    if rank == 0:
+        with atomic_path(out) as tmp:
+            torch.save(results, tmp)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,106 @@
+"""trainer/config.py: TOML files, overrides, the hackathon starter's flags, errors, the TOML writer."""
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trainer import config as C
+from trainer.config import ConfigError, parse_args, to_toml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.toml")
+
+
+def test_file_and_overrides_in_both_spellings():
+    cfg = parse_args(["--config", TINY, "--data.train=x/*.bin", "--optim.lr=0.01", "--model.n_layer", "4",
+                      "--train.budget_s=5", "--log.run_id=123", "--optim.betas=[0.8, 0.9]"])
+    assert cfg.name == "tiny"
+    assert cfg.model.n_embd == 64 and cfg.model.n_layer == 4  # file value, then override
+    assert cfg.optim.lr == 0.01 and cfg.optim.betas == [0.8, 0.9]
+    assert cfg.train.budget_s == 5.0 and isinstance(cfg.train.budget_s, float)  # int accepted for a float
+    assert cfg.log.run_id == "123"  # a str field keeps the text even when it parses as a number
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--train.nope=1"], ["unknown key train.nope", "batch_size", "budget_s"]),
+    (["--nosection.x=1"], ["unknown section [nosection]", "data, model, optim, train, eval, log"]),
+    (["--train.batch_size=big"], ["train.batch_size must be int", "'big'"]),
+    (["--train.compile=1"], ["train.compile must be bool"]),
+    (["--train.parallel=zero3"], ["train.parallel", "ddp, fsdp"]),
+    (["--model.n_head=3"], ["n_embd=64 must be a multiple of n_head=3"]),
+    (["--train.max_steps=0"], ["train.schedule = 'step' needs train.max_steps > 0"]),
+    (["--train.budget_s=-5"], ["train.budget_s = -5.0 is negative", "seconds > 0"]),
+    (["--train.schedule=time", "--train.budget_s=0"], ["train.schedule = 'time' needs train.budget_s > 0"]),
+    (["--train.seq_len"], ["--train.seq_len has no value"]),
+    (["stray"], ["unexpected argument 'stray'"]),
+])
+def test_bad_overrides_name_the_key(args, needles):
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--config", TINY, "--data.train=x", *args])
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+def test_bad_files_name_file_and_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing\.toml: config file not found; available: .*tiny\.toml"):
+        parse_args(["--config", str(tmp_path / "missing.toml")])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nbatch_sise = 4\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: unknown key train\.batch_sise; valid keys in \[train\]: "
+                                          r"batch_size"):
+        parse_args(["--config", str(bad)])
+    bad.write_text("[eval]\ntokens = '4k'\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: eval\.tokens must be int, got '4k'"):
+        parse_args(["--config", str(bad)])
+    bad.write_text("lr = 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: top-level key 'lr' must be a \[section\]"):
+        parse_args(["--config", str(bad)])
+    bad.write_text("[train\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+        parse_args(["--config", str(bad)])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_round_trips(path):
+    cfg = parse_args(["--config", str(path), "--data.train=x"])
+    resolved = cfg.to_dict()
+    assert tomllib.loads(to_toml(resolved)) == resolved
+
+
+def test_toml_writer_quotes_and_numbers():
+    table = {"s": {"a": 'q"uo\\te\nnew', "b": 1e-5, "c": -3, "d": True, "e": [1, 2.5, "x"], "f": "é",
+                   "g": float("inf")}}
+    assert tomllib.loads(to_toml(table)) == table
+    with pytest.raises(ConfigError, match="cannot write"):
+        to_toml({"s": {"k": {"nested": 1}}})
+
+
+def test_starter_flags_map_onto_the_config(tmp_path):
+    argv = ["--data_dir", str(tmp_path), "--checkpoint_path", "ck.pt", "--seq_len", "32", "--batch_size", "3",
+            "--grad_accum_steps", "5", "--max_steps", "5000", "--time_limit_min", "0.5"]
+    cfg = parse_args(["--config", TINY, *argv])
+    assert cfg.data.train == str(tmp_path / "chunk_*.bin")
+    assert (cfg.data.format, cfg.data.val) == ("raw", "holdout")
+    assert cfg.train.checkpoint_path == "ck.pt" and cfg.train.budget_s == 30.0 and cfg.train.max_steps == 5000
+    # the time limit is what binds: the LR decays on the clock, whatever tiny.toml's step schedule says
+    assert cfg.train.schedule == "time"
+    # tiny.toml sets batch_size, seq_len and grad_accum: the tuned file wins over the generic starter shape
+    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum) == (4, 64, 2)
+    # ... but the starter's shape fills keys the file leaves unset
+    other = tmp_path / "other.toml"
+    other.write_text('[eval]\ntokens = 4096\n')
+    cfg = parse_args(["--config", str(other), *argv])
+    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum) == (3, 32, 5)
+    # and explicit --section.key overrides beat the starter's flags
+    cfg = parse_args(["--config", str(other), *argv, "--train.budget_s=7"])
+    assert cfg.train.budget_s == 7.0
+
+
+def test_starter_flags_pick_the_hackathon_config_when_it_exists(tmp_path, monkeypatch):
+    hack = tmp_path / "hackathon_32gpu.toml"
+    monkeypatch.setattr(C, "HACKATHON_CONFIG", hack)
+    cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
+    assert cfg.name == "default" and cfg.train.budget_s == 600.0
+    hack.write_text("[model]\nn_layer = 3\n")
+    cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
+    assert cfg.name == "hackathon_32gpu" and cfg.model.n_layer == 3

@@ -1,0 +1,148 @@
+"""Leaderboard: t distribution against tables and closed forms, grouping and statistics on real summary files."""
+import math
+import re
+import sys
+
+import pytest
+
+from atomic import write_json
+from scripts.leaderboard import (SummaryError, find_summaries, format_table, group_rows, load_summary, mean_std,
+                                 t_cdf, t_test_below)
+from tests.helpers import run
+
+TARGET = 3.28
+
+
+def summary(run_id, loss, *, ttt=None, track="speedrun", config="speedrun_8xh100", hardware="8x H100",
+            torch_version="2.6.0", target=TARGET):
+    """A summary.json dict in train.py's contract form (null where not applicable)."""
+    return {"run_id": run_id, "config_name": config, "track": track, "status": "ok", "final_val_loss": loss,
+            "best_val_loss": loss, "final_val_bpb": None, "target_loss": target, "time_to_target_s": ttt,
+            "steps": 100, "tokens_seen": 1000, "tokens_per_s": 10.0, "train_time_s": 100.0, "budget_s": None,
+            "mfu": None, "peak_mem_gb": None, "data_wait_frac": 0.0, "world_size": 8, "hardware": hardware,
+            "torch_version": torch_version, "git_commit": None,
+            "wall": {"init_s": 1.0, "warmup_s": 2.0, "train_s": 100.0, "eval_s": 1.0, "checkpoint_s": 1.0}}
+
+
+def write_runs(folder, summaries):
+    for s in summaries:
+        write_json(folder / s["run_id"] / "summary.json", s)
+
+
+@pytest.mark.parametrize("t, df, upper_tail", [(2.0, 5, 0.0510), (3.0, 10, 0.00667), (2.228, 10, 0.025),
+                                               (1.812, 10, 0.05), (2.576, 1e6, 0.005)])
+def test_t_cdf_matches_t_table(t, df, upper_tail):
+    assert 1 - t_cdf(t, df) == pytest.approx(upper_tail, rel=2e-3)
+    assert t_cdf(-t, df) == pytest.approx(upper_tail, rel=2e-3)
+
+
+@pytest.mark.parametrize("t", [-50.0, -3.0, -0.3, 0.0, 0.7, 4.0])
+def test_t_cdf_matches_closed_forms(t):
+    assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, rel=1e-12, abs=1e-15)  # Cauchy
+    assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), rel=1e-12, abs=1e-15)
+
+
+def test_mean_std_is_the_sample_std():
+    mean, std = mean_std([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5
+    assert std == pytest.approx(math.sqrt(5 / 3))  # squared deviations 2.25+0.25+0.25+2.25 over n-1 = 3
+    assert math.isnan(mean_std([7.0])[1])
+
+
+@pytest.mark.parametrize("n, t_expected, p_expected", [(6, -2.0, 0.0510), (11, -3.0, 0.00667)])
+def test_t_test_below_hand_computed(n, t_expected, p_expected):
+    # Deviations ±a (and a 0 when n is odd) sum to zero: mean = target + shift, sample std = a*sqrt(2*(n//2)/(n-1)).
+    a = 0.002
+    std = a * math.sqrt(2 * (n // 2) / (n - 1))
+    shift = t_expected * std / math.sqrt(n)
+    xs = [TARGET + shift + a * (-1) ** i for i in range(n - n % 2)] + [TARGET + shift] * (n % 2)
+    assert mean_std(xs) == pytest.approx((TARGET + shift, std))
+    t, p = t_test_below(xs, TARGET)
+    assert t == pytest.approx(t_expected)
+    assert p == pytest.approx(p_expected, rel=2e-3)
+
+
+def test_t_test_below_edge_cases():
+    assert t_test_below([3.0, 3.0, 3.0], TARGET)[1] == 0.0
+    assert t_test_below([3.5, 3.5], TARGET)[1] == 1.0
+    assert t_test_below([3.1, 3.5, 3.9], 3.5)[1] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least 2"):
+        t_test_below([3.0], TARGET)
+
+
+def test_group_rows_statistics_and_distinct_environment(tmp_path):
+    losses = [3.270, 3.275, 3.279, 3.272]
+    write_runs(tmp_path, [summary(f"s{i}", x, ttt=[100.0, 110.0, None, 120.0][i], hardware=["8x H100", "8x H100",
+               "8x H100", "8x H100 SXM"][i], torch_version="2.6.0" if i else "2.7.1") for i, x in enumerate(losses)])
+    write_runs(tmp_path, [summary("c0", 1.91, track="cpu", config="cpu", hardware="2 cpu cores", target=None)])
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    assert [(r["track"], r["runs"]) for r in rows] == [("cpu", 1), ("speedrun", 4)]
+    cpu, speed = rows
+    # By hand: mean 3.274, deviations -.004 .001 .005 -.002, sum of squares 46e-6 / 3 -> std 0.0039158;
+    # t = -0.006 / (0.0039158 / 2) = -3.0645 with 3 degrees of freedom -> one-sided p = 0.0273.
+    assert speed["final val loss"] == "3.2740 ± 0.0039"
+    assert speed["reached"] == 3 and speed["time to target (s)"] == "110.0 ± 10.0"
+    assert speed["target"] == "3.28" and float(speed["p(mean<=target)"]) == pytest.approx(0.0273, abs=5e-4)
+    assert speed["hardware"] == "8x H100; 8x H100 SXM" and speed["torch"] == "2.6.0; 2.7.1"
+    assert cpu["final val loss"] == "1.9100" and cpu["p(mean<=target)"] == "n/a" and cpu["target"] == "-"
+    assert cpu["reached"] == 0 and cpu["time to target (s)"] == "-"
+    header, *lines = format_table(rows).splitlines()
+    at = header.index("final val loss")
+    assert [line[at:at + 6] for line in lines] == ["1.9100", "3.2740"]  # plain text: columns aligned
+    # An explicit target overrides the runs' own; one run still has no p-value.
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])], target=3.2745)
+    assert float(rows[1]["p(mean<=target)"]) == pytest.approx(0.41, abs=0.01)  # t = -0.255, df 3
+    assert rows[0]["p(mean<=target)"] == "n/a"
+    # Runs that disagree on their target get no p-value until one is given.
+    mixed = [summary("m0", 3.2), summary("m1", 3.3, target=3.5)]
+    assert group_rows(mixed)[0]["target"] == "mixed: pass --target"
+    assert group_rows(mixed)[0]["p(mean<=target)"] == "n/a"
+
+
+def test_find_summaries_accepts_files_run_dirs_and_trees(tmp_path):
+    write_runs(tmp_path / "a", [summary("r1", 3.3), summary("r2", 3.2)])
+    one = tmp_path / "a" / "r1" / "summary.json"
+    assert find_summaries([one]) == [one]
+    assert find_summaries([tmp_path / "a" / "r2"]) == [tmp_path / "a" / "r2" / "summary.json"]
+    assert len(find_summaries([tmp_path])) == 2
+    assert len(find_summaries([tmp_path, tmp_path / "a" / "r1", one])) == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{\"run_id\": ", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{\"run_id\": \"x\"}", "missing key(s) config_name, track"),
+])
+def test_bad_summary_names_the_file(tmp_path, content, message):
+    path = tmp_path / "run" / "summary.json"
+    path.parent.mkdir()
+    path.write_text(content)
+    with pytest.raises(SummaryError, match=re.escape(f"{path}: ")) as e:
+        load_summary(path)
+    assert message in str(e.value)
+
+
+def test_non_numeric_loss_is_refused(tmp_path):
+    write_runs(tmp_path, [summary("r", "3.2")])
+    with pytest.raises(SummaryError, match="final_val_loss must be a number or null"):
+        load_summary(tmp_path / "r" / "summary.json")
+
+
+def test_missing_paths_are_refused(tmp_path):
+    with pytest.raises(SummaryError, match="no such file or folder"):
+        find_summaries([tmp_path / "nope"])
+    with pytest.raises(SummaryError, match="no summary.json in this folder"):
+        find_summaries([tmp_path])
+
+
+def test_cli_markdown_table_and_error(tmp_path):
+    write_runs(tmp_path, [summary(f"s{i}", x, ttt=90.0 + i) for i, x in enumerate([3.277, 3.279, 3.278])])
+    out = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path), "--target", "3.28", "--markdown"]).stdout
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("| track | config | runs |") and lines[1].startswith("|---|")
+    # mean 3.278, std 0.001, t = -0.002/(0.001/sqrt 3) = -3.4641 with df 2 -> p = 0.0371
+    assert lines[2].startswith("| speedrun | speedrun_8xh100 | 3 | 3 | 91.0 ± 1.0 | 3.2780 ± 0.0010 | 3.28 "
+                               "| 0.0371 |")
+    (tmp_path / "s1" / "summary.json").write_text("not json")
+    proc = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path)], check=False)
+    assert proc.returncode == 2 and f"{tmp_path / 's1' / 'summary.json'}: not valid JSON" in proc.stderr

@@ -1,0 +1,126 @@
+"""Sampling: a real tiny GPT saved as train.py's checkpoint.pt, the real byte tokenizer, the CLI in a subprocess."""
+import base64
+import json
+import sys
+
+import pytest
+import torch
+
+from data.tokenizer import get_tokenizer
+from model import get_model
+from scripts.sample import SampleError, generate, load_checkpoint, main, tokenizer_name
+from tests.helpers import make_shards, run
+
+TINY = {"vocab_size": 257, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A checkpoint.pt in the contract form, with byte-tokenized train shards and their meta.json."""
+    shards = tmp_path / "shards"
+    make_shards(shards, [64], vocab=257, pattern="demo_train_{:06d}.bin")
+    (shards / "meta.json").write_text(json.dumps({"tokenizer": "bytes", "vocab_size": 257}))
+    config = {"data": {"train": str(shards / "demo_train_*.bin")}, "model": dict(TINY), "train": {}}
+    torch.manual_seed(0)
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.parent.mkdir()
+    torch.save({"config": config, "model": get_model(config).state_dict(), "step": 7}, path)
+    return path
+
+
+def sample_cli(path, *args, check=True):
+    return run([sys.executable, "-m", "scripts.sample", str(path), *map(str, args)], timeout=120, check=check,
+               env={"PYTHONIOENCODING": "utf-8"})
+
+
+def test_cli_prints_prompt_then_the_seeded_sample(checkpoint):
+    printed = sample_cli(checkpoint, "--prompt", "Hello", "--tokens", 20, "--top-k", 50, "--temperature", 0.9,
+                         "--seed", 3).stdout
+    # The same sample in-process, from a generator seeded alike: the seed alone fixes the output.
+    model, _ = load_checkpoint(checkpoint)
+    enc = get_tokenizer("bytes")
+    prompt = torch.tensor([enc.encode("Hello")])
+    out = generate(model, prompt, 20, 0.9, 50, vocab_size=257, generator=torch.Generator().manual_seed(3))
+    assert out.shape == (1, 5 + 20) and torch.equal(out[:, :5], prompt)
+    assert printed == "Hello" + enc.decode(out[0, 5:].tolist()) + "\n"
+
+
+def test_greedy_and_top_k_use_a_sliding_window_of_block_size(checkpoint):
+    model, _ = load_checkpoint(checkpoint)
+    prompt = torch.tensor([[72, 101, 108]])
+    greedy = generate(model, prompt, 12, temperature=0)  # 15 tokens from a model that sees at most 8
+    assert torch.equal(generate(model, prompt, 12, temperature=1.0, top_k=1), greedy)
+    sampled = generate(model, prompt, 12, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    for t in range(3, 15):
+        with torch.no_grad():
+            g_logits = model(greedy[:, max(0, t - 8):t])[0][0, -1]
+            s_logits = model(sampled[:, max(0, t - 8):t])[0][0, -1]
+        assert greedy[0, t] == g_logits.argmax()
+        assert sampled[0, t] in torch.topk(s_logits, 3).indices
+
+
+def test_vocab_size_limits_the_sampled_ids(checkpoint):
+    model, _ = load_checkpoint(checkpoint)
+    out = generate(model, torch.tensor([[1, 2]]), 30, vocab_size=10, generator=torch.Generator().manual_seed(0))
+    assert out[0, 2:].max() < 10
+
+
+def test_tokenizer_name_flag_then_meta_json(checkpoint, tmp_path):
+    _, config = load_checkpoint(checkpoint)
+    assert tokenizer_name(config) == "bytes"
+    assert tokenizer_name(config, "gpt2") == "gpt2"
+    (tmp_path / "shards" / "demo_train_000000.bin").unlink()  # no shard left: the glob's folder is still searched
+    assert tokenizer_name(config) == "bytes"
+    (tmp_path / "shards" / "meta.json").unlink()
+    with pytest.raises(SampleError, match=r"meta.json: cannot read the tokenizer name .* pass --tokenizer NAME"):
+        tokenizer_name(config)
+    with pytest.raises(SampleError, match="no data.train glob"):
+        tokenizer_name({"model": TINY})
+
+
+def test_bad_checkpoints_are_named(checkpoint, tmp_path):
+    with pytest.raises(SampleError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(SampleError, match=r"list.pt: expected a dict with keys 'config' and 'model'"):
+        load_checkpoint(tmp_path / "list.pt")
+    ckpt = torch.load(checkpoint, weights_only=True)
+    ckpt["config"]["model"]["n_embd"] = 32
+    torch.save(ckpt, tmp_path / "mismatch.pt")
+    with pytest.raises(SampleError, match="mismatch.pt: its config and weights do not make a model"):
+        load_checkpoint(tmp_path / "mismatch.pt")
+
+
+def test_cli_without_a_tokenizer_says_what_to_pass(checkpoint, tmp_path):
+    (tmp_path / "shards" / "meta.json").unlink()
+    proc = sample_cli(checkpoint, "--tokens", 2, check=False)
+    assert proc.returncode == 2 and "pass --tokenizer NAME" in proc.stderr
+    # An empty prompt starts a document: the sample conditions on <|endoftext|> (256 in the byte tokenizer).
+    out = sample_cli(checkpoint, "--tokens", 6, "--tokenizer", "bytes", "--seed", 0).stdout
+    model, _ = load_checkpoint(checkpoint)
+    want = generate(model, torch.tensor([[256]]), 6, 0.8, vocab_size=257, generator=torch.Generator().manual_seed(0))
+    assert out == get_tokenizer("bytes").decode(want[0, 1:].tolist()) + "\n"
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(checkpoint, tmp_path, capsys):
+    # 256 bytes plus two merges: "ll" gets id 257, one past the tiny model's 257 ids.
+    ranks = [bytes([b]) for b in range(256)] + [b"he", b"ll"]
+    rank_file = tmp_path / "big.tiktoken"
+    rank_file.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
+    assert main([str(checkpoint), "--prompt", "hello", "--tokenizer", str(rank_file)]) == 2
+    assert "tokenizer 'big' gives id 257 but the model has only 257 ids" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
+    shards = tmp_path / "shards"
+    make_shards(shards, [20_000], vocab=257, pattern="demo_train_{:06d}.bin")
+    make_shards(shards, [4_096], vocab=257, seed=1, pattern="demo_val_{:06d}.bin")
+    (shards / "meta.json").write_text(json.dumps({"tokenizer": "bytes", "vocab_size": 257, "eot_token": 256}))
+    run([sys.executable, "train.py", "--config", "configs/tiny.toml", f"--data.train={shards}/*_train_*.bin",
+         f"--data.val={shards}/*_val_*.bin", f"--log.dir={tmp_path / 'runs'}", "--log.run_id=r1",
+         "--train.max_steps=3", "--eval.tokens=2048"], timeout=300)
+    out = sample_cli(tmp_path / "runs" / "r1" / "checkpoint.pt", "--prompt", "import os", "--tokens", 8).stdout
+    assert out.startswith("import os") and len(out) > len("import os\n")
+    table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()
+    assert table[1].split()[:4] == ["tiny", "tiny", "1", "0"]

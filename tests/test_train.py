@@ -1,0 +1,225 @@
+"""train.py end to end: real torchrun processes on gloo, real shards from data.prepare, tiny model."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from data.loader import TokenLoader, val_batches
+from model import get_model
+from tests.helpers import ROOT, free_port, make_shards, run, torchrun
+
+TRAIN = str(ROOT / "train.py")
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> Path:
+    """Real text (the stdlib's sources, bytes tokenizer) cut into a val shard and two train shards."""
+    out = tmp_path_factory.mktemp("demo")
+    run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(out),
+         "--max-tokens", "300000", "--val-tokens", "40000", "--shard-tokens", "130000", "--workers", "1"])
+    return out
+
+
+def args(demo: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
+    return [TRAIN, "--config", "configs/tiny.toml", f"--data.train={demo}/*_train_*.bin",
+            f"--data.val={demo}/*_val_*.bin", f"--log.dir={runs}", f"--log.run_id={run_id}", *extra]
+
+
+def records(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_learns(run_dir: Path) -> None:
+    losses = [r["loss"] for r in records(run_dir)]
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses  # ln(257) = 5.55 at init on real bytes
+
+
+def check_checkpoint(run_dir: Path, demo: Path, trained: dict) -> None:
+    """checkpoint.pt loads per the eval contract, equals the trained weights, and reproduces the run's val loss."""
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert set(ckpt) == {"config", "model", "step"} and ckpt["step"] == summary(run_dir)["steps"]
+    assert ckpt["config"] == tomllib.loads((run_dir / "config.toml").read_text())
+    assert not [k for k in ckpt["model"] if k.startswith(("module.", "_orig_mod.")) or "._orig_mod." in k]
+    model = get_model(ckpt["config"])
+    model.load_state_dict(ckpt["model"])
+    reference = get_model(ckpt["config"])
+    reference.load_state_dict(trained)
+    idx = torch.randint(0, 257, (2, 64))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        assert logits.shape == (2, 64, 257)
+        assert torch.equal(logits, reference(idx)[0])
+        # the run's final val loss, recomputed from the checkpoint over the same per-rank val batches
+        cfg, world = ckpt["config"], summary(run_dir)["world_size"]
+        sums = [(float(model(x, y)[1]) * y.numel(), y.numel()) for rank in range(world)
+                for x, y in val_batches(sorted(demo.glob("*_val_*.bin")), cfg["train"]["batch_size"],
+                                        cfg["train"]["seq_len"], cfg["eval"]["tokens"], rank=rank, world_size=world)]
+    loss, count = np.sum(sums, axis=0)
+    assert loss / count == pytest.approx(summary(run_dir)["final_val_loss"], abs=1e-5)
+
+
+def rank_states(run_dir: Path) -> list[dict]:
+    done = json.loads((run_dir / "resume" / "done.json").read_text())
+    folder = run_dir / "resume" / done["dir"]
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(done["world_size"])]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(demo, tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    torchrun(args(demo, runs, "ddp", "--train.parallel=ddp"))
+    return runs / "ddp"
+
+
+def test_ddp_trains_and_saves_the_eval_contract(ddp_run, demo):
+    s = summary(ddp_run)
+    assert (s["status"], s["steps"], s["world_size"], s["config_name"]) == ("completed", 30, 2, "tiny")
+    assert s["tokens_seen"] == 30 * 4 * 64 * 2 * 2
+    assert s["final_val_bpb"] == pytest.approx(s["final_val_loss"] / math.log(2))  # bytes: 1 byte per token
+    assert_learns(ddp_run)
+    check_checkpoint(ddp_run, demo, rank_states(ddp_run)[0]["model"])
+    log = (ddp_run / "log.txt").read_text()
+    assert "torch 2." in log and "command: " in log and "done: completed" in log
+
+
+def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_path):
+    torchrun(args(demo, tmp_path, "fsdp", "--train.parallel=fsdp"))
+    run_dir = tmp_path / "fsdp"
+    assert summary(run_dir)["status"] == "completed"
+    # same data, same init, same math: FSDP2 and DDP agree up to reduction order
+    fsdp, ddp = [r["loss"] for r in records(run_dir)], [r["loss"] for r in records(ddp_run)]
+    assert fsdp == pytest.approx(ddp, rel=1e-3)
+    # the full checkpoint is the two ranks' dim-0 shards put together
+    shards = [s["model"] for s in rank_states(run_dir)]
+    assert all(isinstance(v, DTensor) for s in shards for v in s.values())  # each rank saved only its shard
+    trained = {k: torch.cat([s[k].to_local() for s in shards]) for k in shards[0]}
+    check_checkpoint(run_dir, demo, trained)
+
+
+@pytest.mark.slow
+def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *args(demo, tmp_path, "crash", "--train.checkpoint_every_s=1e-9")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = tmp_path / "crash" / "metrics.jsonl", time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 8) and proc.poll() is None:
+        assert time.time() < deadline, "the run never got to step 8"
+        time.sleep(0.05)
+    # a lost node: the workers die mid-step or mid-save (torchrun starts each in its own session), then the agent
+    workers = (Path("/proc") / str(proc.pid) / "task" / str(proc.pid) / "children").read_text().split()
+    for pid in workers:
+        os.kill(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    saved = json.loads((tmp_path / "crash" / "resume" / "done.json").read_text())["step"]
+    assert 1 <= saved < 30
+    torchrun(args(demo, tmp_path, "crash"))
+    log = (tmp_path / "crash" / "log.txt").read_text()
+    assert f"resumed at step {saved}" in log
+    steps = [r["step"] for r in records(tmp_path / "crash")]
+    assert steps == list(range(1, 31))  # nothing logged twice after the cut
+    assert [r["loss"] for r in records(tmp_path / "crash")] == [r["loss"] for r in records(ddp_run)]
+
+
+def test_starter_flags_run_end_to_end_on_raw_chunks(tmp_path):
+    data = tmp_path / "data"
+    make_shards(data, [40000, 40000], vocab=512, header=False, pattern="chunk_{:04d}.bin", start=1)
+    ckpt = tmp_path / "checkpoint.pt"
+    torchrun([TRAIN, "--config", "configs/tiny.toml", "--model.vocab_size=512", f"--log.dir={tmp_path / 'runs'}",
+              "--data_dir", str(data), "--checkpoint_path", str(ckpt), "--seq_len", "64", "--batch_size", "2",
+              "--grad_accum_steps", "2", "--max_steps", "5000", "--time_limit_min", "0.1"])
+    [run_dir] = (tmp_path / "runs").iterdir()
+    s = summary(run_dir)
+    assert s["status"] == "budget" and s["budget_s"] == pytest.approx(6.0) and s["final_val_loss"] > 0
+    assert s["run_id"].startswith("tiny-") and s["steps"] < 5000
+    state = torch.load(ckpt, weights_only=True)
+    get_model(state["config"]).load_state_dict(state["model"])
+    assert state["config"]["data"]["format"] == "raw" and state["config"]["train"]["schedule"] == "time"
+
+
+def test_budget_stops_within_a_step_and_decays_to_the_end(demo, tmp_path):
+    run([sys.executable, *args(demo, tmp_path, "budget", "--train.schedule=time", "--train.budget_s=4",
+                               "--train.max_steps=0", "--train.lr_final_frac=0.1", "--train.lr_decay_frac=0.5",
+                               "--log.wandb=true")])  # WANDB_MODE=disabled (conftest): no network needed
+    s, last = summary(tmp_path / "budget"), records(tmp_path / "budget")[-1]
+    assert s["status"] == "budget" and s["steps"] == last["step"]
+    [final] = records(tmp_path / "budget", "eval")  # after the clock stopped: not charged
+    assert final["step"] == s["steps"] and final["val_loss"] == s["final_val_loss"]
+    # the last step started before the budget ran out and it only just finished
+    assert 4.0 <= s["train_time_s"] <= 4.0 + last["step_ms"] / 1000 + 0.1
+    assert last["lr_mult"] == pytest.approx(0.1, abs=0.05)
+
+
+def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):
+    run([sys.executable, *args(demo, tmp_path, "target", "--train.timing=exclude_warmup", "--train.warmup_steps=3",
+                               "--train.lr_warmup_frac=0", "--train.max_steps=200", "--eval.every_steps=5",
+                               "--eval.target_loss=3.5", "--eval.stop_at_target=true")])
+    s, trained = summary(tmp_path / "target"), records(tmp_path / "target")
+    assert s["status"] == "target" and s["time_to_target_s"] <= s["train_time_s"]
+    assert s["steps"] % 5 == 0 and s["steps"] < 200 and s["best_val_loss"] <= 3.5
+    assert s["wall"]["warmup_s"] > 0 and trained[0]["step"] == 1
+    # the 3 warm-up steps (at full LR) were undone: step 1 saw the initial weights and the first batches
+    config = tomllib.loads((tmp_path / "target" / "config.toml").read_text())
+    torch.manual_seed(config["train"]["seed"])
+    model = get_model(config)
+    with TokenLoader(sorted(demo.glob("*_train_*.bin")), 4, 64, seed=config["data"]["seed"]) as batches, \
+            torch.no_grad():
+        first = torch.stack([model(*next(batches))[1] for _ in range(2)]).mean()
+    assert trained[0]["loss"] == pytest.approx(float(first), rel=1e-5)
+
+
+def test_sigterm_stops_after_the_step_and_saves(demo, tmp_path):
+    cmd = [sys.executable, *args(demo, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
+                                 "--train.max_steps=0", "--eval.every_s=0.5", "--eval.tokens=2048")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics, deadline = tmp_path / "term" / "metrics.jsonl", time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count('"eval"') >= 2):
+        assert time.time() < deadline and proc.poll() is None, "the run never got to its second eval"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    s = summary(tmp_path / "term")
+    assert s["status"] == "sigterm" and s["final_val_loss"] is None
+    # evals every 0.5 s of training time, each at a later step; none at the end after a SIGTERM
+    evals = records(tmp_path / "term", "eval")
+    assert all(e["elapsed_s"] >= 0.5 * (i + 1) for i, e in enumerate(evals))
+    assert [e["step"] for e in evals] == sorted({e["step"] for e in evals}) and evals[-1]["step"] <= s["steps"]
+    assert torch.load(tmp_path / "term" / "checkpoint.pt", weights_only=True)["step"] == s["steps"]
+    assert json.loads((tmp_path / "term" / "resume" / "done.json").read_text())["step"] == s["steps"]
+
+
+@pytest.mark.slow
+def test_two_node_rendezvous_trains(demo, tmp_path):
+    port = free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                               f"--node_rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                               *args(demo, tmp_path, "nodes", "--train.max_steps=4")],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    s = summary(tmp_path / "nodes")
+    assert (s["world_size"], s["steps"], s["status"]) == (2, 4, "completed")
+
+
+def test_bad_config_is_refused_before_training(demo, tmp_path):
+    proc = run([sys.executable, *args(demo, tmp_path, "bad", "--train.batch_sise=4")], check=False)
+    assert proc.returncode != 0
+    assert "config error: command line: unknown key train.batch_sise; valid keys in [train]: batch_size" in proc.stderr
+    assert not (tmp_path / "bad").exists()

@@ -1,0 +1,399 @@
+"""Train a GPT on token shards under a time budget; write checkpoint.pt and runs/<run_id>/.
+
+    python train.py --config configs/cpu.toml                                  # one process
+    torchrun --standalone --nproc_per_node=8 train.py --config configs/speedrun_8xh100.toml
+    torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29517 \\
+        train.py --config configs/hackathon_32gpu.toml
+    python train.py --config configs/tiny.toml --train.budget_s=30 --model.n_layer=4 --log.run_id=x
+    python train.py --config configs/tiny.toml --log.run_id=x --resume         # continue run x
+
+The hackathon starter's flags (--data_dir --checkpoint_path --seq_len --batch_size --grad_accum_steps
+--max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from glob import glob
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from atomic import atomic_path
+from data.loader import TokenLoader, val_batches
+from model import get_model
+from model.optim import build_optimizers
+from trainer import distributed
+from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
+from trainer.clock import Clock
+from trainer.config import Config, ConfigError, parse_args, to_toml
+from trainer.distributed import Dist
+from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
+from trainer.parallel import autocast, grad_sync, parallelize
+
+
+@dataclass
+class Progress:
+    """The run's counters; saved with the resume state."""
+    step: int = 0
+    tokens: int = 0
+    best_val: float | None = None
+    last_val: float | None = None
+    last_val_step: int = -1
+    time_to_target: float | None = None
+    data_wait: float = 0.0
+    wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
+                                                    checkpoint_s=0.0))
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, so the steps below read as plain functions of it."""
+    cfg: Config
+    d: Dist
+    run_dir: Path
+    val_files: list[str]         # [] = no evals
+    meta: dict
+    log: RunLog
+    raw: nn.Module               # the plain GPT: state dicts come from here, never from the wrapper
+    model: nn.Module             # what we call: DDP / FSDP2 / compiled
+    optimizers: list[torch.optim.Optimizer]
+    loader: TokenLoader
+    clock: Clock
+    progress: Progress = field(default_factory=Progress)
+    stop_requested: list = field(default_factory=list)   # appended to by the SIGTERM handler
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.cfg.train
+        return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
+
+
+def main(argv: list[str]) -> None:
+    """Parse the config, join the process group, train, and always leave the group."""
+    cfg = parse_args(argv)
+    d = distributed.init(cfg.train.dist_timeout_s)
+    try:
+        run = setup(cfg, d)
+        warm_up(run)
+        status = train(run)
+        finish(run, status)
+    finally:
+        distributed.close()
+
+
+def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
+    """Sorted train and val files, and the meta.json beside the train files ({} if none).
+
+    Fills model.vocab_size from meta.json when it is 0.
+    """
+    files = sorted(glob(cfg.data.train))
+    if not files:
+        raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; point it at your token shards "
+                          f"(python -m data.prepare writes them) or pass --data_dir")
+    val_files = files if cfg.data.val == "holdout" else sorted(glob(cfg.data.val)) if cfg.data.val else []
+    if cfg.data.val and not val_files:
+        raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
+                          f"'holdout' (the tail of the train data) or '' (no evals)")
+    meta_path = Path(files[0]).parent / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if cfg.model.vocab_size == 0:
+        if "vocab_size" not in meta:
+            raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
+                              f"set --model.vocab_size=N")
+        cfg.model.vocab_size = int(meta["vocab_size"])
+    return files, val_files, meta
+
+
+def default_run_id(name: str) -> str:
+    """<config name>-<torchrun's run id>, else <config name>-<timestamp>-<pid> (unique, so never resumed)."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none" when torchrun was given no --rdzv-id
+    # torchrun keeps this id across --max-restarts (and SLURM jobs pass their job id), so a restarted job
+    # finds its own run folder and resumes it
+    return f"{name}-{elastic}" if elastic != "none" else f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def setup(cfg: Config, d: Dist) -> Run:
+    """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
+    t0, t = time.perf_counter(), cfg.train
+    files, val_files, meta = resolve_data(cfg)
+    if not cfg.log.run_id:
+        cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
+    run_dir = Path(cfg.log.dir) / cfg.log.run_id
+    resumed = None if t.resume == "never" else load_resume(run_dir, d)
+    if resumed is None and t.resume == "must":
+        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
+                          f"nothing to resume; check log.run_id and log.dir")
+    config = cfg.to_dict()
+    wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
+                     dir=str(run_dir)) if cfg.log.wandb else None
+    # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
+    log = RunLog(run_dir, d, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
+    if d.master:
+        with atomic_path(run_dir / "config.toml") as tmp:
+            tmp.write_text(to_toml(config))
+    log.environment(d)
+
+    torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
+    raw = get_model(config)
+    model = parallelize(raw, t, d)
+    bos_id = meta.get("eot_token", cfg.model.bos_id) if cfg.data.bos_aligned else None
+    loader = TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=cfg.data.seed,
+                         bos_id=bos_id, device=d.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
+                         vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None,
+                         holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0)
+    run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
+    signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
+    if resumed:
+        restore(run, resumed)
+        run.clock.load_state_dict(resumed["clock"])
+        run.progress = Progress(**resumed["progress"])
+    log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
+              f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
+              + (f" | resumed at step {run.progress.step}" if resumed else ""))
+    run.progress.wall["init_s"] += time.perf_counter() - t0
+    return run
+
+
+def rng_state() -> dict:
+    """This process's torch RNG states."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def training_state(run: Run) -> dict[str, Any]:
+    """Model (this rank's shard under FSDP2), optimizers, loader and RNG: what warm-up and resume restore."""
+    return {"model": run.raw.state_dict(), "optim": [o.state_dict() for o in run.optimizers],
+            "loader": run.loader.state_dict(), "rng": rng_state()}
+
+
+def restore(run: Run, state: dict) -> None:
+    """Put model, optimizers, loader and RNG back to a saved training_state."""
+    run.raw.load_state_dict(state["model"])
+    for opt, s in zip(run.optimizers, state["optim"]):
+        opt.load_state_dict(s)
+    run.loader.load_state_dict(state["loader"])
+    torch.set_rng_state(state["rng"]["cpu"].cpu())
+    if state["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], mult: float) -> None:
+    """Apply the schedule's multiplier to every group's base rate (model/optim.py's contract)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * mult
+
+
+def train_step(run: Run, batches) -> tuple[torch.Tensor, float]:
+    """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, seconds waiting for data)."""
+    accum, d = run.cfg.train.grad_accum, run.d
+    total, wait = torch.zeros((), device=d.device), 0.0
+    set_lr(run.optimizers, run.clock.lr_mult(run.progress.step))
+    for micro in range(accum):
+        t = time.perf_counter()
+        x, y = next(batches)
+        wait += time.perf_counter() - t
+        with grad_sync(run.model, micro == accum - 1), autocast(d, run.cfg.train.dtype):
+            _, loss = run.model(x, y)
+            (loss / accum).backward()
+        total += loss.detach()
+    for opt in run.optimizers:
+        opt.step()
+    run.model.zero_grad(set_to_none=True)
+    return total / accum, wait
+
+
+def warm_up(run: Run) -> None:
+    """exclude_warmup: run warmup_steps real steps (compiling every shape), then restore the state from before."""
+    t = run.cfg.train
+    if t.timing != "exclude_warmup" or t.warmup_steps <= 0:
+        return
+    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run))
+    batches = iter(run.loader)
+    for _ in range(t.warmup_steps):
+        train_step(run, batches)
+    restore(run, initial)
+    distributed.barrier()
+    run.progress.wall["warmup_s"] += time.perf_counter() - t0
+    run.log.print(f"warm-up: {t.warmup_steps} steps in {time.perf_counter() - t0:.1f}s; state restored")
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
+    cfg, d = run.cfg, run.d
+    holdout = cfg.data.val == "holdout"
+    run.model.eval()
+    sums = torch.zeros(2, device=d.device, dtype=torch.float64)
+    for x, y in val_batches(run.val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
+                            rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
+                            raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if holdout else 0):
+        with autocast(d, cfg.train.dtype):
+            _, loss = run.model(x, y)  # even on an empty batch: FSDP2 ranks must make the same forward calls
+        if y.numel():
+            sums[0] += loss.double() * y.numel()
+            sums[1] += y.numel()
+    distributed.all_reduce(sums)
+    run.model.train()
+    return (sums[0] / sums[1]).item()
+
+
+def eval_and_record(run: Run, charge: bool) -> float:
+    """Evaluate, log it, track best and time-to-target; the clock keeps running only if `charge`."""
+    t0, p, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
+    with contextlib.nullcontext() if charge else run.clock.paused():
+        gc.collect()
+        val = evaluate(run)
+    p.best_val = val if p.best_val is None else min(p.best_val, val)
+    p.last_val, p.last_val_step = val, p.step
+    if target and val <= target and p.time_to_target is None:
+        p.time_to_target = run.clock.elapsed()
+    p.wall["eval_s"] += time.perf_counter() - t0
+    run.log.metric({"type": "eval", "step": p.step, "val_loss": val, "elapsed_s": run.clock.elapsed()})
+    run.log.print(f"step {p.step} | val loss {val:.4f} | best {p.best_val:.4f} | {run.clock.elapsed():.1f}s")
+    return val
+
+
+def log_step(run: Run, loss: torch.Tensor, since: tuple[int, float]) -> None:
+    """Console line + metrics.jsonl record for the step just done (loss averaged over ranks)."""
+    p, clock, t = run.progress, run.clock, run.cfg.train
+    loss = distributed.all_reduce(loss.detach().clone()).item() / run.d.world_size
+    steps, seconds = p.step - since[0], clock.elapsed() - since[1]
+    step_s = seconds / max(steps, 1)
+    tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
+    mfu = mfu_of(run, tok_s)
+    left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{t.max_steps - p.step} steps left"
+    group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
+    run.log.metric({"type": "train", "step": p.step, "loss": loss, "lr_mult": group["lr"] / group["initial_lr"],
+                    "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})
+    run.log.print(f"step {p.step} | loss {loss:.4f} | {1000 * step_s:.1f} ms | {tok_s:,.0f} tok/s"
+                  + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
+                  + f" | {clock.elapsed():.1f}s elapsed, {left}")
+
+
+def mfu_of(run: Run, tok_s: float) -> float | None:
+    """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only)."""
+    peak = peak_flops(run.d)
+    if peak is None:
+        return None
+    return run.raw.flops_per_token(run.cfg.train.seq_len) * tok_s / (peak * run.d.world_size)
+
+
+def save(run: Run) -> None:
+    """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
+    t0, cfg = time.perf_counter(), run.cfg
+    model_state = full_model_state(run.raw, sharded=cfg.train.parallel == "fsdp" and run.d.world_size > 1)
+    if run.d.master:
+        save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
+                        run.progress.step)
+    state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
+             "metrics_bytes": run.log.metrics_bytes()}
+    save_resume(run.run_dir, run.d, run.progress.step, state)
+    run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
+
+
+def stop_flags(run: Run, next_eval_s: float, last_save: float) -> tuple[bool, bool, bool, bool]:
+    """(time up, SIGTERM, eval due, save due), each true on every rank if true on any (all-reduced MAX)."""
+    cfg, elapsed = run.cfg, run.clock.elapsed()
+    every = cfg.eval.every_steps
+    eval_due = bool(run.val_files) and bool((every and run.progress.step % every == 0)
+                                           or (cfg.eval.every_s and elapsed >= next_eval_s))
+    save_due = 0 < cfg.train.checkpoint_every_s <= time.perf_counter() - last_save
+    return tuple(distributed.any_rank([run.clock.time_up(), bool(run.stop_requested), eval_due, save_due],
+                                      run.d.device))
+
+
+def train(run: Run) -> str:
+    """The timed loop; returns why it stopped: "completed" (end of a step schedule), "budget", "max_steps",
+    "target" or "sigterm"."""
+    cfg, p, clock = run.cfg, run.progress, run.clock
+    charge_evals = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
+    next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
+    last_save, since = time.perf_counter(), (p.step, clock.elapsed())
+    t0, status, batches = time.perf_counter(), None, iter(run.loader)
+    clock.start()
+    while status is None:
+        if cfg.train.max_steps and p.step >= cfg.train.max_steps:
+            status = "completed" if cfg.train.schedule == "step" else "max_steps"
+            break
+        loss, wait = train_step(run, batches)
+        p.step, p.tokens, p.data_wait = p.step + 1, p.tokens + run.tokens_per_step, p.data_wait + wait
+        if gc.isenabled():
+            # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+        time_up, sigterm, eval_due, save_due = stop_flags(run, next_eval_s, last_save)
+        if cfg.log.every_steps and p.step % cfg.log.every_steps == 0:
+            log_step(run, loss, since)
+            since = (p.step, clock.elapsed())
+        if sigterm:
+            status = "sigterm"
+            break
+        if eval_due and not time_up:  # at the budget the final eval, off the clock, takes its place
+            eval_and_record(run, charge=charge_evals)
+            if charge_evals:  # the eval may have spent the rest of the budget: start no step after it
+                [time_up] = distributed.any_rank([clock.time_up()], run.d.device)
+            next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
+            if cfg.eval.stop_at_target and p.time_to_target is not None:
+                status = "target"
+        if save_due and status is None:
+            with clock.paused():
+                save(run)
+            last_save = time.perf_counter()
+        if time_up and status is None:
+            status = "budget"
+    clock.pause()
+    p.wall["train_s"] += time.perf_counter() - t0
+    gc.enable()
+    return status
+
+
+def _next_multiple(elapsed: float, every: float) -> float:
+    """The first multiple of `every` after `elapsed` (inf when periodic evals are off)."""
+    return (math.floor(elapsed / every) + 1) * every if every > 0 else math.inf
+
+
+def finish(run: Run, status: str) -> None:
+    """Final eval (after the clock stopped; skipped on SIGTERM to save the grace period), save, summary."""
+    cfg, p, d = run.cfg, run.progress, run.d
+    final_val = None
+    if run.val_files and status != "sigterm":
+        final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, charge=False)
+    save(run)
+    run.loader.close()
+    bytes_per_token = 1.0 if run.meta.get("tokenizer") == "bytes" else run.meta.get("bytes_per_token")
+    train_time = run.clock.elapsed()
+    tok_s = p.tokens / train_time if train_time > 0 else None
+    summary = {
+        "run_id": cfg.log.run_id, "config_name": cfg.name, "track": cfg.log.track, "status": status,
+        "final_val_loss": final_val, "best_val_loss": p.best_val,
+        "final_val_bpb": final_val / math.log(2) / bytes_per_token if final_val and bytes_per_token else None,
+        "target_loss": cfg.eval.target_loss or None, "time_to_target_s": p.time_to_target, "steps": p.step,
+        "tokens_seen": p.tokens, "tokens_per_s": tok_s, "train_time_s": train_time,
+        "budget_s": cfg.train.budget_s or None, "mfu": mfu_of(run, tok_s) if tok_s else None,
+        "peak_mem_gb": peak_mem_gb(d), "data_wait_frac": p.data_wait / train_time if train_time > 0 else None,
+        "world_size": d.world_size, "hardware": hardware(d), "torch_version": torch.__version__,
+        "git_commit": git_commit(), "wall": p.wall,
+    }
+    run.log.summary(summary)
+    val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
+    run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens | {run.run_dir}")
+    run.log.close()
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ConfigError as e:
+        sys.exit(f"train.py: config error: {e}")

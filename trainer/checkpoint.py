@@ -1,0 +1,65 @@
+"""checkpoint.pt (the evaluation contract) and the resume state, both written atomically.
+
+checkpoint.pt = {"config": plain dict, "model": full state dict on CPU, "step": int}; it loads with
+torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dict(ckpt["model"]).
+
+Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
+rank (optimizer, loader, clock, RNG, model shard...). After a barrier rank 0 points resume/done.json at
+it and only then deletes older folders, so a crash mid-save leaves the previous complete state in use.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.tensor  # noqa: F401  registers DTensor, so weights_only loads of FSDP2 shards work
+from torch import nn
+
+from atomic import atomic_path, write_json
+from trainer import distributed
+from trainer.distributed import Dist
+
+
+def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The un-wrapped model's full state dict as plain CPU tensors (FSDP2: every rank must call this)."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().to("cpu", copy=True) for k, v in raw.state_dict().items()}
+
+
+def save_checkpoint(path: str | Path, config: dict, model_state: dict, step: int) -> None:
+    """Write checkpoint.pt atomically (call on rank 0 only)."""
+    with atomic_path(path) as tmp:
+        torch.save({"config": config, "model": model_state, "step": step}, tmp)
+
+
+def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any]) -> None:
+    """Save this rank's resume state for `step`; mark it complete once every rank has written (all ranks call)."""
+    root = run_dir / "resume"
+    with atomic_path(root / f"step{step:07d}" / f"rank{d.rank}.pt") as tmp:
+        torch.save(state, tmp)
+    distributed.barrier()
+    if d.master:
+        write_json(root / "done.json", {"dir": f"step{step:07d}", "step": step, "world_size": d.world_size})
+        for old in root.glob("step*"):
+            if old.name != f"step{step:07d}":
+                shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
+
+
+def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
+    """This rank's last complete resume state in run_dir, or None if there is none."""
+    done = run_dir / "resume" / "done.json"
+    if not done.exists():
+        return None
+    marker = json.loads(done.read_text())
+    if marker["world_size"] != d.world_size:
+        raise RuntimeError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
+                           f"{d.world_size}; resume with the same world size or start a new log.run_id")
+    return torch.load(run_dir / "resume" / marker["dir"] / f"rank{d.rank}.pt", weights_only=True,
+                      map_location=d.device)

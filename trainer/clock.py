@@ -1,0 +1,86 @@
+"""The training clock: a time budget, a pausable stopwatch, and the LR schedule that follows it.
+
+Stop rule: a rank wants to stop once elapsed >= budget, checked after every step, so the last step
+starts before the budget and may finish after it (the hackathon counts "from the first forward pass to
+the last"; a step in flight may finish). The wish is all-reduced (MAX) in train.py so all ranks stop
+after the same step.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+from trainer.config import TrainConfig
+
+
+def lr_multiplier(progress: float, warmup_frac: float, decay_frac: float, final_frac: float) -> float:
+    """LR multiplier at `progress` in [0, 1]: linear warm-up, flat, then linear decay to final_frac."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup_frac > 0 and progress < warmup_frac:
+        return progress / warmup_frac
+    if decay_frac > 0 and progress > 1 - decay_frac:
+        return final_frac + (1 - final_frac) * (1 - progress) / decay_frac
+    return 1.0
+
+
+class Clock:
+    """Training time charged to the budget: started at the first timed forward, pausable for evals."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.charged = 0.0           # seconds accumulated before the current running stretch
+        self.started_at: float | None = None
+
+    def start(self) -> None:
+        """Start (or resume after a pause) charging time to the budget."""
+        if self.started_at is None:
+            self.started_at = time.perf_counter()
+
+    def pause(self) -> None:
+        """Stop charging time (evals in exclude_warmup mode, checkpoints)."""
+        if self.started_at is not None:
+            self.charged += time.perf_counter() - self.started_at
+            self.started_at = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Charge nothing inside the block; the clock runs again after it only if it ran before."""
+        running = self.started_at is not None
+        self.pause()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()
+
+    def elapsed(self) -> float:
+        """Seconds charged so far."""
+        running = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
+        return self.charged + running
+
+    def progress(self, step: int) -> float:
+        """Fraction of the run done: of max_steps for a step schedule; for a time schedule, of whichever
+        limit ends the run first, the budget or max_steps (so a reachable step cap, such as the hackathon
+        starter's --max_steps, still ends on a decayed LR, and an unreachable one changes nothing)."""
+        by_steps = step / self.cfg.max_steps if self.cfg.max_steps else 0.0
+        if self.cfg.schedule == "step":
+            return by_steps
+        return max(self.elapsed() / self.cfg.budget_s, by_steps)
+
+    def lr_mult(self, step: int) -> float:
+        """The LR multiplier for the step about to run (`step` steps done so far)."""
+        c = self.cfg
+        return lr_multiplier(self.progress(step), c.lr_warmup_frac, c.lr_decay_frac, c.lr_final_frac)
+
+    def time_up(self) -> bool:
+        """True once the budget (if any) is spent."""
+        return self.cfg.budget_s > 0 and self.elapsed() >= self.cfg.budget_s
+
+    def state_dict(self) -> dict:
+        """The charged time, for resume."""
+        return {"elapsed": self.elapsed()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved charged time (the clock stays stopped until start())."""
+        self.charged, self.started_at = float(state["elapsed"]), None

@@ -1,0 +1,300 @@
+"""Run configuration: TOML files in configs/ mapped onto dataclasses, plus command-line overrides.
+
+Precedence, lowest first:
+    dataclass defaults
+    < the starter's shape flags  (--seq_len, --batch_size, --grad_accum_steps)
+    < the config file            (--config configs/X.toml)
+    < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
+    < --section.key=value overrides
+
+The GPU MODE hackathon's submit.sh passes its starter's flags unchanged. Any of them selects the
+hackathon setup: base config configs/hackathon_32gpu.toml when no --config is given (and it exists),
+and the flags map as
+    --data_dir D          data.train = "D/chunk_*.bin", data.format = "raw", data.val = "holdout"
+    --checkpoint_path P   train.checkpoint_path = P
+    --time_limit_min M    train.budget_s = 60 * M, train.schedule = "time": the LR decays on that clock
+    --max_steps N         train.max_steps = N, an upper bound: the time schedule decays towards whichever
+                          ends first, the budget or N steps, so an unreachable N changes nothing and a
+                          reachable one still ends on a decayed LR
+    --seq_len/--batch_size/--grad_accum_steps
+                          honoured only where the config file does not set them: the file holds
+                          the tuned recipe, the starter's shape is generic.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.gpt import GPTConfig
+from model.optim import OptimConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
+
+
+@dataclass
+class DataConfig:
+    train: str = ""              # glob of training shards
+    val: str = ""                # glob of validation shards, or "holdout": the last eval.tokens of the train data
+    format: str = "auto"         # "auto" | "header" | "raw"
+    raw_dtype: str = "uint16"    # dtype of headerless files
+    bos_aligned: bool = False    # start every sequence at a document boundary
+    seed: int = 0                # shuffles the order of the shards, per epoch
+    vocab_check: bool = True     # refuse token ids >= model.vocab_size
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 8          # sequences per micro-step per rank
+    seq_len: int = 1024          # tokens per training sequence
+    grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
+    parallel: str = "ddp"        # "ddp" | "fsdp" (ignored in a single process)
+    compile: bool = False        # torch.compile the model (each block under FSDP2)
+    dtype: str = "bfloat16"      # autocast dtype on GPU: "bfloat16" | "float32"; CPU always runs fp32
+    budget_s: float = 0.0        # training-time budget; 0 = none
+    timing: str = "from_first_forward"   # "from_first_forward" | "exclude_warmup"
+    warmup_steps: int = 0        # untimed compile warm-up steps (exclude_warmup), state restored after
+    max_steps: int = 0           # upper bound on steps; 0 = none
+    schedule: str = "time"       # "time": LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
+    lr_warmup_frac: float = 0.0  # first fraction of the run with a linear LR warm-up
+    lr_decay_frac: float = 0.3   # final fraction of the run over which the LR decays linearly
+    lr_final_frac: float = 0.0   # LR multiplier at the end of the decay
+    seed: int = 0                # torch seed of the initialisation (the same on every rank)
+    checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
+    checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
+    resume: str = "auto"         # "auto" (if the run folder has complete state) | "never" | "must"
+    dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0         # 0 = only at the end
+    every_s: float = 0.0         # on the training clock; 0 = off
+    tokens: int = 1 << 20        # validation tokens per eval
+    batch_size: int = 0          # 0 = train.batch_size
+    target_loss: float = 0.0     # 0 = none
+    stop_at_target: bool = False # stop training once the val loss reaches target_loss
+
+
+@dataclass
+class LogConfig:
+    dir: str = "runs"            # parent folder of the run folders
+    run_id: str = ""             # "" = <config name>-<torchrun run id, else timestamp-pid>; fix it to resume by name
+    track: str = "cpu"           # leaderboard label: cpu | speedrun | hackathon | ...
+    every_steps: int = 10        # one console line and metrics.jsonl record every N steps
+    wandb: bool = False          # also log to Weights & Biases (WANDB_MODE=offline|disabled need no network)
+    wandb_project: str = "shardrun"  # wandb project
+    wandb_run: str = ""          # "" = run_id
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": OptimConfig,
+                             "train": TrainConfig, "eval": EvalConfig, "log": LogConfig}
+CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"): ("uint16", "uint32"),
+           ("train", "parallel"): ("ddp", "fsdp"),
+           ("train", "dtype"): ("bfloat16", "float32"),
+           ("train", "timing"): ("from_first_forward", "exclude_warmup"),
+           ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
+STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not match the dataclasses; the message names key and fix."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: GPTConfig = field(default_factory=GPTConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    name: str = "default"        # the config file's stem; not a section, not saved in config.toml
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
+        return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
+
+
+def _check_value(section: str, key: str, value: Any, hint: Any, where: str) -> Any:
+    """Return `value` converted to the field's type, or raise naming the key and the expected type."""
+    origin = typing.get_origin(hint) or hint
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin in (list, tuple) and isinstance(value, (list, tuple)):
+        return origin(value)
+    if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
+        allowed = CHOICES.get((section, key))
+        if allowed and value not in allowed:
+            raise ConfigError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(allowed)}")
+        return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{where}: {section}.{key} must be {name}, got {value!r} ({type(value).__name__})")
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    """Set cfg.<section>.<key> = value after checking that the key exists and the type fits."""
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown section [{section}]; valid sections: {', '.join(SECTIONS)}")
+    hints = typing.get_type_hints(SECTIONS[section])
+    fields = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if key not in fields:
+        raise ConfigError(f"{where}: unknown key {section}.{key}; valid keys in [{section}]: {', '.join(fields)}")
+    setattr(getattr(cfg, section), key, _check_value(section, key, value, hints[key], where))
+
+
+def apply_file(cfg: Config, path: str | Path) -> None:
+    """Apply a TOML config file to `cfg`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        known = ", ".join(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*.toml")))
+        raise ConfigError(f"{path}: config file not found; available: {known}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    for section, table in doc.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [section]; "
+                              f"valid sections: {', '.join(SECTIONS)}")
+        for key, value in table.items():
+            _apply(cfg, section, key, value, str(path))
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value read as a TOML value (0.01, true, [1, 2], "x"), else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(cfg: Config, dotted: str, text: str) -> None:
+    """Apply one `--section.key=value` override (strings need no quotes)."""
+    section, _, key = dotted.partition(".")
+    if not key:
+        raise ConfigError(f"command line: --{dotted} is not --section.key=value; "
+                          f"valid sections: {', '.join(SECTIONS)}")
+    value = parse_value(text)
+    if section in SECTIONS and typing.get_type_hints(SECTIONS[section]).get(key) is str:
+        value = value if isinstance(value, str) else text  # --log.run_id=123 means the string "123"
+    _apply(cfg, section, key, value, "command line")
+
+
+def _argparser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False)
+    p.add_argument("--config", help="TOML file in configs/")
+    p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
+    starter = p.add_argument_group("GPU MODE hackathon starter flags (see trainer/config.py)")
+    starter.add_argument("--data_dir")
+    starter.add_argument("--checkpoint_path")
+    starter.add_argument("--seq_len", type=int)
+    starter.add_argument("--batch_size", type=int)
+    starter.add_argument("--grad_accum_steps", type=int)
+    starter.add_argument("--max_steps", type=int)
+    starter.add_argument("--time_limit_min", type=float)
+    return p
+
+
+def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
+    """['--a.b=1', '--c.d', '2'] -> [('a.b', '1'), ('c.d', '2')]."""
+    pairs, i = [], 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("--") or "." not in arg.split("=")[0]:
+            raise ConfigError(f"command line: unexpected argument {arg!r}; use --section.key=value "
+                              f"(sections: {', '.join(SECTIONS)}) or see --help")
+        if "=" in arg:
+            key, _, value = arg[2:].partition("=")
+            i += 1
+        elif i + 1 < len(rest):
+            key, value = arg[2:], rest[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"command line: {arg} has no value; write {arg}=VALUE")
+        pairs.append((key, value))
+    return pairs
+
+
+def parse_args(argv: list[str]) -> Config:
+    """Build the run's Config from command-line arguments (see the module docstring for precedence)."""
+    args, rest = _argparser().parse_known_args(argv)
+    overrides = _split_overrides(rest)
+    starter = any(getattr(args, a) is not None for a in
+                  ("data_dir", "checkpoint_path", "max_steps", "time_limit_min", *STARTER_SHAPE))
+    path = args.config or (HACKATHON_CONFIG if starter and HACKATHON_CONFIG.exists() else None)
+    cfg = Config()
+    for flag, key in STARTER_SHAPE.items():
+        if getattr(args, flag) is not None:
+            _apply(cfg, "train", key, getattr(args, flag), f"--{flag}")
+    if path is not None:
+        apply_file(cfg, path)
+        cfg.name = Path(path).stem
+    if args.data_dir is not None:
+        cfg.data.train = str(Path(args.data_dir) / "chunk_*.bin")
+        cfg.data.format, cfg.data.val = "raw", "holdout"
+    if args.checkpoint_path is not None:
+        cfg.train.checkpoint_path = args.checkpoint_path
+    if args.time_limit_min is not None:
+        cfg.train.budget_s, cfg.train.schedule = 60.0 * args.time_limit_min, "time"
+    if args.max_steps is not None:
+        cfg.train.max_steps = args.max_steps
+    if args.resume:
+        cfg.train.resume = "must"
+    for key, value in overrides:
+        apply_override(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Refuse combinations that cannot run, naming the keys to change."""
+    t = cfg.train
+    try:  # the model's and optimizer's own checks (vocab_size 0 is resolved later, from meta.json)
+        GPTConfig(**{**dataclasses.asdict(cfg.model), "vocab_size": cfg.model.vocab_size or 1})
+        OptimConfig(**dataclasses.asdict(cfg.optim))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not cfg.data.train:
+        raise ConfigError("data.train is empty: set it to a glob of token shards (or pass --data_dir)")
+    if t.budget_s < 0:
+        raise ConfigError(f"train.budget_s = {t.budget_s} is negative; give seconds > 0 (or 0 for no budget "
+                          f"with train.schedule = 'step')")
+    if t.schedule == "time" and t.budget_s <= 0:
+        raise ConfigError("train.schedule = 'time' needs train.budget_s > 0 (or set train.schedule = 'step')")
+    if t.schedule == "step" and t.max_steps <= 0:
+        raise ConfigError("train.schedule = 'step' needs train.max_steps > 0")
+    for key in ("batch_size", "seq_len", "grad_accum"):
+        if getattr(t, key) <= 0:
+            raise ConfigError(f"train.{key} must be > 0, got {getattr(t, key)}")
+    if not 0 <= t.lr_warmup_frac + t.lr_decay_frac <= 1:
+        raise ConfigError("train.lr_warmup_frac + train.lr_decay_frac must lie in [0, 1]")
+    if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
+        raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) as TOML: use str/int/float/bool/list")
+
+
+def to_toml(sections: dict[str, dict[str, Any]]) -> str:
+    """Write flat sections of str/int/float/bool/list as TOML text (tomllib reads it back equal)."""
+    blocks = ["\n".join([f"[{name}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())])
+              for name, table in sections.items()]
+    return "\n\n".join(blocks) + "\n"

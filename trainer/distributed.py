@@ -1,0 +1,85 @@
+"""Process-group setup and the few collectives the trainer needs.
+
+torchrun (single node --standalone, or multi-node c10d rendezvous) sets RANK, WORLD_SIZE and LOCAL_RANK;
+without them we are a single process and no group is created.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def master(self) -> bool:
+        """True on the rank that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def cuda(self) -> bool:
+        """True when this rank computes on a GPU."""
+        return self.device.type == "cuda"
+
+
+def init(timeout_s: float) -> Dist:
+    """Join the process group if launched by torchrun (NCCL on GPU, gloo on CPU); pick this rank's device."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        # A finite timeout turns a lost peer into an error instead of a hang until SLURM's wall time.
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device.type == "cuda":
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+    return Dist(rank, local_rank, world, device)
+
+
+def close() -> None:
+    """Leave the process group (if any)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """All-reduce in place with "sum" or "max" (no-op in a single process); return the tensor."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag true on every rank if it is true on any rank (one MAX all-reduce)."""
+    reduced = all_reduce(torch.tensor(flags, dtype=torch.float32, device=device), "max")
+    return [bool(f) for f in reduced.tolist()]
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's value of a picklable object, on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if dist.is_initialized():
+        dist.barrier()

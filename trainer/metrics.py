@@ -1,0 +1,128 @@
+"""What a run leaves behind: runs/<run_id>/ with log.txt, metrics.jsonl, summary.json, and wandb if asked.
+
+Only rank 0 writes. log.txt and metrics.jsonl are append-only streams (one line per event, flushed);
+a resumed run first cuts metrics.jsonl back to its length at the saved state, so no step appears twice
+(a fresh run cuts it to nothing).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from atomic import write_json
+from trainer.distributed import Dist
+
+ROOT = Path(__file__).resolve().parents[1]
+# Dense bf16 peak FLOP/s per GPU (vendor datasheets), for MFU; unknown GPUs get no MFU.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2.25e15, "B300": 2.25e15,
+                   "GH200": 989e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+SUMMARY_KEYS = ("run_id", "config_name", "track", "status", "final_val_loss", "best_val_loss", "final_val_bpb",
+                "target_loss", "time_to_target_s", "steps", "tokens_seen", "tokens_per_s", "train_time_s",
+                "budget_s", "mfu", "peak_mem_gb", "data_wait_frac", "world_size", "hardware", "torch_version",
+                "git_commit", "wall")
+
+
+def hardware(d: Dist) -> str:
+    """A short description of the devices the run uses."""
+    if d.cuda:
+        return f"{d.world_size} x {torch.cuda.get_device_name(d.device)}"
+    return f"{d.world_size} x CPU process ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def peak_flops(d: Dist) -> float | None:
+    """Assumed peak bf16 FLOP/s of one of this run's GPUs, or None (CPU, unknown GPU)."""
+    if not d.cuda:
+        return None
+    name = torch.cuda.get_device_name(d.device)
+    matches = [flops for key, flops in PEAK_BF16_FLOPS.items() if key in name]
+    return max(matches) if matches else None
+
+
+def peak_mem_gb(d: Dist) -> float:
+    """Peak memory of this rank: allocated GPU memory, or the process's max RSS on CPU."""
+    if d.cuda:
+        return torch.cuda.max_memory_allocated(d.device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+def git_commit() -> str | None:
+    """The repository's HEAD commit (with '+dirty' for local changes), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+class RunLog:
+    """Rank 0's console + log.txt + metrics.jsonl (+ wandb); every method is a no-op on other ranks."""
+
+    def __init__(self, run_dir: Path, d: Dist, *, metrics_bytes: int = 0, wandb_cfg: dict | None = None):
+        self.run_dir, self.master = run_dir, d.master
+        self.wandb = None
+        if not self.master:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists():
+            os.truncate(metrics, metrics_bytes)
+        self.log_file = open(run_dir / "log.txt", "a")
+        self.metrics_file = open(metrics, "a")
+        if wandb_cfg is not None:
+            import wandb
+
+            self.wandb = wandb.init(**wandb_cfg)
+
+    def print(self, msg: str) -> None:
+        """Print on rank 0 and append to log.txt."""
+        if self.master:
+            print(msg, flush=True)
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
+
+    def metric(self, record: dict[str, Any]) -> None:
+        """Append one JSON line to metrics.jsonl (and log it to wandb)."""
+        if self.master:
+            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.flush()
+            if self.wandb is not None:
+                self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def metrics_bytes(self) -> int:
+        """Current length of metrics.jsonl (saved with the resume state)."""
+        return self.metrics_file.tell() if self.master else 0
+
+    def environment(self, d: Dist) -> None:
+        """Record versions, hardware, code version and command line at the top of the run's log."""
+        cuda = f"CUDA {torch.version.cuda}" if torch.cuda.is_available() else "no CUDA"
+        self.print(f"python {sys.version.split()[0]} | torch {torch.__version__} | {cuda} | {platform.platform()}")
+        self.print(f"hardware: {hardware(d)} | git commit: {git_commit()}")
+        self.print("command: " + " ".join(sys.argv))
+        if peak_flops(d):
+            self.print(f"MFU assumes {peak_flops(d) / 1e12:.0f} TFLOP/s dense bf16 peak per GPU")
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """Write summary.json with exactly SUMMARY_KEYS (missing ones are null)."""
+        if self.master:
+            write_json(self.run_dir / "summary.json", {k: values.get(k) for k in SUMMARY_KEYS})
+
+    def close(self) -> None:
+        """Flush and close the files (and finish wandb)."""
+        if self.master:
+            self.log_file.close()
+            self.metrics_file.close()
+            if self.wandb is not None:
+                self.wandb.finish()

@@ -1,0 +1,63 @@
+"""Parallelism, compile and precision, applied from outside a plain nn.Module.
+
+`parallelize` returns the module to call; the caller keeps the original module for state dicts, so
+saved keys never carry `module.` (DDP) or `_orig_mod.` (compile) prefixes: nn.Module.compile() compiles
+in place, unlike torch.compile(module), which wraps.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer.config import TrainConfig
+from trainer.distributed import Dist
+
+
+def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
+    """Move `model` to d.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
+    model.to(d.device)
+    if d.world_size == 1:
+        if cfg.compile:
+            model.compile()
+        return model
+    if cfg.parallel == "fsdp":
+        return _fully_shard(model, cfg, d)
+    ddp = DDP(model, device_ids=[d.local_rank] if d.cuda else None)
+    if cfg.compile:
+        ddp.compile()  # compiling the DDP wrapper lets dynamo split graphs at DDP's bucket boundaries
+    return ddp
+
+
+def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {}
+    if d.cuda and cfg.dtype == "bfloat16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # One FSDP unit per block, so only one block's full weights are gathered at a time.
+    for block in model.blocks:
+        if cfg.compile:
+            block.compile()
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def grad_sync(model: nn.Module, sync: bool) -> ContextManager:
+    """A context for one micro-step's backward that skips the gradient all-reduce unless `sync`."""
+    if isinstance(model, DDP):
+        return contextlib.nullcontext() if sync else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def autocast(d: Dist, dtype: str) -> ContextManager:
+    """bf16 autocast on GPU; CPU runs in fp32 (CPU autocast is slow and changes results)."""
+    if d.cuda and dtype == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
