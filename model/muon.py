@@ -11,7 +11,7 @@ NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update 
 The mode comes from the parameters: plain tensors in one process; plain tensors in a distributed run are DDP
 replicas (identical gradients), and rank i % world orthogonalises matrix i and broadcasts the result; DTensors
 sharded on dim 0 (FSDP2) are gathered only on their owner rank, orthogonalised there, and each rank receives
-its shard back. Results travel in bf16: that is the precision Newton-Schulz works in anyway.
+its shard back. Results travel in the precision Newton-Schulz works in (`ns_dtype`: bf16 on CUDA).
 """
 from __future__ import annotations
 
@@ -27,10 +27,17 @@ except ImportError:  # torch < 2.5 kept DTensor under _tensor
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
 
 
-def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
-    """Approximately orthogonalise a matrix, in bf16 (a random matrix ends with singular values in ~[0.67, 1.14])."""
+def ns_dtype(device: torch.device) -> torch.dtype:
+    """The precision Newton-Schulz runs (and results travel) in: bf16 on CUDA, fp32 on CPUs, where bf16 matmuls
+    are emulated (measured 4x slower than fp32 on this project's 2-core Xeon)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> Tensor:
+    """Approximately orthogonalise a matrix (a random one ends with singular values in ~[0.67, 1.14] in bf16),
+    in `dtype` (default: ns_dtype of its device)."""
     a, b, c = NS_COEFFS
-    x = g.bfloat16()
+    x = g.to(dtype or ns_dtype(g.device))
     wide = x.size(0) <= x.size(1)
     if not wide:  # iterate on the smaller Gram matrix
         x = x.mT
@@ -59,13 +66,13 @@ def _local(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _orthogonalize_replicated(updates: list[Tensor], steps: int) -> list[Tensor]:
+def _orthogonalize_replicated(updates: list[Tensor], steps: int, dtype: torch.dtype) -> list[Tensor]:
     """DDP: rank i % world orthogonalises matrix i and broadcasts it, so every rank ends with all results."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out, works = [], []
     for i, u in enumerate(updates):
         owner = i % world
-        o = newton_schulz(u, steps) if owner == rank else torch.empty(u.shape, dtype=torch.bfloat16, device=u.device)
+        o = newton_schulz(u, steps, dtype=dtype) if owner == rank else torch.empty(u.shape, dtype=dtype, device=u.device)
         works.append(dist.broadcast(o, src=owner, async_op=True))
         out.append(o)
     for w in works:
@@ -78,7 +85,8 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.size(0), *t.shape[1:])]) if t.size(0) < rows else t.contiguous()
 
 
-def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], steps: int) -> list[Tensor]:
+def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], steps: int,
+                           dtype: torch.dtype) -> list[Tensor]:
     """FSDP2: gather matrix i on rank i % world only, orthogonalise it there, scatter the row shards back."""
     mesh = params[0].device_mesh
     if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
@@ -91,8 +99,8 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], steps: 
     gathered, works = [], []
     for i, (u, c) in enumerate(zip(updates, chunks)):
         owner = i % world
-        parts = [u.new_empty(c, u.size(1), dtype=torch.bfloat16) for _ in range(world)] if owner == rank else None
-        works.append(dist.gather(_pad_rows(u.bfloat16(), c), parts, dst=dist.get_global_rank(group, owner),
+        parts = [u.new_empty(c, u.size(1), dtype=dtype) for _ in range(world)] if owner == rank else None
+        works.append(dist.gather(_pad_rows(u.to(dtype), c), parts, dst=dist.get_global_rank(group, owner),
                                  group=group, async_op=True))
         gathered.append(parts)
     out, scatters = [], []
@@ -100,9 +108,9 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], steps: 
         owner, parts = i % world, None
         if owner == rank:
             works[i].wait()
-            o = newton_schulz(torch.cat(gathered[i])[:p.shape[0]], steps)
+            o = newton_schulz(torch.cat(gathered[i])[:p.shape[0]], steps, dtype=dtype)
             parts = list(_pad_rows(o, c * world).split(c))
-        shard = u.new_empty(c, u.size(1), dtype=torch.bfloat16)
+        shard = u.new_empty(c, u.size(1), dtype=dtype)
         scatters.append(dist.scatter(shard, parts, src=dist.get_global_rank(group, owner), group=group,
                                      async_op=True))
         out.append(shard[:u.size(0)])
@@ -115,8 +123,9 @@ class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per matrix."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5, adjust_lr: str = "original"):
+                 ns_steps: int = 5, adjust_lr: str = "original", ns_dtype: torch.dtype | None = None):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
+        self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr))
         for group in self.param_groups:
@@ -137,7 +146,8 @@ class Muon(torch.optim.Optimizer):
             if not params:
                 continue
             updates = [self._nesterov(p, group["momentum"]) for p in params]
-            for p, o in zip(params, self._orthogonalize(params, updates, group["ns_steps"])):
+            dtype = self.ns_dtype or ns_dtype(params[0].device)
+            for p, o in zip(params, _orthogonalize(params, updates, group["ns_steps"], dtype)):
                 w = _local(p)
                 w.mul_(1 - group["lr"] * group["weight_decay"])
                 w.add_(o.to(w.dtype), alpha=-group["lr"] * lr_scale(p.shape, group["adjust_lr"]))
@@ -152,14 +162,14 @@ class Muon(torch.optim.Optimizer):
         buf.lerp_(g, 1 - momentum)
         return g.lerp(buf, momentum)
 
-    @staticmethod
-    def _orthogonalize(params: list[Tensor], updates: list[Tensor], steps: int) -> list[Tensor]:
-        """NS of every update, shared out across ranks according to how the parameters are distributed."""
-        sharded = [isinstance(p, DTensor) for p in params]
-        if any(sharded):
-            if not all(sharded):
-                raise ValueError("Muon: a param group mixes DTensor (FSDP2) and plain parameters; shard all or none")
-            return _orthogonalize_sharded(params, updates, steps)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return _orthogonalize_replicated(updates, steps)
-        return [newton_schulz(u, steps) for u in updates]
+
+def _orthogonalize(params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype) -> list[Tensor]:
+    """NS of every update, shared out across ranks according to how the parameters are distributed."""
+    sharded = [isinstance(p, DTensor) for p in params]
+    if any(sharded):
+        if not all(sharded):
+            raise ValueError("Muon: a param group mixes DTensor (FSDP2) and plain parameters; shard all or none")
+        return _orthogonalize_sharded(params, updates, steps, dtype)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return _orthogonalize_replicated(updates, steps, dtype)
+    return [newton_schulz(u, steps, dtype=dtype) for u in updates]

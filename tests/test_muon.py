@@ -2,18 +2,19 @@
 import pytest
 import torch
 
-from model.muon import Muon, lr_scale, newton_schulz
+from model.muon import Muon, lr_scale, newton_schulz, ns_dtype
 from tests.helpers import ROOT, torchrun
 from tests.muon_worker import CASES, full_state, optimizers_for, train
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(64, 32), (32, 64), (48, 48)])
-def test_newton_schulz_is_near_orthogonal(shape):
+def test_newton_schulz_is_near_orthogonal(shape, dtype):
     torch.manual_seed(0)
     g = torch.randn(shape) * 1e3  # the scale must not matter
-    o = newton_schulz(g)
+    o = newton_schulz(g, dtype=dtype)
     s = torch.linalg.svdvals(o.float())
-    assert o.dtype == torch.bfloat16 and o.shape == g.shape
+    assert o.dtype == dtype and o.shape == g.shape
     assert len(s) == min(shape) and 0.6 < s.min() and s.max() < 1.2, s
 
 
@@ -23,6 +24,11 @@ def test_newton_schulz_lifts_small_singular_values():
     g = u @ torch.diag(torch.logspace(0, -2, 40)) @ v  # condition number 100
     s = torch.linalg.svdvals(newton_schulz(g).float())
     assert s.min() > 0.3 and s.max() < 1.25, s
+
+
+def test_cpu_runs_in_fp32_and_cuda_in_bf16():
+    assert newton_schulz(torch.randn(8, 4)).dtype == torch.float32
+    assert ns_dtype(torch.device("cuda")) == torch.bfloat16
 
 
 def test_lr_scale_rules():
@@ -57,7 +63,7 @@ def test_matches_torch_muon(rule):
     weights = [torch.randn(33, 16), torch.randn(5, 33), torch.randn(24, 24)]
     grads = [[torch.randn_like(w) for w in weights] for _ in range(3)]
     hp = dict(lr=0.05, momentum=0.9, weight_decay=0.1, ns_steps=5)
-    ours = _steps(Muon, weights, grads, adjust_lr=rule, **hp)
+    ours = _steps(Muon, weights, grads, adjust_lr=rule, ns_dtype=torch.bfloat16, **hp)  # torch's NS runs in bf16
     theirs = _steps(torch.optim.Muon, weights, grads, adjust_lr_fn=rule, nesterov=True, **hp)
     for a, b, w in zip(ours, theirs, weights):
         assert (a - w).abs().max() > 0.01
