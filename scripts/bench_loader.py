@@ -1,0 +1,222 @@
+"""Benchmark the TokenLoader against the loaders it replaces, on the same shards.
+
+    python -m scripts.bench_loader                       # ~2 GB of random uint16 shards in a temp dir
+    python -m scripts.bench_loader --data 'shards/fineweb/*train*.bin' --skip-big --json bench.json
+
+Host-side tokens/s at B=16, T=1024 (device cpu) of: a memcpy ceiling (uint16 tokens cast-copied into a
+preallocated int64 buffer), our loader (warm and cold page cache), a hackathon-starter-style loader (per-
+sample Python loop over np.memmap, astype(int64), torch.stack) and nanoGPT's get_batch (memmap re-created
+every batch, random offsets). The warm-cache loaders take turns in short rounds and each reports its median
+round, so that all of them see the same load on a shared host. Then the time to the first batch on 1 GB and 4
+GB datasets (sparse raw files: only the file count and sizes matter at start-up) and the growth of anonymous
+RSS while streaming the whole set once. Generated data is removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from atomic import write_json
+from data.loader import TokenLoader, resolve_files
+from data.shards import open_shard, write_shard
+
+B, T = 16, 1024
+SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
+TARGETS = {"vs_memcpy": 0.5, "vs_starter": 10.0, "first_batch_ms": 50.0, "rss_anon_mb": 100.0}
+
+
+def make_data(folder: Path, size_gb: float) -> list[Path]:
+    """Random uint16 llm.c shards totalling size_gb (2 bytes a token)."""
+    rng, left, paths = np.random.default_rng(0), int(size_gb * 1e9 / 2), []
+    while left > 0:
+        n = min(SHARD_TOKENS, left)
+        paths.append(folder / f"bench_train_{len(paths):06d}.bin")
+        write_shard(paths[-1], rng.integers(0, 50257, size=n, dtype=np.uint16), dtype=np.uint16)
+        left -= n
+    return paths
+
+
+def make_sparse(folder: Path, size_gb: float) -> list[Path]:
+    """Headerless uint16 files (like the hackathon's chunks) of size_gb in total, without writing the data."""
+    folder.mkdir()
+    paths = [folder / f"chunk_{i:04d}.bin" for i in range(max(1, round(size_gb * 1e9 / 2 / SHARD_TOKENS)))]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.truncate(int(size_gb * 1e9 / len(paths)) // 2 * 2)
+    return paths
+
+
+def rate(next_batch: Callable[[], object], seconds: float) -> float:
+    """Tokens (B*T per batch) per second of calling next_batch for about `seconds`."""
+    next_batch()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        next_batch()
+        n += 1
+    return n * B * T / (time.perf_counter() - t0)
+
+
+def rates(loaders: dict[str, Callable[[], object]], seconds: float, rounds: int) -> dict[str, dict]:
+    """Median tokens/s of each loader over `rounds` turns of seconds / rounds each, taken in turn."""
+    got: dict[str, list[float]] = {name: [] for name in loaders}
+    for _ in range(rounds):  # one loader after another for seconds each swung 2x with the load of other jobs
+        for name, next_batch in loaders.items():
+            got[name].append(rate(next_batch, seconds / rounds))
+    return {name: {"tokens_per_s": statistics.median(v), "rounds": v} for name, v in got.items()}
+
+
+def positions(arrays: list[np.ndarray], step: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(array, offset) of consecutive blocks of `step` tokens through all arrays, forever."""
+    while True:
+        for a in arrays:
+            yield from ((a, p) for p in range(0, len(a) - step + 1, step))
+
+
+def starter_loader(arrays: list[np.ndarray]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The hackathon starter's way: one Python iteration, one astype and one tensor per sample."""
+    walk = positions(arrays, B * (T + 1))
+
+    def next_batch():
+        a, p = next(walk)
+        xs, ys = [], []
+        for i in range(B):
+            chunk = a[p + i * (T + 1):p + (i + 1) * (T + 1)].astype(np.int64)
+            xs.append(torch.from_numpy(chunk[:-1]))
+            ys.append(torch.from_numpy(chunk[1:]))
+        return torch.stack(xs), torch.stack(ys)
+    return next_batch
+
+
+def nanogpt_loader(paths: list[Path]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """nanoGPT's get_batch: a fresh memmap every batch (its fix for growing RSS) and random offsets."""
+    def next_batch():
+        data = np.memmap(paths[np.random.randint(len(paths))], dtype=np.uint16, mode="r", offset=1024)
+        ix = torch.randint(len(data) - T - 1, (B,))
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+        return x, y
+    return next_batch
+
+
+def memcpy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
+    """The ceiling: B*T uint16 tokens cast-copied into one preallocated int64 buffer, nothing else."""
+    walk, out = positions(arrays, B * T), np.empty(B * T, dtype=np.int64)
+
+    def next_batch():
+        a, p = next(walk)
+        np.copyto(out, a[p:p + B * T])
+    return next_batch
+
+
+def rss_anon_mb() -> float:
+    """Anonymous resident memory of this process (file pages of the memory maps are not counted)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the files' pages from the page cache so the next read comes from disk."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def first_batch_ms(paths: list[Path], **kwargs) -> float:
+    """Milliseconds from constructing a TokenLoader to holding its first batch (median of 3 tries)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with TokenLoader(paths, B, T, **kwargs) as loader:
+            next(loader)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[1]
+
+
+def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big: bool) -> dict:
+    """Every number of the report."""
+    arrays = [open_shard(p).view(np.ndarray) for p in paths]
+    total = sum(len(a) for a in arrays)
+    result = {"cpus": os.cpu_count(), "tokens": total}
+    with TokenLoader(paths, B, T) as loader:  # one whole pass: warms the cache, measures memory
+        before = rss_anon_mb()
+        for _ in range(total // (B * (T + 1))):
+            next(loader)
+        result["rss_anon_growth_mb"] = rss_anon_mb() - before
+    with TokenLoader(paths, B, T) as loader:
+        result.update(rates({"memcpy": memcpy_loader(arrays), "ours": loader.__next__,
+                             "starter": starter_loader(arrays), "nanogpt": nanogpt_loader(paths)}, seconds, rounds))
+    evict(paths)
+    with TokenLoader(paths, B, T) as loader:
+        result["ours_cold"] = {"tokens_per_s": rate(loader.__next__, seconds)}
+    result["first_batch_ms"] = {}
+    for gb in [1] if skip_big else [1, 4]:
+        sparse = make_sparse(tmp / f"sparse_{gb}gb", gb)
+        for name, bos in (("plain", None), ("bos", 0)):
+            ms = first_batch_ms(sparse, fmt="raw", raw_dtype="uint16", bos_id=bos)
+            result["first_batch_ms"][f"{gb}GB_{name}"] = ms
+    result["load_avg_end"] = os.getloadavg()[0]
+    return result
+
+
+def report(r: dict) -> str:
+    """The markdown tables."""
+    ours, ceiling = r["ours"]["tokens_per_s"], r["memcpy"]["tokens_per_s"]
+    lines = [f"B={B}, T={T}, {r['tokens']:,} tokens, {r['cpus']} CPUs, load average {r['load_avg_start']:.2f} "
+             f"before, {r['load_avg_end']:.2f} after (this benchmark included)", "",
+             "| loader | tokens/s | ours is x times |", "|---|---:|---:|"]
+    for key, name in (("memcpy", "memcpy ceiling"), ("ours", "TokenLoader (warm cache)"),
+                      ("ours_cold", "TokenLoader (cold cache)"), ("starter", "starter-style loop"),
+                      ("nanogpt", "nanoGPT get_batch")):
+        tps = r[key]["tokens_per_s"]
+        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {ours / tps:.2f} |")
+    first = max(r["first_batch_ms"].values())
+    checks = [("TokenLoader / memcpy", ours / ceiling, TARGETS["vs_memcpy"], ">="),
+              ("TokenLoader / starter", ours / r["starter"]["tokens_per_s"], TARGETS["vs_starter"], ">="),
+              ("first batch, ms (" + ", ".join(f"{k} {v:.1f}" for k, v in r["first_batch_ms"].items()) + ")",
+               first, TARGETS["first_batch_ms"], "<"),
+              ("anon RSS growth over a full pass, MB", r["rss_anon_growth_mb"], TARGETS["rss_anon_mb"], "<")]
+    lines += ["", "| check | value | target | ok |", "|---|---:|---:|---|"]
+    for name, value, target, op in checks:
+        ok = value >= target if op == ">=" else value < target
+        lines.append(f"| {name} | {value:.2f} | {op} {target:g} | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Parse the flags, build or find the data, measure, print (and save) the report."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", help="glob of llm.c uint16 shards to use instead of generated ones")
+    ap.add_argument("--size-gb", type=float, default=2.0, help="size of the generated data")
+    ap.add_argument("--tmp", default=None, help="where to put generated data (default: the system temp dir)")
+    ap.add_argument("--skip-big", action="store_true", help="skip the 4 GB time-to-first-batch dataset")
+    ap.add_argument("--seconds", type=float, default=3.0, help="how long each throughput measurement runs")
+    ap.add_argument("--rounds", type=int, default=6, help="turns the warm-cache loaders take (median reported)")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args()
+    tmp, load = Path(tempfile.mkdtemp(prefix="bench_loader_", dir=args.tmp)), os.getloadavg()[0]
+    try:
+        paths = resolve_files(args.data) if args.data else make_data(tmp, args.size_gb)
+        result = {"load_avg_start": load, **measure(paths, args.seconds, args.rounds, tmp, args.skip_big)}
+    finally:
+        shutil.rmtree(tmp)
+    print(report(result))
+    if args.json:
+        write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
