@@ -233,18 +233,25 @@ def evaluate(run: Run) -> float:
     """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
     cfg, d = run.cfg, run.d
     holdout = cfg.data.val == "holdout"
-    run.model.eval()
+    # FSDP2 ranks must make the same forward calls (each all-gathers), so an empty last batch runs too. Otherwise
+    # the plain module needs no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch
+    # and never compiles a batch of 0 rows.
+    sharded = cfg.train.parallel == "fsdp" and d.world_size > 1
+    model = run.model if sharded else run.raw
+    model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)
     for x, y in val_batches(run.val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
                             rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
                             raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if holdout else 0):
+        if not y.numel() and not sharded:
+            continue
         with autocast(d, cfg.train.dtype):
-            _, loss = run.model(x, y)  # even on an empty batch: FSDP2 ranks must make the same forward calls
+            _, loss = model(x, y)
         if y.numel():
             sums[0] += loss.double() * y.numel()
             sums[1] += y.numel()
     distributed.all_reduce(sums)
-    run.model.train()
+    model.train()
     return (sums[0] / sums[1]).item()
 
 
@@ -372,7 +379,8 @@ def finish(run: Run, status: str) -> None:
         final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, charge=False)
     save(run)
     run.loader.close()
-    bytes_per_token = 1.0 if run.meta.get("tokenizer") == "bytes" else run.meta.get("bytes_per_token")
+    # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
+    bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
     train_time = run.clock.elapsed()
     tok_s = p.tokens / train_time if train_time > 0 else None
     summary = {
@@ -388,7 +396,11 @@ def finish(run: Run, status: str) -> None:
     }
     run.log.summary(summary)
     val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
-    run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens | {run.run_dir}")
+    if summary["final_val_bpb"] is not None:
+        val += f" ({summary['final_val_bpb']:.3f} bits/byte)"
+    speed = f" at {tok_s:,.0f} tok/s" if tok_s else ""
+    run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens{speed} | "
+                  f"{run.run_dir}")
     run.log.close()
 
 

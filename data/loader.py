@@ -130,6 +130,7 @@ class _Stream:
 
     def __init__(self, regions: list[_Region], length: int, seed: int | None, bos_id: int | None):
         self.regions, self.length, self.seed, self.bos_id = regions, length, seed, bos_id
+        self._windowless: set[int] = set()  # regions found to hold no window at all (e.g. no BOS token)
         self.seek({"epoch": 0, "index": 0, "pos": None})
 
     def _order(self, epoch: int) -> np.ndarray:
@@ -142,7 +143,6 @@ class _Stream:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self.order = self._order(self.epoch)
         self.pos = self.region.lo if state["pos"] is None else int(state["pos"])
-        self._misses = 0
 
     def state(self) -> dict:
         """The cursor as plain ints."""
@@ -165,11 +165,12 @@ class _Stream:
                 runs[-1] = (region, runs[-1][1], runs[-1][2] + n)
             else:
                 runs.append((region, start, n))
-            self.pos, count, self._misses = start + n * self.length, count - n, 0
+            self.pos, count = start + n * self.length, count - n
 
     def _next_region(self) -> None:
-        self._misses += 1
-        if self._misses > len(self.regions):  # a whole cycle through the files found no window
+        if self.pos == self.region.lo:  # not a single window in this file, now or in any later epoch
+            self._windowless.add(int(self.order[self.index]))
+        if len(self._windowless) == len(self.regions):
             raise ShardError(f"no window of {self.length} tokens starting with bos_id={self.bos_id} in any of "
                              f"{len(self.regions)} files ({_names(self.regions)}); check bos_id (meta.json "
                              f"eot_token) or turn off data.bos_aligned")

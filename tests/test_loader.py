@@ -252,3 +252,17 @@ def test_bench_smoke(tmp_path):
     assert "| loader |" in proc.stdout and result["ours"]["tokens_per_s"] > 0
     assert result["starter"]["tokens_per_s"] > 0 and result["memcpy"]["tokens_per_s"] > 0
     assert not [p for p in tmp_path.iterdir() if p != out], "the generated shards must be removed"
+
+
+def test_a_file_without_documents_is_skipped_in_every_epoch(tmp_path):
+    """One shard inside a single long document (no BOS at all) must not stop a BOS-aligned stream that still
+    has documents in the other shard, whatever order each epoch shuffles them into."""
+    rng = np.random.default_rng(0)
+    docs = rng.integers(1, 300, size=4000)
+    docs[::50] = 0  # a document every 50 tokens
+    write_shard(tmp_path / "a.bin", docs)
+    write_shard(tmp_path / "b.bin", rng.integers(1, 300, size=3000))  # the middle of one long document
+    with TokenLoader(str(tmp_path / "*.bin"), 2, 16, seed=0, bos_id=0) as loader:
+        for _ in range(300):  # 160 windows per epoch: several epochs and orders
+            x, _ = next(loader)
+            assert (x[:, 0] == 0).all()
