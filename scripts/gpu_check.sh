@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# One-shot check of the speedrun and hackathon recipes on ONE GPU, offline, in under 8 minutes:
+# compile time, tokens/s, MFU, loader wait, peak memory and val loss, as a table and as JSON.
+#   bash scripts/gpu_check.sh --json $OUT/gpu_check.json
+#   bash scripts/gpu_check.sh --cpu --json /tmp/gpu_check.json     # rehearsal: tiny sizes, no GPU
+# Needs only torch, numpy and tiktoken in $PYTHON (default python3); see scripts/gpu_check.py.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# The Python body stops its own checks by 450 s; this bound covers everything else (a hung import, NFS).
+exec timeout --kill-after=10 470 "${PYTHON:-python3}" -m scripts.gpu_check "$@"

@@ -1,0 +1,159 @@
+"""The recipe configs say what their tracks need, and scripts/bench_recipe.py compares two real train.py runs."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import get_model
+from scripts import bench_recipe
+from tests.helpers import ROOT, run
+from trainer.config import parse_args
+
+GPT2 = ["speedrun_8xh100", "speedrun_1gpu", "baseline_8xh100"]
+# The starter's submit.sh flags, exactly as the organizers pass them.
+STARTER = ["--data_dir", "/home/data/", "--checkpoint_path", "checkpoint.pt", "--seq_len", "1024", "--batch_size", "8",
+           "--grad_accum_steps", "4", "--max_steps", "5000", "--time_limit_min", "10"]
+TINY = ["model.n_embd=64", "model.n_layer=4", "model.value_embeds=0", "model.block_size=64", "train.seq_len=64",
+        "train.batch_size=4", "eval.tokens=4096"]
+
+
+def load(name: str, *extra: str):
+    return parse_args(["--config", f"configs/{name}.toml", *extra])
+
+
+def num_params(cfg) -> int:
+    with torch.device("meta"):  # the 8-GPU models without allocating their weights
+        return get_model(cfg.to_dict()).num_params()
+
+
+def tokens_per_step(cfg, world: int) -> int:
+    t = cfg.train
+    return t.batch_size * t.seq_len * t.grad_accum * world
+
+
+def test_speedrun_recipe_matches_the_record_runs():
+    cfg = load("speedrun_8xh100")
+    m, t, e = cfg.model, cfg.train, cfg.eval
+    assert (m.vocab_size, m.n_layer, m.n_embd, m.padded_vocab) == (50257, 12, 768, 50304)
+    assert m.rotary and m.qk_norm and m.norm == "rmsnorm" and m.activation == "relu2" and not m.tie_embeddings
+    assert m.zero_init_proj and m.logit_softcap > 0 and m.value_embeds and m.unet_skips
+    assert m.attention == "flex" and m.doc_causal and 0 < m.window < t.seq_len and cfg.data.bos_aligned
+    assert cfg.optim.name == "muon" and t.compile and t.dtype == "bfloat16" and t.schedule == "time"
+    assert t.timing == "exclude_warmup" and t.warmup_steps > 0 and t.seq_len <= m.block_size
+    assert 400_000 * 0.95 <= tokens_per_step(cfg, 8) <= 500_000
+    assert (e.target_loss, e.tokens, e.stop_at_target) == (3.28, 10_485_760, True) and e.every_s > 0
+    assert cfg.data.train.endswith("fineweb_train_*.bin") and cfg.data.val.endswith("fineweb_val_*.bin")
+
+
+def test_one_gpu_speedrun_is_the_eight_gpu_run_with_eight_times_the_accumulation():
+    eight, one = load("speedrun_8xh100"), load("speedrun_1gpu")
+    assert tokens_per_step(one, 1) == tokens_per_step(eight, 8)
+    assert one.train.budget_s == 8 * eight.train.budget_s
+    for section in ("data", "model", "optim"):
+        assert getattr(one, section) == getattr(eight, section)
+
+
+def test_gpt2_baseline_is_plain_gpt2_small_with_adamw():
+    cfg, speedrun = load("baseline_8xh100"), load("speedrun_8xh100")
+    m = cfg.model
+    assert (m.n_layer, m.n_head, m.n_embd, m.bias, m.tie_embeddings, m.rotary) == (12, 12, 768, True, True, False)
+    assert m.norm == "layernorm" and m.activation == "gelu" and cfg.optim.name == "adamw"
+    assert 120e6 < num_params(cfg) < 130e6  # GPT-2 small: 124M
+    assert tokens_per_step(cfg, 8) == 524_288  # llm.c's batch
+    assert (cfg.eval.target_loss, cfg.eval.tokens, cfg.data.val) == (3.28, 10_485_760, speedrun.data.val)
+
+
+def test_hackathon_recipe_and_the_organizers_flags():
+    for cfg in (load("hackathon_32gpu"), parse_args(STARTER)):
+        t, m = cfg.train, cfg.model
+        assert (t.budget_s, t.timing, t.schedule) == (600, "from_first_forward", "time")
+        assert (cfg.data.format, cfg.data.val, m.vocab_size, m.padded_vocab) == ("raw", "holdout", 32000, 32000)
+        assert t.checkpoint_path == "checkpoint.pt" and t.compile and t.checkpoint_every_s == 0
+        assert cfg.eval.every_s == 0 and cfg.eval.every_steps == 0
+        assert (m.n_layer, m.n_embd, m.rotary, cfg.optim.name) == (12, 768, True, "muon")
+        assert tokens_per_step(cfg, 32) == 2 ** 20 and t.seq_len == 1024  # the evaluation's sequence length
+        assert not m.doc_causal and not cfg.data.bos_aligned  # the corpus' separator token is unknown
+    starter = parse_args(STARTER)
+    assert starter.data.train == "/home/data/chunk_*.bin" and starter.train.max_steps == 5000
+
+
+def test_cpu_recipes_compare_like_with_like():
+    modern, base = load("cpu"), load("baseline_cpu")
+    for cfg in (modern, base):
+        cfg.model.vocab_size = 257  # what shards/demo/meta.json gives
+    assert abs(num_params(modern) / num_params(base) - 1) < bench_recipe.PARAM_TOLERANCE
+    assert (modern.data, modern.eval, modern.train.budget_s) == (base.data, base.eval, base.train.budget_s)
+    assert modern.train.budget_s == 180 and modern.train.timing == "from_first_forward"
+    assert modern.optim.name == "muon" and base.optim.name == "adamw" and modern.model.attention == "sdpa"
+    assert tokens_per_step(modern, 1) == tokens_per_step(base, 1)
+
+
+SMALL_DEMO = ["--max-tokens", "200000", "--val-tokens", "20000", "--shard-tokens", "100000", "--workers", "1"]
+
+
+@pytest.fixture(scope="module")
+def small_demo(tmp_path_factory) -> Path:
+    """A small demo corpus, made by the bench's own preparation step (later flags win over PREPARE's)."""
+    out = tmp_path_factory.mktemp("data") / "demo"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_recipe, "PREPARE", [*bench_recipe.PREPARE, *SMALL_DEMO])
+        bench_recipe.ensure_data(out)
+    return out
+
+
+def test_ensure_data_prepares_the_demo_corpus_when_absent(small_demo):
+    meta = json.loads((small_demo / "meta.json").read_text())
+    assert meta["complete"] and meta["tokenizer"] == "bytes" and meta["tokens"] == 200_000
+    assert list(small_demo.glob("demo_train_*.bin")) and list(small_demo.glob("demo_val_*.bin"))
+    before = (small_demo / "meta.json").stat().st_mtime_ns
+    bench_recipe.ensure_data(small_demo)  # present: left alone (the default PREPARE would refuse this folder)
+    assert (small_demo / "meta.json").stat().st_mtime_ns == before
+
+
+def test_a_failed_preparation_stops_the_bench_with_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_recipe, "PREPARE", [*bench_recipe.PREPARE, "--max-tokens", "5000", "--workers", "1"])
+    with pytest.raises(SystemExit, match="data.prepare .* failed"):
+        bench_recipe.ensure_data(tmp_path / "demo")  # 5,000 tokens cannot fill a 1M-token val split
+
+
+def test_unequal_models_are_refused(small_demo, tmp_path):
+    args = bench_recipe.parse_args(["--data", str(small_demo), "--runs", str(tmp_path)])
+    argvs = {r: bench_recipe.train_args(args, r, r) for r in bench_recipe.RECIPES}
+    argvs["modern"].append("--model.n_layer=8")
+    with pytest.raises(SystemExit, match="parameter counts .* differ by more than 10%"):
+        bench_recipe.check_comparable(argvs)
+
+
+def test_time_to_reach_reads_the_first_eval_at_or_below(tmp_path):
+    lines = [{"type": "train", "step": 1, "loss": 1.0, "elapsed_s": 1.0},
+             {"type": "eval", "step": 2, "val_loss": 3.0, "elapsed_s": 5.0},
+             {"type": "eval", "step": 4, "val_loss": 2.5, "elapsed_s": 10.0},
+             {"type": "eval", "step": 6, "val_loss": 2.4, "elapsed_s": 15.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert bench_recipe.time_to_reach(tmp_path, 2.5) == 10.0
+    assert bench_recipe.time_to_reach(tmp_path, 3.5) == 5.0
+    assert bench_recipe.time_to_reach(tmp_path, 2.0) is None
+
+
+@pytest.mark.slow
+def test_bench_trains_both_recipes_for_real(small_demo, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run([sys.executable, "-m", "scripts.bench_recipe", "--budget", "8", "--eval-every", "2",
+                "--data", str(small_demo), "--runs", str(tmp_path / "runs"), "--json", str(out),
+                *(f"--override={o}" for o in TINY)], timeout=300, cwd=ROOT)
+    res = json.loads(out.read_text())
+    base, modern = res["recipes"]["baseline"], res["recipes"]["modern"]
+    assert abs(modern["params"] / base["params"] - 1) < 0.10
+    for r in (base, modern):
+        summary = json.loads((tmp_path / "runs" / r["run_id"] / "summary.json").read_text())
+        assert summary["final_val_loss"] == r["final_val_loss"] and summary["steps"] > 0
+        assert summary["train_time_s"] >= 8 and math.isfinite(r["final_val_loss"])
+        assert r["final_val_loss"] < math.log(257)  # both learned something in 8 s
+    reached = bench_recipe.time_to_reach(tmp_path / "runs" / modern["run_id"], base["final_val_loss"])
+    assert res["modern_time_to_baseline_final_s"] == reached
+    if reached is not None:
+        assert res["ratio_to_budget"] == pytest.approx(reached / 8)
+    assert "| baseline |" in proc.stdout and "| modern |" in proc.stdout and "baseline's final val loss" in proc.stdout
