@@ -31,6 +31,7 @@ from torch import nn
 
 from atomic import atomic_path
 from data.loader import TokenLoader, val_batches
+from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers
 from trainer import distributed
@@ -106,7 +107,10 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
         raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
                           f"'holdout' (the tail of the train data) or '' (no evals)")
     meta_path = Path(files[0]).parent / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{meta_path}: not valid JSON ({e}); re-run python -m data.prepare or delete the file") from None
     if cfg.model.vocab_size == 0:
         if "vocab_size" not in meta:
             raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
@@ -127,6 +131,8 @@ def setup(cfg: Config, d: Dist) -> Run:
     """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
     t0, t = time.perf_counter(), cfg.train
     files, val_files, meta = resolve_data(cfg)
+    if val_files:
+        validation(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
@@ -229,10 +235,16 @@ def warm_up(run: Run) -> None:
 
 
 @torch.no_grad()
+def validation(cfg: Config, d: Dist, val_files: list[str]):
+    """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
+    return val_batches(val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
+                       rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
+                       raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0)
+
+
 def evaluate(run: Run) -> float:
     """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
     cfg, d = run.cfg, run.d
-    holdout = cfg.data.val == "holdout"
     # FSDP2 ranks must make the same forward calls (each all-gathers), so an empty last batch runs too. Otherwise
     # the plain module needs no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch
     # and never compiles a batch of 0 rows.
@@ -240,9 +252,7 @@ def evaluate(run: Run) -> float:
     model = run.model if sharded else run.raw
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)
-    for x, y in val_batches(run.val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
-                            rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
-                            raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if holdout else 0):
+    for x, y in validation(cfg, d, run.val_files):
         if not y.numel() and not sharded:
             continue
         with autocast(d, cfg.train.dtype):
@@ -409,3 +419,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except ConfigError as e:
         sys.exit(f"train.py: config error: {e}")
+    except ShardError as e:
+        sys.exit(f"train.py: data error: {e}")

@@ -272,9 +272,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError("train.schedule = 'time' needs train.budget_s > 0 (or set train.schedule = 'step')")
     if t.schedule == "step" and t.max_steps <= 0:
         raise ConfigError("train.schedule = 'step' needs train.max_steps > 0")
-    for key in ("batch_size", "seq_len", "grad_accum"):
-        if getattr(t, key) <= 0:
-            raise ConfigError(f"train.{key} must be > 0, got {getattr(t, key)}")
+    # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
+    positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s", "eval.tokens"]
+    not_negative = ["train.max_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
+                    "eval.every_steps", "eval.batch_size"]
+    for dotted in positive + not_negative:
+        section, key = dotted.split(".")
+        value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
+        if value <= floor:
+            raise ConfigError(f"{dotted} must be {'> 0' if floor == 0 else '>= 0 (0 = off)'}, got {value}")
     if not 0 <= t.lr_warmup_frac + t.lr_decay_frac <= 1:
         raise ConfigError("train.lr_warmup_frac + train.lr_decay_frac must lie in [0, 1]")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):

@@ -44,11 +44,25 @@ def init(timeout_s: float) -> Dist:
     if world > 1:
         # A finite timeout turns a lost peer into an error instead of a hang until SLURM's wall time.
         timeout = datetime.timedelta(seconds=timeout_s)
+        kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world, store=_attempt_store(rank, world, timeout))
         if device.type == "cuda":
-            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+            dist.init_process_group("nccl", device_id=device, **kwargs)
         else:
-            dist.init_process_group("gloo", timeout=timeout)
+            dist.init_process_group("gloo", **kwargs)
     return Dist(rank, local_rank, world, device)
+
+
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store, with keys private to this torchrun attempt.
+
+    torchrun shares its own TCPStore with the workers; after a --max-restarts restart the new group could read
+    the dead group's addresses from it and fail with "connectFullMesh ... Connection refused" (pytorch#135712;
+    3 of 4 restarts here). A key prefix per restart count keeps each attempt apart.
+    """
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun already serves it
+    store = dist.TCPStore(host, port, world, is_master=not agent_store and rank == 0, timeout=timeout)
+    return dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def close() -> None:

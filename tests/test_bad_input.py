@@ -1,0 +1,110 @@
+"""Bad input end to end: the CLIs refuse it before any work with one line naming the file or key and the fix.
+
+The unit-level cases (every shard corruption, typo keys, wrong types, bad .tiktoken files, prepare's other
+settings) live with their owners (test_shards, test_config, test_tokenizer, test_prepare); here are the
+cases where the command line's behaviour adds something: a user running train.py or data.prepare sees
+one line, not a traceback, and no training step runs on data that would fail later.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.shards import write_shard
+from tests.fault_setup import VOCAB, tiny_data, train_args
+from tests.helpers import ROOT, run
+from trainer.config import ConfigError, parse_args
+
+
+def truncated(folder: Path) -> tuple[list[str], list[str]]:
+    """A train shard two bytes short."""
+    tiny_data(folder)
+    path = folder / "test_train_000001.bin"
+    path.write_bytes(path.read_bytes()[:-2])
+    return [], [f"{path}: truncated", "re-create or re-download it"]
+
+
+def id_beyond_vocab(folder: Path) -> tuple[list[str], list[str]]:
+    """Token id 300 in the first window of a 257-token vocabulary."""
+    tiny_data(folder)
+    tokens = np.arange(6000) % VOCAB
+    tokens[10] = 300  # in the very first window: caught before the first step, not by the embedding
+    write_shard(folder / "test_train_000000.bin", tokens)
+    return [], [f"{folder / 'test_train_000000.bin'}: token id 300 at token 10 is >= vocab_size 257", "re-tokenize"]
+
+
+def shards_shorter_than_seq_len(folder: Path) -> tuple[list[str], list[str]]:
+    """Train shards of 40 and 50 tokens for seq_len 64."""
+    tiny_data(folder, train_sizes=(40, 50))
+    return [], ["seq_len + 1 = 65 tokens is longer than every file", "lower seq_len or use bigger shards"]
+
+
+def small_val_set(folder: Path) -> tuple[list[str], list[str]]:
+    """1000 val tokens for eval.tokens = 2048."""
+    tiny_data(folder, val_tokens=1000)  # train_args asks for eval.tokens = 2048
+    return [], ["holds 1000 tokens", "eval.tokens", "at most 1000"]
+
+
+def no_matching_file(folder: Path) -> tuple[list[str], list[str]]:
+    """A typo in the train glob."""
+    tiny_data(folder)
+    return [f"--data.train={folder}/*_trian_*.bin"], [f"data.train = '{folder}/*_trian_*.bin' matches no file"]
+
+
+CASES = {f.__name__: f for f in (truncated, id_beyond_vocab, shards_shorter_than_seq_len, small_val_set,
+                                 no_matching_file)}
+@pytest.mark.parametrize("case", list(CASES))
+def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
+    extra, needles = CASES[case](tmp_path / "data")
+    proc = run([sys.executable, *train_args(tmp_path / "data", tmp_path / "runs", "bad", *extra)], check=False,
+               timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: "), proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in last, (needle, last)
+    metrics = tmp_path / "runs" / "bad" / "metrics.jsonl"
+    assert not metrics.exists() or '"type": "train"' not in metrics.read_text(), "training ran on bad input"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--train.budget_s=-5", "train.budget_s"),
+    ("--train.max_steps=-1", "train.max_steps"),
+    ("--eval.tokens=0", "eval.tokens"),
+    ("--eval.every_s=-1", "eval.every_s"),
+    ("--train.checkpoint_every_s=-10", "train.checkpoint_every_s"),
+    ("--train.dist_timeout_s=0", "train.dist_timeout_s"),
+])
+def test_negative_or_zero_amounts_are_refused(override, key):
+    argv = ["--config", str(ROOT / "configs" / "tiny.toml"), "--data.train=x", "--data.val=y"]
+    if key == "train.max_steps":
+        argv += ["--train.schedule=time", "--train.budget_s=60"]  # max_steps is only a bound here
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_args([*argv, override])
+
+
+def test_a_missing_datasets_text_field_is_one_line(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "body": "some text"}]), folder / "part.parquet")
+    proc = run([sys.executable, "-m", "data.prepare", "--dataset", str(folder), "--text-field", "content",
+                "--tokenizer", "bytes", "--workers", "1", "--out", str(tmp_path / "out")], check=False, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    # datasets' own progress lines may come first; the error is the one last line
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"prepare: error: dataset '{folder}' has no column 'content'; available columns: ['body', 'id']. "
+        f"Pass the right one with --text-field")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.bin"))
+
+
+def test_a_meta_json_that_is_not_json_is_named(tmp_path):
+    tiny_data(tmp_path)
+    (tmp_path / "meta.json").write_text("{not json")
+    proc = run([sys.executable, *train_args(tmp_path, tmp_path / "runs", "meta", "--data.val=")], check=False,
+               timeout=240)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert str(tmp_path / "meta.json") in proc.stderr.strip().splitlines()[-1]
