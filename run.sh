@@ -83,7 +83,7 @@ cpu_track() {
   "$PY" -m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo
   # One single-threaded process per core: on 2 cores, 2 x 1 thread ran ~5x the steps of 1 process x 2 threads
   # whenever anything else used the CPU (the intra-op threads spin waiting for each other).
-  local procs=${NPROC:-$(nproc)}  # before OMP_NUM_THREADS=1 below: GNU nproc honours it
+  local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
   OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id"
   echo "[run.sh] a sample from runs/$run_id/checkpoint.pt:"

@@ -207,13 +207,15 @@ def test_sigterm_stops_after_the_step_and_saves(demo, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_node_rendezvous_trains(demo, tmp_path):
-    port = free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-                               f"--node_rank={i}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                               *args(demo, tmp_path, "nodes", "--train.max_steps=4")],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+def test_two_nodes_meet_through_run_sh_multinode_variables(demo, tmp_path):
+    """Two `bash run.sh train` launches on 127.0.0.1 with NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT: run.sh turns
+    them into torchrun --nnodes=2 with a c10d rendezvous, and the two nodes train as one world of 2."""
+    env = {**os.environ, "SHARDRUN_VENV": sys.prefix, "NNODES": "2", "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    train_args = args(demo, tmp_path, "nodes", "--train.max_steps=4")[3:]  # after train.py --config tiny.toml
+    nodes = [subprocess.Popen(["bash", "run.sh", "train", "configs/tiny.toml", *train_args], cwd=ROOT,
+                              env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     s = summary(tmp_path / "nodes")

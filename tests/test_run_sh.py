@@ -1,0 +1,28 @@
+"""`bash run.sh`, the main job of a machine without a GPU, end to end in a copy of the repository."""
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, run
+
+
+@pytest.mark.slow
+def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "runs", "shards", ".git", "__pycache__",
+                                                             ".pytest_cache"))
+    env = {"SHARDRUN_VENV": sys.prefix, "BUDGET": "8", "PYTHONDONTWRITEBYTECODE": "1"}
+    out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
+    assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
+    done = [line for line in out.splitlines() if line.startswith("done: budget")]
+    assert len(done) == 1 and "bits/byte" in done[0] and "tok/s" in done[0], out[-3000:]
+    (run_dir,) = (repo / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["track"] == "cpu" and summary["world_size"] == len(os.sched_getaffinity(0))  # nproc
+    assert summary["final_val_bpb"] > 0 and summary["train_time_s"] >= 8
+    sample = out.split(f"a sample from runs/{run_dir.name}/checkpoint.pt:", 1)[1]
+    assert sample.strip().startswith("def"), out[-3000:]  # the prompt, then generated text
+    assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
