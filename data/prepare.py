@@ -228,8 +228,10 @@ def prepare(args: argparse.Namespace) -> dict:
     for doc, (toks, nbytes) in enumerate(stream, first):
         full = len(toks)
         toks = toks[skip:] if doc == first else toks
-        if args.max_tokens is not None:
+        if args.max_tokens is not None and len(toks) > args.max_tokens - meta["tokens"] - buffered:
             toks = toks[:args.max_tokens - meta["tokens"] - buffered]
+            # a document cut short counts the share of its bytes that its kept tokens stand for
+            nbytes = nbytes * ((skip if doc == first else 0) + len(toks)) // full
         buf.append(toks)
         buffered += len(toks)
         uncounted_bytes += nbytes

@@ -111,6 +111,8 @@ def test_demo_corpus_is_the_stdlib_sources(tmp_path):
     cut = run_prepare("--demo", "--max-docs", "12", "--max-tokens", "12345", "--out", str(tmp_path / "cut"),
                       "--val-tokens", "5000", "--shard-tokens", "20000")
     assert cut["tokens"] == 12345 and np.array_equal(token_stream(tmp_path / "cut"), token_stream(out)[:12345])
+    # bytes tokenizer: one token per byte plus one EOT per document, also when the last document is cut short
+    assert 0.99 < cut["bytes_per_token"] < 1 and 0.99 < meta["bytes_per_token"] < 1
 
 
 def test_two_workers_write_the_same_bytes_as_one(tmp_path):
