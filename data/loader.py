@@ -39,6 +39,7 @@ BOS_SCAN_TOKENS = 1 << 16   # BOS positions are searched this many tokens at a t
 READAHEAD_TOKENS = 1 << 24  # ask the kernel for this much of the file ahead of the stream (32 MiB of uint16)
 GROUP_BATCHES = 16          # the thread fills and hands over this many batches at once,
 GROUP_TOKENS = 1 << 18      # or fewer, to keep a group under this many tokens (2 MiB of int64)
+CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it
 
 
 def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -131,22 +132,22 @@ class _Stream:
     def __init__(self, regions: list[_Region], length: int, seed: int | None, bos_id: int | None):
         self.regions, self.length, self.seed, self.bos_id = regions, length, seed, bos_id
         self._windowless: set[int] = set()  # regions found to hold no window at all (e.g. no BOS token)
-        self.seek({"epoch": 0, "index": 0, "pos": None})
+        self.seek((0, 0, None))
 
     def _order(self, epoch: int) -> np.ndarray:
         if self.seed is None:
             return np.arange(len(self.regions))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.regions))
 
-    def seek(self, state: dict) -> None:
-        """Move the cursor to a position from `state()`."""
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+    def seek(self, state: tuple[int, int, int | None]) -> None:
+        """Move the cursor to (epoch, file index in the epoch's order, position; None: the file's start)."""
+        self.epoch, self.index, pos = state
         self.order = self._order(self.epoch)
-        self.pos = self.region.lo if state["pos"] is None else int(state["pos"])
+        self.pos = self.region.lo if pos is None else pos
 
-    def state(self) -> dict:
-        """The cursor as plain ints."""
-        return {"epoch": self.epoch, "index": self.index, "pos": self.pos}
+    def state(self) -> tuple[int, int, int]:
+        """The cursor (epoch, index, pos): a tuple, since one is taken per batch on the producer's hot path."""
+        return self.epoch, self.index, self.pos
 
     @property
     def region(self) -> _Region:
@@ -377,7 +378,7 @@ class TokenLoader:
 
     def state_dict(self) -> dict:
         """Where the next batch comes from, plus what defines the stream (plain Python types only)."""
-        return {**self._spec, **self._state}
+        return {**self._spec, **dict(zip(CURSOR, self._state))}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
@@ -387,7 +388,7 @@ class TokenLoader:
                 raise ValueError(f"loader state: {key} was {str(state.get(key))[:200]} but this loader has "
                                  f"{shown}; resume with the same data files, seed, seq_len, bos_id and holdout")
         self.close()
-        self._state = {k: state[k] for k in ("epoch", "index", "pos")}
+        self._state = tuple(int(state[k]) for k in CURSOR)
 
 
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
