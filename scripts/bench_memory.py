@@ -144,6 +144,7 @@ def big_size_gb(folder: Path) -> tuple[float, str | None]:
 
 def big_part(folder: Path) -> dict:
     """Part 2: one process streams more data than the page cache can hold."""
+    folder.mkdir(parents=True, exist_ok=True)  # disk_usage needs an existing folder
     size, short = big_size_gb(folder)
     if short:
         print(f"\n## larger than memory: skipped ({short})")
