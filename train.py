@@ -234,7 +234,6 @@ def warm_up(run: Run) -> None:
     run.log.print(f"warm-up: {t.warmup_steps} steps in {time.perf_counter() - t0:.1f}s; state restored")
 
 
-@torch.no_grad()
 def validation(cfg: Config, d: Dist, val_files: list[str]):
     """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
     return val_batches(val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
@@ -242,6 +241,7 @@ def validation(cfg: Config, d: Dist, val_files: list[str]):
                        raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0)
 
 
+@torch.no_grad()
 def evaluate(run: Run) -> float:
     """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
     cfg, d = run.cfg, run.d
