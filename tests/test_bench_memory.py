@@ -33,6 +33,7 @@ def test_the_larger_than_memory_part_streams_at_a_flat_rss(tmp_path, monkeypatch
     big = json.loads((tmp_path / "mem.json").read_text())["big"]
     assert "one process streaming 0.03 GB" in capsys.readouterr().out
     assert 0 < big["rate_min"] <= big["rate_median"] <= big["rate_max"]
+    assert len(big["by_tenth"]) == 10 and min(big["by_tenth"]) > 0
     assert abs(big["rss_anon_last"] - big["rss_anon_first"]) < 50 * 2**20
     assert [p.name for p in tmp_path.iterdir()] == ["mem.json"]
 

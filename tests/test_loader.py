@@ -114,6 +114,25 @@ def test_bos_aligned_windows_start_at_documents(tmp_path, world, monkeypatch):
     assert got == [w for step in single for w in step]
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeypatch):
+    sizes = [230 * L + 5, 10, 97 * L + 7, 150 * L]  # groups of 16 batches fit in some files, not in others
+    coded_shards(tmp_path, sizes)
+    steps = 2 * (sum(sizes) // L) // (world * B) + 5  # past two epoch ends
+
+    def global_stream() -> tuple[list, list]:
+        """The windows of all ranks in global order, and the resume state after every step."""
+        per_rank = []
+        for r in range(world):
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=5) as loader:
+                per_rank.append([(windows(*next(loader)), loader.state_dict()) for _ in range(steps)])
+        assert all(state == per_rank[0][i][1] for got in per_rank for i, (_, state) in enumerate(got))
+        return interleave([[w for w, _ in got] for got in per_rank]), [state for _, state in per_rank[0]]
+    fast = global_stream()
+    monkeypatch.setattr(data.loader._Stream, "take_adjacent", lambda self, count: None)
+    assert fast == global_stream()
+
+
 @pytest.mark.parametrize("bos_id,consumed", [(None, 0), (None, 5), (None, 37), (7, 3), (7, 29)])
 def test_resume_continues_exactly(tmp_path, bos_id, consumed):
     make_shards(tmp_path, [300, 200, 500], vocab=50)  # ~15 steps an epoch: 29 and 37 cross epochs
