@@ -28,10 +28,12 @@ usage: bash run.sh [COMMAND] [ARGS...]
 environment:
   BUDGET                 training budget in seconds (overrides train.budget_s)
   CONFIG                 config of the main job (default configs/cpu.toml, or the speedrun config on GPUs)
-  NPROC                  processes per node (default: number of GPUs; CPU track: number of cores)
-  NNODES NODE_RANK MASTER_ADDR MASTER_PORT
+  NPROC                  processes per node (default: number of GPUs, else 1; CPU track: number of cores)
+  NNODES NODE_RANK MASTER_ADDR MASTER_PORT RDZV_ID
                          multi-node: torchrun --rdzv-backend=c10d at MASTER_ADDR:MASTER_PORT
-                         (MASTER_PORT default 29517: 29500 is often taken on shared nodes)
+                         (MASTER_PORT default 29517: 29500 is often taken on shared nodes); RDZV_ID: a new
+                         id per job, the same on every node: it names the run folder, so reusing an id
+                         resumes that run
   FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs (default 9, 100M tokens each)
   SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it
 USAGE
@@ -42,13 +44,17 @@ USAGE
 setup_env() {
   local base=${PYTHON:-python3} req=requirements.txt keep_torch want
   "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "shardrun needs Python 3.11+")'
-  keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
+  # Only a base interpreter's torch: a venv made from another venv's python does not see that venv's packages.
+  keep_torch=$("$base" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6) and sys.prefix == sys.base_prefix))' 2>/dev/null || echo 0)
   if [ ! -x "$PY" ]; then
     if [ "$keep_torch" = 1 ]; then "$base" -m venv --system-site-packages "$VENV"; else "$base" -m venv "$VENV"; fi
   fi
   want=$(sha256sum "$req" | cut -d' ' -f1)-$keep_torch
   if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
     echo "[run.sh] installing requirements into $VENV (once) ..."
+    "$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip -q >/dev/null 2>&1 || {
+      echo "run.sh: $VENV has no pip (its creation failed or was interrupted; on Debian/Ubuntu install" \
+        "python3-venv); delete $VENV and run again" >&2; exit 1; }
     if [ "$keep_torch" = 1 ]; then
       grep -v '^torch[=<>~ ]' "$req" > "$VENV/requirements.notorch.txt"
       req=$VENV/requirements.notorch.txt
@@ -62,17 +68,17 @@ num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
 
 # train.py, in one process or under torchrun (multi-node through c10d rendezvous).
 launch() {
-  local nproc=${NPROC:-1} nnodes=${NNODES:-1} budget=()
-  [ -n "${BUDGET:-}" ] && budget=(--train.budget_s="$BUDGET")
+  local nproc=${NPROC:-1} nnodes=${NNODES:-1}
+  [ -n "${BUDGET:-}" ] && set -- "$@" --train.budget_s="$BUDGET"
   if [ "$nproc" = 1 ] && [ "$nnodes" = 1 ]; then
-    "$PY" train.py "$@" "${budget[@]}"
+    "$PY" train.py "$@"
   elif [ "$nnodes" = 1 ]; then
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$@" "${budget[@]}"
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$@"
   else
     : "${MASTER_ADDR:?multi-node runs need MASTER_ADDR (address of the first node)}"
+    : "${RDZV_ID:?multi-node runs need RDZV_ID: a new id for this job, the same on every node (it names the run folder)}"
     "$PY" -m torch.distributed.run --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
-      --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29517}" --rdzv-id="${RDZV_ID:-shardrun}" \
-      train.py "$@" "${budget[@]}"
+      --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29517}" --rdzv-id="$RDZV_ID" train.py "$@"
   fi
 }
 
@@ -112,11 +118,17 @@ case "$cmd" in
   train)
     [ $# -ge 1 ] || { echo "usage: bash run.sh train CONFIG [--section.key=value ...]" >&2; exit 2; }
     config=$1; shift
-    launch --config "$config" "$@" ;;
+    [ -n "${NPROC:-}" ] || { NPROC=$(num_gpus); [ "$NPROC" -gt 0 ] || NPROC=1; }
+    NPROC=$NPROC launch --config "$config" "$@" ;;
   bench)
     which=${1:-loader}; [ $# -gt 0 ] && shift
     exec "$PY" -m "scripts.bench_$which" "$@" ;;
-  leaderboard) [ $# -gt 0 ] || set -- runs records; exec "$PY" -m scripts.leaderboard "$@" ;;
+  leaderboard)
+    if [ $# -eq 0 ]; then
+      for d in runs records; do [ -d "$d" ] && set -- "$@" "$d"; done
+      [ $# -gt 0 ] || { echo "run.sh leaderboard: no runs/ or records/ folder yet; train first or name folders" >&2; exit 2; }
+    fi
+    exec "$PY" -m scripts.leaderboard "$@" ;;
   sample) exec "$PY" -m scripts.sample "$@" ;;
   main)
     ngpu=$(num_gpus)

@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
 def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
     """Sorted train and val files, and the meta.json beside the train files ({} if none).
 
-    Fills model.vocab_size from meta.json when it is 0.
+    Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal.
     """
     files = sorted(glob(cfg.data.train))
     if not files:
@@ -116,6 +116,15 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
             raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
                               f"set --model.vocab_size=N")
         cfg.model.vocab_size = int(meta["vocab_size"])
+    m = cfg.model
+    if m.doc_causal and meta.get("eot_token", m.bos_id) != m.bos_id:
+        raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {m.bos_id}, but {meta_path} says "
+                          f"the token before each document is eot_token = {meta['eot_token']}; set "
+                          f"--model.bos_id={meta['eot_token']}")
+    if m.doc_causal and not 0 <= m.bos_id < m.vocab_size:
+        raise ConfigError(f"model.doc_causal: model.bos_id = {m.bos_id} is not a token of the vocabulary "
+                          f"(model.vocab_size = {m.vocab_size}), so no document would ever end; set "
+                          f"model.bos_id to the data's document token or turn model.doc_causal off")
     return files, val_files, meta
 
 
@@ -245,21 +254,24 @@ def validation(cfg: Config, d: Dist, val_files: list[str]):
 def evaluate(run: Run) -> float:
     """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
     cfg, d = run.cfg, run.d
-    # FSDP2 ranks must make the same forward calls (each all-gathers), so an empty last batch runs too. Otherwise
-    # the plain module needs no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch
-    # and never compiles a batch of 0 rows.
+    # FSDP2 ranks must make the same forward calls (each all-gathers), so a rank with an empty last batch runs
+    # one row of zeros, not counted (a FlexAttention mask cannot have 0 rows). Otherwise the plain module needs
+    # no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch.
     sharded = cfg.train.parallel == "fsdp" and d.world_size > 1
     model = run.model if sharded else run.raw
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)
     for x, y in validation(cfg, d, run.val_files):
-        if not y.numel() and not sharded:
-            continue
+        tokens = y.numel()
+        if not tokens:
+            if not sharded:
+                continue
+            x = y = torch.zeros((1, x.shape[1]), dtype=x.dtype, device=x.device)
         with autocast(d, cfg.train.dtype):
             _, loss = model(x, y)
-        if y.numel():
-            sums[0] += loss.double() * y.numel()
-            sums[1] += y.numel()
+        if tokens:
+            sums[0] += loss.double() * tokens
+            sums[1] += tokens
     distributed.all_reduce(sums)
     model.train()
     return (sums[0] / sums[1]).item()
@@ -308,26 +320,35 @@ def mfu_of(run: Run, tok_s: float) -> float | None:
 
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
-    t0, cfg = time.perf_counter(), run.cfg
-    model_state = full_model_state(run.raw, sharded=cfg.train.parallel == "fsdp" and run.d.world_size > 1)
-    if run.d.master:
+    t0, cfg, d = time.perf_counter(), run.cfg, run.d
+    sharded = cfg.train.parallel == "fsdp" and d.world_size > 1
+    if sharded or d.master:  # FSDP2: every rank takes part in gathering the full state
+        model_state = full_model_state(run.raw, sharded)
+    if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
     state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
              "metrics_bytes": run.log.metrics_bytes()}
-    save_resume(run.run_dir, run.d, run.progress.step, state)
+    if not sharded and not d.master:
+        # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
+        # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
+        del state["model"], state["optim"]
+    save_resume(run.run_dir, d, run.progress.step, state)
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
 
 def stop_flags(run: Run, next_eval_s: float, last_save: float) -> tuple[bool, bool, bool, bool]:
-    """(time up, SIGTERM, eval due, save due), each true on every rank if true on any (all-reduced MAX)."""
-    cfg, elapsed = run.cfg, run.clock.elapsed()
+    """(time up, SIGTERM, eval due, save due), each true on every rank if true on any, and the clocks' max
+    as the time every rank's LR schedule follows: one MAX all-reduce."""
+    cfg, clock = run.cfg, run.clock
     every = cfg.eval.every_steps
     eval_due = bool(run.val_files) and bool((every and run.progress.step % every == 0)
-                                           or (cfg.eval.every_s and elapsed >= next_eval_s))
+                                           or (cfg.eval.every_s and clock.elapsed() >= next_eval_s))
     save_due = 0 < cfg.train.checkpoint_every_s <= time.perf_counter() - last_save
-    return tuple(distributed.any_rank([run.clock.time_up(), bool(run.stop_requested), eval_due, save_due],
-                                      run.d.device))
+    elapsed, *flags = distributed.max_over_ranks(
+        [clock.elapsed(), clock.time_up(), bool(run.stop_requested), eval_due, save_due], run.d.device)
+    clock.sync(elapsed)
+    return tuple(bool(f) for f in flags)
 
 
 def train(run: Run) -> str:
@@ -338,6 +359,9 @@ def train(run: Run) -> str:
     next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
     last_save, since = time.perf_counter(), (p.step, clock.elapsed())
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
+    distributed.barrier()  # the ranks' clocks start together (their max rules the schedule and the stop)
+    if distributed.any_rank([clock.time_up()], run.d.device)[0]:
+        status = "budget"  # resumed after the budget was spent (a restart after the run ended): no more steps
     clock.start()
     while status is None:
         if cfg.train.max_steps and p.step >= cfg.train.max_steps:
@@ -364,7 +388,7 @@ def train(run: Run) -> str:
             next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
             if cfg.eval.stop_at_target and p.time_to_target is not None:
                 status = "target"
-        if save_due and status is None:
+        if save_due and status is None and not time_up:  # at the budget finish() saves anyway
             with clock.paused():
                 save(run)
             last_save = time.perf_counter()
@@ -382,12 +406,14 @@ def _next_multiple(elapsed: float, every: float) -> float:
 
 
 def finish(run: Run, status: str) -> None:
-    """Final eval (after the clock stopped; skipped on SIGTERM to save the grace period), save, summary."""
+    """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period), summary.
+
+    The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
     cfg, p, d = run.cfg, run.progress, run.d
+    save(run)
     final_val = None
     if run.val_files and status != "sigterm":
         final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, charge=False)
-    save(run)
     run.loader.close()
     # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
     bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)

@@ -54,8 +54,8 @@ class GPTConfig:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(f"model config: {msg}")
-        need(self.vocab_size > 0 and self.block_size > 0 and self.n_layer > 0, "vocab_size, block_size and "
-             "n_layer must be positive")
+        need(min(self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd) > 0,
+             "vocab_size, block_size, n_layer, n_head and n_embd must be positive")
         need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
         need(not self.rotary or self.head_dim % 2 == 0, f"rotary needs an even head size, got {self.head_dim}")
         need(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r}; use 'layernorm' or 'rmsnorm'")
@@ -162,12 +162,16 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
         cfg, (B, T, C) = self.cfg, x.shape
         q, k, v = self.qkv(x).view(B, T, 3, cfg.n_head, cfg.head_dim).permute(2, 0, 3, 1, 4)
+        dtype = q.dtype
         if ve is not None:
             v = self.ve_lambda[0] * v + self.ve_lambda[1] * ve.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
         if cfg.rotary:
             q, k = rotary(q, cfg.rope_base), rotary(k, cfg.rope_base)
+        # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
+        # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif isinstance(mask, Tensor):

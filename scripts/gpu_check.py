@@ -57,6 +57,7 @@ class Sizes:
     eval_batches: int  # full batches per eval: a partial one would compile another shape
     text_max_loss: float  # the demo corpus' val loss must fall below this (ln(257) = 5.55 at init)
     overrides: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # for the subprocesses, on top of ours
 
 
 GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
@@ -72,7 +73,8 @@ CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
             # compile is off: inductor on CPU takes minutes per shape, and these sizes test the plumbing.
             overrides=["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.value_embeds=1",
                        "--model.block_size=128", "--train.seq_len=128", "--train.batch_size=2",
-                       "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"])
+                       "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"],
+            env={"CUDA_VISIBLE_DEVICES": ""})  # a rehearsal on a GPU machine still runs on the CPU
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,27 +106,32 @@ def build_data(work: Path, sizes: Sizes, deadline: float) -> dict[str, str]:
                     dtype=np.uint16, header=False)
     cmd = [sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(work / "data" / "demo"),
            *sizes.demo_args]
-    rc, tail = run_bounded(cmd, work / "data" / "prepare.out", min(sizes.timeout_s["data"], deadline - time.time()))
+    rc, tail = run_bounded(cmd, work / "data" / "prepare.out", min(sizes.timeout_s["data"], deadline - time.time()),
+                           sizes)
     return {} if rc == 0 else {"text": f"data.prepare exited {rc}: {tail[-600:]}"}
 
 
-def run_bounded(cmd: list[str], log: Path, timeout: float) -> tuple[int | str, str]:
-    """Run `cmd` in its own process group with output to `log`; (exit code or "timeout", output tail)."""
+def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes) -> tuple[int | str, str]:
+    """Run `cmd` in its own process group with output to `log`; (exit code or "timeout", output tail).
+
+    A new session, so that stopping it takes the whole group, inductor's compile workers included: on its
+    timeout, and when this script ends early (the shell's outer timeout sends SIGTERM: see main)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", **sizes.env}
     with open(log, "w") as out:
-        # A new session: on timeout the whole group goes, inductor's compile workers included.
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc: int | str = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
             rc = "timeout"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=KILL_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     return rc, log.read_text()[-3000:]
 
 
@@ -186,7 +193,7 @@ def run_check(name: str, work: Path, sizes: Sizes, deadline: float) -> dict:
         return {**row, "status": "skipped: out of time"}
     t0, run_dir = time.time(), work / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a run folder left by an earlier check would be appended to
-    rc, tail = run_bounded([sys.executable, "train.py", *argv], work / "runs" / f"{name}.out", timeout)
+    rc, tail = run_bounded([sys.executable, "train.py", *argv], work / "runs" / f"{name}.out", timeout, sizes)
     row["seconds"] = round(time.time() - t0, 1)
     if rc != 0 or not (run_dir / "summary.json").exists():
         return {**row, "status": f"FAILED: exit {rc}", "output_tail": tail}
@@ -230,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `bash scripts/gpu_check.sh`; returns 0 when every check is ok."""
     args = parse_args(argv)
     start = time.time()
+    # gpu_check.sh's outer timeout sends SIGTERM: unwind, so run_bounded stops the check in flight
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("gpu_check: terminated"))
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device visible to torch; on a machine without a GPU use --cpu")
     sizes = CPU if args.cpu else GPU

@@ -3,7 +3,7 @@
 # compile time, tokens/s, MFU, loader wait, peak memory and val loss, as a table and as JSON.
 #   bash scripts/gpu_check.sh --json $OUT/gpu_check.json
 #   bash scripts/gpu_check.sh --cpu --json /tmp/gpu_check.json     # rehearsal: tiny sizes, no GPU
-# Needs only torch, numpy and tiktoken in $PYTHON (default python3); see scripts/gpu_check.py.
+# Needs torch and numpy in $PYTHON (default python3), and tiktoken and tqdm for the text check (data.prepare).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The Python body stops its own checks by 450 s; this bound covers everything else (a hung import, NFS).

@@ -54,8 +54,15 @@ def no_matching_file(folder: Path) -> tuple[list[str], list[str]]:
     return [f"--data.train={folder}/*_trian_*.bin"], [f"data.train = '{folder}/*_trian_*.bin' matches no file"]
 
 
+def doc_mask_token_outside_the_vocabulary(folder: Path) -> tuple[list[str], list[str]]:
+    """doc_causal with GPT-2's bos_id 50256 on 257-token data: the mask would silently be plain causal."""
+    tiny_data(folder)
+    return ["--model.doc_causal=true"], ["model.bos_id = 50256 is not a token of the vocabulary",
+                                         "turn model.doc_causal off"]
+
+
 CASES = {f.__name__: f for f in (truncated, id_beyond_vocab, shards_shorter_than_seq_len, small_val_set,
-                                 no_matching_file)}
+                                 no_matching_file, doc_mask_token_outside_the_vocabulary)}
 @pytest.mark.parametrize("case", list(CASES))
 def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
     extra, needles = CASES[case](tmp_path / "data")

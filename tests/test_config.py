@@ -32,6 +32,11 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.budget_s=-5"], ["train.budget_s = -5.0 is negative", "seconds > 0"]),
     (["--train.schedule=time", "--train.budget_s=0"], ["train.schedule = 'time' needs train.budget_s > 0"]),
     (["--train.seq_len"], ["--train.seq_len has no value"]),
+    (["--train.schedule=time", "--train.budget_s=nan"], ["train.budget_s = nan must be a finite number"]),
+    (["--train.lr_final_frac=-1"], ["train.lr_final_frac = -1.0 must lie in [0, 1]"]),
+    (["--train.lr_warmup_frac=-0.5", "--train.lr_decay_frac=1.5"], ["train.lr_warmup_frac = -0.5 must lie in"]),
+    (["--train.seq_len=128"], ["train.seq_len = 128 is longer than model.block_size = 64"]),
+    (["--model.n_head=0"], ["n_head and n_embd must be positive"]),
     (["stray"], ["unexpected argument 'stray'"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):

@@ -205,6 +205,27 @@ def test_flex_mask_equals_the_sdpa_fallback_mask(window, doc_causal):
     torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=0)
 
 
+@pytest.mark.skipif(model.gpt.flex_attention is None, reason="no FlexAttention in this torch")
+def test_flex_gets_one_dtype_under_bf16_autocast(monkeypatch):
+    # value embeddings (not autocast) made v fp32 beside bf16 q and k: FlexAttention of torch 2.6 refuses that
+    from torch.nn.attention.flex_attention import create_block_mask
+    m = tiny(attention="flex", window=8, doc_causal=True, bos_id=0, value_embeds=1, rotary=True, qk_norm=True)
+    idx = batch(B=2, T=32).clamp(min=1)
+    idx[:, 0] = 0
+    block_mask = create_block_mask(model.gpt.flex_mask_mod(idx, 8, True, 0), 2, None, 32, 32, device="cpu")
+    monkeypatch.setattr(m, "_mask", lambda idx: block_mask)  # what the CUDA path builds
+    seen, flex = [], model.gpt.flex_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return flex(q, k, v, **kwargs)
+    monkeypatch.setattr(model.gpt, "flex_attention", spy)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex's own "called without torch.compile" notice
+        m(idx)
+    assert seen == [(torch.bfloat16,) * 3] * TINY["n_layer"]
+
+
 def test_flex_on_cpu_warns_once():
     m = tiny(attention="flex", window=4)
     model.gpt._warned_fallback = False

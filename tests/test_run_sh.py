@@ -26,3 +26,25 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     sample = out.split(f"a sample from runs/{run_dir.name}/checkpoint.pt:", 1)[1]
     assert sample.strip().startswith("def"), out[-3000:]  # the prompt, then generated text
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
+
+
+@pytest.fixture
+def bare(tmp_path):
+    """run.sh and requirements.txt alone in a folder (no runs/, records/ or train.py), using our venv."""
+    for name in ("run.sh", "requirements.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path, {"SHARDRUN_VENV": sys.prefix}
+
+
+def test_leaderboard_without_any_runs_says_what_to_do(bare):
+    folder, env = bare
+    proc = run(["bash", "run.sh", "leaderboard"], cwd=folder, env=env, check=False)
+    assert proc.returncode == 2 and "no runs/ or records/ folder yet" in proc.stderr
+
+
+def test_multi_node_needs_a_rendezvous_id(bare):
+    # a fixed default id would name every job's run folder alike, and the next job would resume the last one
+    folder, env = bare
+    proc = run(["bash", "run.sh", "train", "configs/tiny.toml"], cwd=folder, check=False,
+               env={**env, "NNODES": "2", "NPROC": "1", "MASTER_ADDR": "127.0.0.1"})
+    assert proc.returncode != 0 and "multi-node runs need RDZV_ID" in proc.stderr

@@ -115,11 +115,22 @@ def test_staging_copies_missing_files_once_and_trains_from_them(cluster):
 def test_stage_only_copies_and_stops(cluster):
     nfs, local = cluster["tmp"] / "nfs", cluster["tmp"] / "local"
     nfs.mkdir()
-    (nfs / "a.bin").write_bytes(b"abc")
+    (nfs / "fineweb_train_000001.bin").write_bytes(b"abc")
+    (nfs / "fineweb_val_000000.bin").write_bytes(b"val")  # the default glob leaves it: it would be trained on
     _, calls = sbatch(cluster, "multinode.sbatch", STAGE_ONLY="1", CONFIG="configs/speedrun_8xh100.toml",
                       DATA_SRC=str(nfs), LOCAL_DATA=str(local))
-    assert (local / "a.bin").read_bytes() == b"abc"
+    assert [p.name for p in local.iterdir()] == ["fineweb_train_000001.bin"]
     assert [c[0] for c in calls] == ["srun"]
+
+
+def test_staging_refuses_a_glob_that_takes_the_validation_shard(cluster):
+    nfs = cluster["tmp"] / "nfs"
+    nfs.mkdir()
+    for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin"):
+        (nfs / name).write_bytes(b"abc")
+    proc, calls = sbatch(cluster, "multinode.sbatch", check=False, STAGE_DATA="1", STAGE_GLOB="*.bin",
+                         CONFIG="configs/speedrun_8xh100.toml", DATA_SRC=str(nfs))
+    assert proc.returncode == 2 and "matches the validation shard" in proc.stderr and calls == []
 
 
 @pytest.mark.parametrize("env, message", [

@@ -4,7 +4,7 @@ checkpoint.pt = {"config": plain dict, "model": full state dict on CPU, "step": 
 torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dict(ckpt["model"]).
 
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
-rank (optimizer, loader, clock, RNG, model shard...). After a barrier rank 0 points resume/done.json at
+rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only). After a barrier rank 0 points resume/done.json at
 it and only then deletes older folders, so a crash mid-save leaves the previous complete state in use.
 """
 from __future__ import annotations
@@ -61,5 +61,9 @@ def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
     if marker["world_size"] != d.world_size:
         raise RuntimeError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
                            f"{d.world_size}; resume with the same world size or start a new log.run_id")
-    return torch.load(run_dir / "resume" / marker["dir"] / f"rank{d.rank}.pt", weights_only=True,
-                      map_location=d.device)
+    folder = run_dir / "resume" / marker["dir"]
+    state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
+    if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
+        shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)
+        state.update(model=shared["model"], optim=shared["optim"])
+    return state

@@ -3,7 +3,8 @@
 Stop rule: a rank wants to stop once elapsed >= budget, checked after every step, so the last step
 starts before the budget and may finish after it (the hackathon counts "from the first forward pass to
 the last"; a step in flight may finish). The wish is all-reduced (MAX) in train.py so all ranks stop
-after the same step.
+after the same step. The time LR schedule follows the elapsed time all ranks agreed on at that check
+(`sync`), not each rank's own stopwatch: DDP replicas stay identical only if every rank uses the same LR.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Clock:
         self.cfg = cfg
         self.charged = 0.0           # seconds accumulated before the current running stretch
         self.started_at: float | None = None
+        self.synced = 0.0            # elapsed seconds as all ranks agreed at the last check (the LR follows it)
 
     def start(self) -> None:
         """Start (or resume after a pause) charging time to the budget."""
@@ -66,21 +68,25 @@ class Clock:
         by_steps = step / self.cfg.max_steps if self.cfg.max_steps else 0.0
         if self.cfg.schedule == "step":
             return by_steps
-        return max(self.elapsed() / self.cfg.budget_s, by_steps)
+        return max(self.synced / self.cfg.budget_s, by_steps)
 
     def lr_mult(self, step: int) -> float:
         """The LR multiplier for the step about to run (`step` steps done so far)."""
         c = self.cfg
         return lr_multiplier(self.progress(step), c.lr_warmup_frac, c.lr_decay_frac, c.lr_final_frac)
 
+    def sync(self, elapsed: float) -> None:
+        """Adopt `elapsed`, the same on every rank (the max of their clocks), as the schedule's time."""
+        self.synced = elapsed
+
     def time_up(self) -> bool:
         """True once the budget (if any) is spent."""
         return self.cfg.budget_s > 0 and self.elapsed() >= self.cfg.budget_s
 
     def state_dict(self) -> dict:
-        """The charged time, for resume."""
-        return {"elapsed": self.elapsed()}
+        """The charged time and the agreed time, for resume."""
+        return {"elapsed": self.elapsed(), "synced": self.synced}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved charged time (the clock stays stopped until start())."""
-        self.charged, self.started_at = float(state["elapsed"]), None
+        self.charged, self.started_at, self.synced = float(state["elapsed"]), None, float(state["synced"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -281,8 +282,18 @@ def validate(cfg: Config) -> None:
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
         if value <= floor:
             raise ConfigError(f"{dotted} must be {'> 0' if floor == 0 else '>= 0 (0 = off)'}, got {value}")
+    for section, values in cfg.to_dict().items():  # nan or inf would silently never stop, or never decay
+        for key, value in values.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section}.{key} = {value} must be a finite number")
+    for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
+        if not 0 <= getattr(t, key) <= 1:
+            raise ConfigError(f"train.{key} = {getattr(t, key)} must lie in [0, 1]")
     if not 0 <= t.lr_warmup_frac + t.lr_decay_frac <= 1:
         raise ConfigError("train.lr_warmup_frac + train.lr_decay_frac must lie in [0, 1]")
+    if t.seq_len > cfg.model.block_size:
+        raise ConfigError(f"train.seq_len = {t.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
+                          f"raise model.block_size or lower train.seq_len")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 

@@ -78,10 +78,14 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Each value's maximum over all ranks (one MAX all-reduce, in float64)."""
+    return all_reduce(torch.tensor(values, dtype=torch.float64, device=device), "max").tolist()
+
+
 def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
-    """Each flag true on every rank if it is true on any rank (one MAX all-reduce)."""
-    reduced = all_reduce(torch.tensor(flags, dtype=torch.float32, device=device), "max")
-    return [bool(f) for f in reduced.tolist()]
+    """Each flag true on every rank if it is true on any rank."""
+    return [bool(f) for f in max_over_ranks([float(f) for f in flags], device)]
 
 
 def broadcast(obj: Any) -> Any:

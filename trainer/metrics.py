@@ -78,7 +78,7 @@ class RunLog:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics = run_dir / "metrics.jsonl"
         if metrics.exists():
-            os.truncate(metrics, metrics_bytes)
+            os.truncate(metrics, min(metrics_bytes, metrics.stat().st_size))  # never pad a shorter file
         self.log_file = open(run_dir / "log.txt", "a")
         self.metrics_file = open(metrics, "a")
         if wandb_cfg is not None:

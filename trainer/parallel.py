@@ -26,10 +26,11 @@ def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
         return model
     if cfg.parallel == "fsdp":
         return _fully_shard(model, cfg, d)
-    ddp = DDP(model, device_ids=[d.local_rank] if d.cuda else None)
     if cfg.compile:
-        ddp.compile()  # compiling the DDP wrapper lets dynamo split graphs at DDP's bucket boundaries
-    return ddp
+        # In place, so that evals (which call the plain module) run compiled too; dynamo still splits the graph
+        # at DDP's bucket boundaries, since it compiles inside DDP's forward.
+        model.compile()
+    return DDP(model, device_ids=[d.local_rank] if d.cuda else None)
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
