@@ -111,6 +111,9 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     except json.JSONDecodeError as e:
         raise ConfigError(f"{meta_path}: not valid JSON ({e}); re-run python -m data.prepare or delete the file") from None
+    if meta.get("complete") is False:
+        print(f"train.py: warning: {meta_path} says data.prepare has not finished there; training on the shards "
+              f"it wrote so far (re-run data.prepare with the same arguments to finish them)", file=sys.stderr)
     if cfg.model.vocab_size == 0:
         if "vocab_size" not in meta:
             raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "

@@ -63,15 +63,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="shard file prefix (default: demo, or a slug of the dataset/folder name)")
     p.add_argument("--out", help="output directory (default: shards/NAME)")
     p.add_argument("--shard-tokens", type=int, default=10**8)
-    p.add_argument("--val-tokens", type=int, default=10**7, help="the first N tokens form the val shard (0: none)")
+    p.add_argument("--val-tokens", type=int, default=10 * 2**20,
+                   help="the first N tokens form the val shard (0: none); the default covers the speedrun's eval")
     p.add_argument("--max-docs", type=int, help="stop after this many documents")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens (cut exactly)")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="tokenizer processes (1: inline)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),  # the CPUs a SLURM job may use
+                   help="tokenizer processes (1: inline; default: the CPUs this process may run on)")
     p.add_argument("--overwrite", action="store_true", help="replace shards of other settings in --out")
     args = p.parse_args(argv)
     for flag in ("shard_tokens", "workers", "max_docs", "max_tokens"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("shard_tokens", "val_tokens"):  # the llm.c header stores the count as an int32
+        if getattr(args, flag) > 2**31 - 1:
+            p.error(f"--{flag.replace('_', '-')} must be < 2**31 (the shard header's int32 token count)")
     if args.val_tokens < 0:
         p.error("--val-tokens must be >= 0")
     args.tokenizer = args.tokenizer or ("bytes" if args.source else "gpt2")
@@ -119,17 +124,17 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
     if overwrite:
         for name in [META, *found]:  # meta.json first: it must never list shards that are gone
             (out / name).unlink(missing_ok=True)
-    elif old is not None and old["settings"] != settings:
+    elif old is not None and old["settings"] != settings and old["shards"]:  # without shards: nothing to keep
         diffs = [f"{k}: directory has {old['settings'].get(k)!r}, this run {v!r}"
                  for k, v in settings.items() if old["settings"].get(k) != v]
         raise PrepareError(f"{out} holds shards made with different settings ({'; '.join(diffs)}); "
                            f"write to another --out directory or pass --overwrite to replace them")
-    elif old is not None:
+    elif old is not None and old["settings"] == settings:
         _check_listed_shards(out, old)
         return old
     elif found:
-        raise PrepareError(f"{out} holds shards ({found[0]} ...) but no {META}, so their settings are unknown; "
-                           f"write to another --out directory or pass --overwrite to replace them")
+        raise PrepareError(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
+                           f"unknown; write to another --out directory or pass --overwrite to replace them")
     return {"complete": False, "settings": settings, "shards": [], "documents": 0, "partial_doc_tokens": 0,
             "tokens": 0, "text_bytes": 0}
 
@@ -220,18 +225,19 @@ def prepare(args: argparse.Namespace) -> dict:
         print(f"prepare: {args.out} is already complete ({meta['tokens']:,} tokens); nothing to do",
               file=sys.stderr)
         return meta
+    write_json(args.out / META, meta)  # before any shard: a shard whose settings are unknown blocks a re-run
     first, skip = meta["documents"], meta["partial_doc_tokens"]
     stream = encode_documents(islice(documents(), first, args.max_docs), args.tokenizer, dtype, args.workers)
     t0, written = time.time(), meta["tokens"]
     bar = tqdm(unit="tok", unit_scale=True, initial=written, file=sys.stderr, disable=None, desc="prepare")
     buf, buffered, doc, uncounted_bytes = [], 0, first - 1, 0
     for doc, (toks, nbytes) in enumerate(stream, first):
-        full = len(toks)
-        toks = toks[skip:] if doc == first else toks
+        full, offset = len(toks), skip if doc == first else 0  # offset: its tokens written before a resume
+        toks = toks[offset:]
         if args.max_tokens is not None and len(toks) > args.max_tokens - meta["tokens"] - buffered:
             toks = toks[:args.max_tokens - meta["tokens"] - buffered]
             # a document cut short counts the share of its bytes that its kept tokens stand for
-            nbytes = nbytes * ((skip if doc == first else 0) + len(toks)) // full
+            nbytes = nbytes * (offset + len(toks)) // full
         buf.append(toks)
         buffered += len(toks)
         uncounted_bytes += nbytes
@@ -240,8 +246,10 @@ def prepare(args: argparse.Namespace) -> dict:
         while buffered >= shard_file(meta)[1]:
             rest = _write_next(args.out, meta, np.concatenate(buf))
             buf, buffered = [rest], len(rest)
-            # The rest, if any, is the tail of this document: resume re-tokenizes it and skips what is written.
-            meta["documents"], meta["partial_doc_tokens"] = (doc, full - len(rest)) if len(rest) else (doc + 1, 0)
+            # The rest, if any, is the tail of this document: resume re-tokenizes it and skips what is written
+            # (counted from the document's start: a --max-tokens cut may have dropped its end).
+            meta["documents"], meta["partial_doc_tokens"] = ((doc, offset + len(toks) - len(rest)) if len(rest)
+                                                             else (doc + 1, 0))
             counted = uncounted_bytes - (nbytes if len(rest) else 0)  # a document's bytes count once it is done
             meta["text_bytes"] += counted
             uncounted_bytes -= counted
@@ -249,13 +257,15 @@ def prepare(args: argparse.Namespace) -> dict:
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
+    if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
+        # checked before the last write: a val shard alone would be a finished-looking folder with no train data
+        raise PrepareError(f"the corpus gave only {meta['tokens'] + buffered:,} tokens, none left for training "
+                           f"after the val split (--val-tokens {args.val_tokens:,}); lower --val-tokens (with "
+                           f"--overwrite) or add documents")
     if buffered:
         _write_next(args.out, meta, np.concatenate(buf))
         meta["documents"], meta["partial_doc_tokens"] = doc + 1, 0
         meta["text_bytes"] += uncounted_bytes
-    if not any("_train_" in s["file"] for s in meta["shards"]):
-        raise PrepareError(f"the corpus gave only {meta['tokens']:,} tokens, all taken by the val split "
-                           f"(--val-tokens {args.val_tokens:,}); lower --val-tokens or add documents")
     meta["complete"] = True
     # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
     meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]

@@ -69,9 +69,13 @@ def file_documents(files: list[Path], text_field: str = "text") -> Iterator[str]
         return read_text_files(files)
     import datasets
 
-    # Streaming reads the files in the given order without writing an Arrow copy into the HF cache.
-    rows = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
-    return text_column(rows, text_field, f"{files[0].parent}/*{files[0].suffix} ({len(files)} files)")
+    where = f"{files[0].parent}/*{files[0].suffix} ({len(files)} files)"
+    try:  # streaming reads the files in the given order without writing an Arrow copy into the HF cache
+        rows = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
+    except (StopIteration, ValueError, OSError) as e:  # StopIteration: no row at all (empty files)
+        raise SourceError(f"{where}: cannot read them ({str(e)[:300] or 'no rows'}); fix or remove the bad "
+                          f"file") from None
+    return text_column(rows, text_field, where)
 
 
 def hf_documents(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
@@ -90,7 +94,14 @@ def hf_documents(dataset: str, subset: str | None = None, split: str = "train", 
 
 def text_column(rows: Iterable[dict], field: str, where: str) -> Iterator[str]:
     """The `field` string of every row; a missing field is an error listing the columns there are."""
-    for row in rows:
+    rows = iter(rows)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except (ValueError, OSError) as e:  # e.g. pyarrow's ArrowInvalid (a ValueError) on a malformed line
+            raise SourceError(f"{where}: cannot read a row ({str(e)[:300]}); fix or remove the bad file") from None
         text = row.get(field)
         if not isinstance(text, str):
             problem = "has no column" if field not in row else f"has a non-text value ({type(text).__name__}) in"

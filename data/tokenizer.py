@@ -21,6 +21,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
 # than GPT-2's pattern (12 vs 3.7 MB/s on stdlib sources); a pattern that can match "" panics tiktoken.
 BYTES_PATTERN = r"[\s\S]+"
 # A download that hangs (a firewall that drops packets) must not stall prepare; 1.5 MB takes seconds.
+GPT2_RANKS = {"gpt2", "r50k_base"}  # the encodings a bare rank file with GPT2_PATTERN reproduces
 DOWNLOAD_DEADLINE_S = 30.0
 
 
@@ -51,10 +52,16 @@ def eot_token(enc: tiktoken.Encoding) -> int:
 
 
 def load_tiktoken_file(path: str | Path, pattern: str = GPT2_PATTERN) -> tiktoken.Encoding:
-    """An Encoding from a local rank file (a base64 token and its rank per line); <|endoftext|> = max rank + 1."""
+    """An Encoding from a local rank file (a base64 token and its rank per line) with GPT-2's split pattern;
+    <|endoftext|> = max rank + 1."""
     path = Path(path)
     if not path.is_file():
         raise TokenizerError(f"{path}: no such .tiktoken file; pass an existing rank file or a tiktoken name")
+    if path.stem in tiktoken.list_encoding_names() and path.stem not in GPT2_RANKS:
+        # its own pattern and special tokens are not in the file: GPT-2's would silently give other ids
+        raise TokenizerError(f"{path}: a rank file holds no split pattern or special tokens, so it would not "
+                             f"tokenize like tiktoken's {path.stem}; use the name --tokenizer {path.stem} with its "
+                             f"cached files (TIKTOKEN_CACHE_DIR)")
     # Parsed here rather than by tiktoken.load_tiktoken_bpe, which keeps a copy in its cache keyed by the
     # path and would go on returning it after the file changes.
     ranks: dict[bytes, int] = {}
@@ -97,8 +104,9 @@ def _download_encoding(name: str) -> tiktoken.Encoding:
     if "enc" in box:
         return box["enc"]
     why = box.get("error") or f"no answer within {DOWNLOAD_DEADLINE_S:.0f} s"
+    local = " or pass a local rank file instead of the name (r50k_base.tiktoken holds gpt2's ranks)"
     raise TokenizerError(
-        f"tokenizer {name!r} is not cached and cannot be downloaded ({str(why)[:200]}). To use it offline, either "
-        f"set TIKTOKEN_CACHE_DIR to a folder holding its cached files (fill one on a machine with network: "
-        f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\", then copy DIR), "
-        f"or pass a local .tiktoken rank file instead of the name (for gpt2: r50k_base.tiktoken has the same ranks)")
+        f"tokenizer {name!r} is not cached and cannot be downloaded ({str(why)[:200]}). To use it offline, set "
+        f"TIKTOKEN_CACHE_DIR to a folder holding its cached files (fill one on a machine with network: "
+        f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\", then copy DIR)"
+        + (local if name in GPT2_RANKS else ""))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -63,12 +64,23 @@ def _check_reachable(endpoint: str, offline: bool, names: list[str], out: Path) 
            f"network (where this same command fetches them), or prepare shards with python -m data.prepare")
     if offline:
         raise FetchError(f"HF_HUB_OFFLINE is set and {out} lacks {len(names)} shard(s); unset it, or {fix}")
-    url = urlparse(endpoint)
+    host, port, via = first_hop(endpoint)
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=PROBE_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as e:
-        raise FetchError(f"cannot reach {endpoint} ({e}); no network? Set HF_ENDPOINT to a mirror, or {fix}") from None
+        raise FetchError(f"cannot reach {endpoint}{via} ({e}); no network? Set HF_ENDPOINT to a mirror, "
+                         f"or {fix}") from None
+
+
+def first_hop(endpoint: str) -> tuple[str, int, str]:
+    """(host, port, note) of the first connection a download of `endpoint` makes: its proxy when one is set for
+    it (HTTPS_PROXY, ..., as huggingface_hub honours them), else the endpoint itself."""
+    url = urlparse(endpoint)
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):
+        p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        return p.hostname, p.port or (443 if p.scheme == "https" else 80), f" through the proxy {p.hostname}:{p.port}"
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80), ""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,5 @@
 """`python -m data.prepare` and `python -m scripts.fetch_fineweb` end to end on real files."""
+import itertools
 import json
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from data import sources
 from data.prepare import PrepareError, parse_args, prepare
 from data.shards import open_shard, write_shard
+from scripts import fetch_fineweb
 from tests.helpers import ROOT, run
 
 DOCS = ["first document\nwith two lines\n", "héllo wörld ✓ 🙂\r\nwindows line", "x <|endoftext|> y",
@@ -145,6 +147,55 @@ def test_killed_runs_resume_to_the_same_output(tmp_path):
         len(d.encode()) for d in islice(sources.stdlib_documents(), 200))
 
 
+class Killed(Exception):
+    """Stands for a kill between two writes."""
+
+
+@pytest.mark.parametrize("max_tokens", [[], ["--max-tokens", "75"]], ids=["whole", "cut"])
+def test_a_kill_before_any_write_resumes_to_the_same_output(tmp_path, monkeypatch, max_tokens):
+    # documents of 5, 3, 3, 42 and 122 tokens: shards end inside documents, and --max-tokens cuts one short
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, n in enumerate([4, 2, 2, 41, 121]):
+        (corpus / f"doc{i}.txt").write_text("abcdefghij"[i] * n)
+    common = ["--files", str(corpus / "*.txt"), "--tokenizer", "bytes", "--shard-tokens", "30", "--val-tokens",
+              "20", *max_tokens]
+    run_prepare(*common, "--out", str(tmp_path / "whole"))
+    want = all_bytes(tmp_path / "whole")
+    writes = {"n": 0}
+
+    def dying(write):
+        def wrapped(*args, **kwargs):
+            writes["n"] -= 1
+            if writes["n"] < 0:
+                raise Killed
+            return write(*args, **kwargs)
+        return wrapped
+    import data.prepare
+    for name in ("write_shard", "write_json"):
+        monkeypatch.setattr(data.prepare, name, dying(getattr(data.prepare, name)))
+    for kill_at in itertools.count():
+        out, writes["n"] = tmp_path / f"killed{kill_at}", kill_at
+        try:
+            run_prepare(*common, "--out", str(out))
+            break  # fewer writes than kill_at: every kill point is covered
+        except Killed:
+            pass
+        writes["n"] = 10**6
+        run_prepare(*common, "--out", str(out))  # the same arguments again
+        assert all_bytes(out) == want, f"killed before write {kill_at}"
+    assert kill_at >= 6
+
+
+def test_a_corpus_too_small_for_the_val_split_leaves_a_folder_that_reruns(tmp_path):
+    common = ["--demo", "--max-docs", "2", "--out", str(tmp_path / "out")]
+    for _ in range(2):  # the same error again, not "shards but no meta.json"
+        with pytest.raises(PrepareError, match="none left for training after the val split.*--overwrite"):
+            run_prepare(*common, "--val-tokens", "100000")
+    meta = run_prepare(*common, "--val-tokens", "1000", "--overwrite")
+    assert meta["complete"] and any("_train_" in s["file"] for s in meta["shards"])
+
+
 def test_other_settings_in_the_directory_are_refused(tmp_path):
     out = tmp_path / "out"
     common = ["--demo", "--max-docs", "3", "--val-tokens", "100", "--out", str(out)]
@@ -161,7 +212,7 @@ def test_other_settings_in_the_directory_are_refused(tmp_path):
 
     foreign = tmp_path / "foreign"
     write_shard(foreign / "x_train_000001.bin", [1, 2, 3])
-    with pytest.raises(PrepareError, match=rf"{foreign} holds shards .*no meta.json.*--overwrite"):
+    with pytest.raises(PrepareError, match=rf"{foreign} holds shards .*that no meta.json lists.*--overwrite"):
         run_prepare(*common[:-1], str(foreign), "--shard-tokens", "1000")
 
 
@@ -169,18 +220,26 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
     pattern = write_corpus(tmp_path / "corpus", "jsonl", field="body")
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("this is not a rank file\n")
+    malformed, empty = tmp_path / "malformed" / "x.jsonl", tmp_path / "empty" / "y.jsonl"
+    for path, text in ((malformed, '{"text": "ok"}\n{bad json\n'), (empty, "")):
+        path.parent.mkdir()
+        path.write_text(text)
     cases = [
         (["--files", pattern, "--tokenizer", "bytes"], ["no column 'text'", "['body', 'id']", "--text-field"]),
         (["--files", pattern, "--text-field", "body", "--tokenizer", str(bad)], [str(bad), "not a .tiktoken"]),
         (["--demo", "--tokenizer", "gpt2"], ["TIKTOKEN_CACHE_DIR", ".tiktoken"]),
         (["--files", str(tmp_path / "none" / "*.txt")], ["matches no file"]),
+        (["--files", str(malformed), "--tokenizer", "bytes"], [str(malformed.parent), "cannot read a row",
+                                                                "JSON parse error", "fix or remove"]),
+        (["--files", str(empty), "--tokenizer", "bytes"], [str(empty.parent), "cannot read them (no rows)"]),
     ]
     for argv, needles in cases:
         t0 = time.time()
         proc = run([sys.executable, "-m", "data.prepare", *argv, "--out", str(tmp_path / "out")], check=False,
                    env={"HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}, timeout=120)
         assert time.time() - t0 < 30 and proc.returncode == 1, proc.stderr
-        assert proc.stderr.startswith("prepare: error: ") and "Traceback" not in proc.stderr
+        # one line of ours last (datasets may log its own line about the file first)
+        assert proc.stderr.strip().splitlines()[-1].startswith("prepare: error: ") and "Traceback" not in proc.stderr
         for needle in needles:
             assert needle in proc.stderr, (needle, proc.stderr)
 
@@ -211,12 +270,23 @@ def test_fetch_keeps_valid_files_and_fails_fast_offline(tmp_path):
     assert "fineweb_train_000001.bin" not in proc.stderr
 
 
+def test_the_reachability_probe_goes_where_the_download_would(monkeypatch):
+    for var in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert fetch_fineweb.first_hop("https://huggingface.co") == ("huggingface.co", 443, "")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # a cluster whose only way out is a proxy
+    assert fetch_fineweb.first_hop("https://huggingface.co")[:2] == ("proxy.example", 3128)
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert fetch_fineweb.first_hop("https://huggingface.co")[:2] == ("huggingface.co", 443)
+
+
 def test_argument_defaults_and_checks(tmp_path):
     demo = parse_args(["--source", "stdlib"])
     assert (demo.source, demo.tokenizer, demo.name, demo.out) == ("stdlib", "bytes", "demo", Path("shards/demo"))
     web = parse_args(["--dataset", "HuggingFaceFW/fineweb", "--subset", "sample-10BT"])
     assert (web.tokenizer, web.name, web.out, web.shard_tokens, web.val_tokens) == (
-        "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10**7)
-    for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"]):
+        "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10_485_760)  # the speedrun's eval.tokens fit
+    for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"],
+                 ["--demo", "--shard-tokens", str(2**31)]):  # the header's int32 count
         with pytest.raises(SystemExit):
             parse_args(argv)

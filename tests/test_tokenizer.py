@@ -69,6 +69,11 @@ def test_repeated_ranks_and_missing_or_unknown_names(tmp_path):
         get_tokenizer(str(tmp_path / "absent.tiktoken"))
     with pytest.raises(TokenizerError, match="unknown tokenizer 'gpt3'.*gpt2"):
         get_tokenizer("gpt3")
+    # cl100k_base's ranks with GPT-2's pattern and end-of-text id would be another tokenizer under its name
+    del ranks[b"ab"]
+    write_ranks(tmp_path / "cl100k_base.tiktoken", ranks)
+    with pytest.raises(TokenizerError, match="not tokenize like tiktoken's cl100k_base; use the name --tokenizer"):
+        get_tokenizer(str(tmp_path / "cl100k_base.tiktoken"))
 
 
 # A proxy on a closed port makes any download fail at once, whatever network the test machine has.

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,16 @@ def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_p
     assert all(isinstance(v, DTensor) for s in shards for v in s.values())  # each rank saved only its shard
     trained = {k: torch.cat([s[k].to_local() for s in shards]) for k in shards[0]}
     check_checkpoint(run_dir, demo, trained)
+
+
+def test_a_rank_that_cannot_see_the_resume_state_stops_with_the_fix(ddp_run, demo, tmp_path):
+    # as if log.dir were node-local: rank 0 resumes, rank 1 finds no state of its own
+    shutil.copytree(ddp_run, tmp_path / "ddp")
+    done = json.loads((tmp_path / "ddp" / "resume" / "done.json").read_text())
+    (tmp_path / "ddp" / "resume" / done["dir"] / "rank1.pt").unlink()
+    proc = torchrun(args(demo, tmp_path, "ddp", "--train.max_steps=40"), check=False)
+    assert proc.returncode != 0
+    assert "rank1.pt is missing, though rank 0 resumes from" in proc.stderr and "shared filesystem" in proc.stderr
 
 
 @pytest.mark.slow

@@ -4,8 +4,9 @@ checkpoint.pt = {"config": plain dict, "model": full state dict on CPU, "step": 
 torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dict(ckpt["model"]).
 
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
-rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only). After a barrier rank 0 points resume/done.json at
-it and only then deletes older folders, so a crash mid-save leaves the previous complete state in use.
+rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
+After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
+mid-save leaves the previous complete state in use.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from atomic import atomic_path, write_json
 from trainer import distributed
+from trainer.config import ConfigError
 from trainer.distributed import Dist
 
 
@@ -55,13 +57,18 @@ def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any]) -> Non
 def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
     """This rank's last complete resume state in run_dir, or None if there is none."""
     done = run_dir / "resume" / "done.json"
-    if not done.exists():
+    # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
+    # would put the ranks' collectives out of step)
+    marker = distributed.broadcast(json.loads(done.read_text()) if d.master and done.exists() else None)
+    if marker is None:
         return None
-    marker = json.loads(done.read_text())
     if marker["world_size"] != d.world_size:
-        raise RuntimeError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
+        raise ConfigError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
                            f"{d.world_size}; resume with the same world size or start a new log.run_id")
     folder = run_dir / "resume" / marker["dir"]
+    if not (folder / f"rank{d.rank}.pt").exists():
+        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from {done}: every "
+                           f"node must see the same log.dir (a shared filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
     if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)
