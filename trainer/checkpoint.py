@@ -64,11 +64,11 @@ def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
         return None
     if marker["world_size"] != d.world_size:
         raise ConfigError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
-                           f"{d.world_size}; resume with the same world size or start a new log.run_id")
+                          f"{d.world_size}; resume with the same world size or start a new log.run_id")
     folder = run_dir / "resume" / marker["dir"]
     if not (folder / f"rank{d.rank}.pt").exists():
         raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from {done}: every "
-                           f"node must see the same log.dir (a shared filesystem); or start a new log.run_id")
+                          f"node must see the same log.dir (a shared filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
     if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)
