@@ -111,7 +111,7 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     except json.JSONDecodeError as e:
         raise ConfigError(f"{meta_path}: not valid JSON ({e}); re-run python -m data.prepare or delete the file") from None
-    if meta.get("complete") is False:
+    if meta.get("complete") is False and os.environ.get("RANK", "0") == "0":  # once, not once per rank
         print(f"train.py: warning: {meta_path} says data.prepare has not finished there; training on the shards "
               f"it wrote so far (re-run data.prepare with the same arguments to finish them)", file=sys.stderr)
     if cfg.model.vocab_size == 0:

@@ -75,7 +75,7 @@ def file_documents(files: list[Path], text_field: str = "text") -> Iterator[str]
     except (StopIteration, ValueError, OSError) as e:  # StopIteration: no row at all (empty files)
         raise SourceError(f"{where}: cannot read them ({str(e)[:300] or 'no rows'}); fix or remove the bad "
                           f"file") from None
-    return text_column(rows, text_field, where)
+    return text_column(rows, text_field, where, "fix or remove the bad file")
 
 
 def hf_documents(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
@@ -89,11 +89,13 @@ def hf_documents(dataset: str, subset: str | None = None, split: str = "train", 
         raise SourceError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
                           f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
                           f"filled cache (HF_HOME)") from e
-    return text_column(rows, text_field, f"dataset {dataset!r}")
+    return text_column(rows, text_field, f"dataset {dataset!r}",
+                       "run the same command again: prepare resumes where it stopped")
 
 
-def text_column(rows: Iterable[dict], field: str, where: str) -> Iterator[str]:
-    """The `field` string of every row; a missing field is an error listing the columns there are."""
+def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str) -> Iterator[str]:
+    """The `field` string of every row; a missing field is an error listing the columns there are, and a row
+    that cannot be read one that says `unreadable` (what to do about it)."""
     rows = iter(rows)
     while True:
         try:
@@ -101,7 +103,7 @@ def text_column(rows: Iterable[dict], field: str, where: str) -> Iterator[str]:
         except StopIteration:
             return
         except (ValueError, OSError) as e:  # e.g. pyarrow's ArrowInvalid (a ValueError) on a malformed line
-            raise SourceError(f"{where}: cannot read a row ({str(e)[:300]}); fix or remove the bad file") from None
+            raise SourceError(f"{where}: cannot read a row ({str(e)[:300]}); {unreadable}") from None
         text = row.get(field)
         if not isinstance(text, str):
             problem = "has no column" if field not in row else f"has a non-text value ({type(text).__name__}) in"

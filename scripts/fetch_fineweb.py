@@ -75,11 +75,12 @@ def _check_reachable(endpoint: str, offline: bool, names: list[str], out: Path) 
 def first_hop(endpoint: str) -> tuple[str, int, str]:
     """(host, port, note) of the first connection a download of `endpoint` makes: its proxy when one is set for
     it (HTTPS_PROXY, ..., as huggingface_hub honours them), else the endpoint itself."""
-    url = urlparse(endpoint)
-    proxy = urllib.request.getproxies().get(url.scheme)
+    url, proxies = urlparse(endpoint), urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass(url.hostname):
         p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
-        return p.hostname, p.port or (443 if p.scheme == "https" else 80), f" through the proxy {p.hostname}:{p.port}"
+        port = p.port or (443 if p.scheme == "https" else 80)
+        return p.hostname, port, f" through the proxy {p.hostname}:{port}"
     return url.hostname, url.port or (443 if url.scheme == "https" else 80), ""
 
 

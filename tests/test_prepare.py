@@ -151,7 +151,8 @@ class Killed(Exception):
     """Stands for a kill between two writes."""
 
 
-@pytest.mark.parametrize("max_tokens", [[], ["--max-tokens", "75"]], ids=["whole", "cut"])
+@pytest.mark.parametrize("max_tokens", [[], ["--max-tokens", "75"], ["--max-tokens", "90"]],
+                         ids=["whole", "cut", "cut-across-a-shard-end"])
 def test_a_kill_before_any_write_resumes_to_the_same_output(tmp_path, monkeypatch, max_tokens):
     # documents of 5, 3, 3, 42 and 122 tokens: shards end inside documents, and --max-tokens cuts one short
     corpus = tmp_path / "corpus"
@@ -278,6 +279,10 @@ def test_the_reachability_probe_goes_where_the_download_would(monkeypatch):
     assert fetch_fineweb.first_hop("https://huggingface.co")[:2] == ("proxy.example", 3128)
     monkeypatch.setenv("NO_PROXY", "huggingface.co")
     assert fetch_fineweb.first_hop("https://huggingface.co")[:2] == ("huggingface.co", 443)
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setenv("ALL_PROXY", "http://proxy.example")
+    assert fetch_fineweb.first_hop("https://huggingface.co") == ("proxy.example", 80, " through the proxy proxy.example:80")
 
 
 def test_argument_defaults_and_checks(tmp_path):

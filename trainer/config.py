@@ -284,8 +284,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{dotted} must be {'> 0' if floor == 0 else '>= 0 (0 = off)'}, got {value}")
     for section, values in cfg.to_dict().items():  # nan or inf would silently never stop, or never decay
         for key, value in values.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{section}.{key} = {value} must be a finite number")
+            if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list)
+                                                                          else [value])):
+                raise ConfigError(f"{section}.{key} = {value} must hold finite numbers only")
     for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
         if not 0 <= getattr(t, key) <= 1:
             raise ConfigError(f"train.{key} = {getattr(t, key)} must lie in [0, 1]")
