@@ -73,6 +73,7 @@ class Run:
     clock: Clock
     progress: Progress = field(default_factory=Progress)
     stop_requested: list = field(default_factory=list)   # appended to by the SIGTERM handler
+    saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
 
     @property
     def tokens_per_step(self) -> int:
@@ -176,6 +177,7 @@ def setup(cfg: Config, d: Dist) -> Run:
         restore(run, resumed)
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
+        run.saved_step = run.progress.step
     log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
               f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
@@ -337,6 +339,7 @@ def save(run: Run) -> None:
         # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
         del state["model"], state["optim"]
     save_resume(run.run_dir, d, run.progress.step, state)
+    run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
 
@@ -391,7 +394,7 @@ def train(run: Run) -> str:
             next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
             if cfg.eval.stop_at_target and p.time_to_target is not None:
                 status = "target"
-        if save_due and status is None and not time_up:  # at the budget finish() saves anyway
+        if save_due and status is None:
             with clock.paused():
                 save(run)
             last_save = time.perf_counter()
@@ -413,7 +416,8 @@ def finish(run: Run, status: str) -> None:
 
     The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
     cfg, p, d = run.cfg, run.progress, run.d
-    save(run)
+    if run.saved_step != p.step:  # else saved already: a periodic save on the last step, or a finished run relaunched
+        save(run)
     final_val = None
     if run.val_files and status != "sigterm":
         final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, charge=False)

@@ -192,10 +192,11 @@ def test_relaunching_a_finished_budget_run_takes_no_step(demo, tmp_path):
     cmd = [sys.executable, *args(demo, tmp_path, "again", "--train.schedule=time", "--train.budget_s=2",
                                  "--train.max_steps=0")]
     run(cmd)
-    first = summary(tmp_path / "again")
+    first, saved = summary(tmp_path / "again"), (tmp_path / "again" / "checkpoint.pt").stat().st_mtime_ns
     out = run(cmd).stdout  # the same run id: resumes, finds the budget spent
     assert f"resumed at step {first['steps']}" in out and f"done: budget | step {first['steps']} |" in out
     assert summary(tmp_path / "again")["final_val_loss"] == first["final_val_loss"]
+    assert (tmp_path / "again" / "checkpoint.pt").stat().st_mtime_ns == saved  # nothing new to save
 
 
 def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):
