@@ -68,7 +68,8 @@ num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
 
 # train.py, in one process or under torchrun (multi-node through c10d rendezvous).
 launch() {
-  local nproc=${NPROC:-1} nnodes=${NNODES:-1}
+  local nproc=${NPROC:-$(num_gpus)} nnodes=${NNODES:-1}
+  [ "$nproc" -gt 0 ] || nproc=1  # no GPU: one process
   [ -n "${BUDGET:-}" ] && set -- "$@" --train.budget_s="$BUDGET"
   if [ "$nproc" = 1 ] && [ "$nnodes" = 1 ]; then
     "$PY" train.py "$@"
@@ -118,8 +119,7 @@ case "$cmd" in
   train)
     [ $# -ge 1 ] || { echo "usage: bash run.sh train CONFIG [--section.key=value ...]" >&2; exit 2; }
     config=$1; shift
-    [ -n "${NPROC:-}" ] || { NPROC=$(num_gpus); [ "$NPROC" -gt 0 ] || NPROC=1; }
-    NPROC=$NPROC launch --config "$config" "$@" ;;
+    launch --config "$config" "$@" ;;
   bench)
     which=${1:-loader}; [ $# -gt 0 ] && shift
     exec "$PY" -m "scripts.bench_$which" "$@" ;;

@@ -76,6 +76,11 @@ class Run:
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
 
     @property
+    def sharded(self) -> bool:
+        """FSDP2 over several ranks: each holds a shard of the model and optimizer state."""
+        return self.cfg.train.parallel == "fsdp" and self.d.world_size > 1
+
+    @property
     def tokens_per_step(self) -> int:
         t = self.cfg.train
         return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
@@ -262,14 +267,13 @@ def evaluate(run: Run) -> float:
     # FSDP2 ranks must make the same forward calls (each all-gathers), so a rank with an empty last batch runs
     # one row of zeros, not counted (a FlexAttention mask cannot have 0 rows). Otherwise the plain module needs
     # no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch.
-    sharded = cfg.train.parallel == "fsdp" and d.world_size > 1
-    model = run.model if sharded else run.raw
+    model = run.model if run.sharded else run.raw
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)
     for x, y in validation(cfg, d, run.val_files):
         tokens = y.numel()
         if not tokens:
-            if not sharded:
+            if not run.sharded:
                 continue
             x = y = torch.zeros((1, x.shape[1]), dtype=x.dtype, device=x.device)
         with autocast(d, cfg.train.dtype):
@@ -326,15 +330,14 @@ def mfu_of(run: Run, tok_s: float) -> float | None:
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
     t0, cfg, d = time.perf_counter(), run.cfg, run.d
-    sharded = cfg.train.parallel == "fsdp" and d.world_size > 1
-    if sharded or d.master:  # FSDP2: every rank takes part in gathering the full state
-        model_state = full_model_state(run.raw, sharded)
+    if run.sharded or d.master:  # FSDP2: every rank takes part in gathering the full state
+        model_state = full_model_state(run.raw, run.sharded)
     if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
     state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
              "metrics_bytes": run.log.metrics_bytes()}
-    if not sharded and not d.master:
+    if not run.sharded and not d.master:
         # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
         # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
         del state["model"], state["optim"]
@@ -365,7 +368,7 @@ def train(run: Run) -> str:
     next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
     last_save, since = time.perf_counter(), (p.step, clock.elapsed())
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
-    distributed.barrier()  # the ranks' clocks start together (their max rules the schedule and the stop)
+    # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
     if distributed.any_rank([clock.time_up()], run.d.device)[0]:
         status = "budget"  # resumed after the budget was spent (a restart after the run ended): no more steps
     clock.start()

@@ -20,8 +20,8 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
 # With byte tokens only there is nothing to merge, so one piece per text is exact and measured ~3x faster
 # than GPT-2's pattern (12 vs 3.7 MB/s on stdlib sources); a pattern that can match "" panics tiktoken.
 BYTES_PATTERN = r"[\s\S]+"
-# A download that hangs (a firewall that drops packets) must not stall prepare; 1.5 MB takes seconds.
 GPT2_RANKS = {"gpt2", "r50k_base"}  # the encodings a bare rank file with GPT2_PATTERN reproduces
+# A download that hangs (a firewall that drops packets) must not stall prepare; 1.5 MB takes seconds.
 DOWNLOAD_DEADLINE_S = 30.0
 
 

@@ -44,7 +44,8 @@ def init(timeout_s: float) -> Dist:
     if world > 1:
         # A finite timeout turns a lost peer into an error instead of a hang until SLURM's wall time.
         timeout = datetime.timedelta(seconds=timeout_s)
-        kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world, store=_attempt_store(rank, world, timeout))
+        kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world,
+                                      store=_attempt_store(rank, world, timeout))
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device, **kwargs)
         else:

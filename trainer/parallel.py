@@ -20,17 +20,13 @@ from trainer.distributed import Dist
 def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     """Move `model` to d.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
     model.to(d.device)
-    if d.world_size == 1:
-        if cfg.compile:
-            model.compile()
-        return model
-    if cfg.parallel == "fsdp":
+    if d.world_size > 1 and cfg.parallel == "fsdp":
         return _fully_shard(model, cfg, d)
     if cfg.compile:
-        # In place, so that evals (which call the plain module) run compiled too; dynamo still splits the graph
-        # at DDP's bucket boundaries, since it compiles inside DDP's forward.
+        # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
+        # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
         model.compile()
-    return DDP(model, device_ids=[d.local_rank] if d.cuda else None)
+    return model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None)
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
