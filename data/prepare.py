@@ -5,18 +5,23 @@
         --tokenizer gpt2 --out shards/fineweb
     python -m data.prepare --files 'corpus/*.jsonl' --text-field text --name mine --out shards/mine
 
-The token stream is every document preceded by <|endoftext|>, in source order. It is cut exactly, even
-inside a document (as llm.c and modded-nanogpt do): the first --val-tokens tokens go to
-DIR/<name>_val_000000.bin, the rest to DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the
-last one shorter). DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and
-token count), documents, tokens, text_bytes, bytes_per_token, and "settings" (what determines the output).
+The token stream is every non-empty document preceded by <|endoftext|>, in an order shuffled by --seed
+(the whole corpus: a permutation of the files, or of a dataset's rows; a streamed dataset within a buffer of
+--shuffle-buffer rows) or, with --no-shuffle, as stored. It is cut exactly, even inside a document (as llm.c
+and modded-nanogpt do): the first --val-tokens tokens go to DIR/<name>_val_000000.bin, a random sample of the
+documents, the rest to DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
+DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and token count),
+documents, empty_documents (skipped), tokens, text_bytes (the source's bytes), binary_bytes, bytes_per_token,
+and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
-uninterrupted run. Another run's shards in DIR are refused unless --overwrite.
+uninterrupted run. Another run's shards in DIR are refused unless --overwrite. A run that fails before its
+first shard leaves nothing behind.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -26,7 +31,7 @@ import time
 from collections import deque
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -38,6 +43,9 @@ from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
 META = "meta.json"
+# More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data
+# 43%, /bin/ls 53%, UTF-16 text 50%, latin-1 French prose 7%); a few bad bytes are a typo's worth.
+BINARY_SHARE = 0.01
 OUR_SHARDS = ("*_val_[0-9][0-9][0-9][0-9][0-9][0-9].bin", "*_train_[0-9][0-9][0-9][0-9][0-9][0-9].bin")
 
 
@@ -50,14 +58,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="Hugging Face dataset, e.g. HuggingFaceFW/fineweb")
-    src.add_argument("--files", help="glob of local .txt (one document per file), .jsonl or .parquet files")
+    src.add_argument("--files", help="glob of local .txt (one document per file), .jsonl or .parquet files, "
+                                     "or a folder (its files of the one kind it holds, subfolders included)")
     src.add_argument("--demo", dest="source", action="store_const", const="stdlib",
                      help="offline demo corpus: this Python's standard library sources (same as --source stdlib)")
     src.add_argument("--source", choices=["stdlib"])
     p.add_argument("--subset", help="dataset config name, e.g. sample-10BT")
     p.add_argument("--split", default="train")
     p.add_argument("--text-field", default="text", help="column holding the text (.jsonl, .parquet, datasets)")
-    p.add_argument("--streaming", action="store_true", help="stream the dataset instead of downloading it first")
+    p.add_argument("--streaming", action="store_true",
+                   help="stream the dataset (or local .jsonl/.parquet) instead of making an Arrow copy first; "
+                        "it is then shuffled within --shuffle-buffer rows, not as a whole")
+    p.add_argument("--seed", type=int, default=0, help="the documents' shuffled order")
+    p.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                   help="keep the stored order (a corpus shuffled already; the val split is then its start)")
+    p.add_argument("--shuffle-buffer", type=int, default=sources.SHUFFLE_BUFFER,
+                   help="rows held to shuffle a streamed dataset")
+    p.add_argument("--allow-binary", action="store_true",
+                   help=f"keep files of which over {BINARY_SHARE:.0%} of the bytes are not UTF-8 text "
+                        f"(undecodable bytes become U+FFFD)")
     p.add_argument("--tokenizer", help="bytes | gpt2 | any tiktoken name | a .tiktoken file "
                                        "(default: bytes for the demo corpus, else gpt2)")
     p.add_argument("--name", help="shard file prefix (default: demo, or a slug of the dataset/folder name)")
@@ -65,13 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard-tokens", type=int, default=10**8)
     p.add_argument("--val-tokens", type=int, default=10 * 2**20,
                    help="the first N tokens form the val shard (0: none); the default covers the speedrun's eval")
-    p.add_argument("--max-docs", type=int, help="stop after this many documents")
+    p.add_argument("--max-docs", type=int, help="stop after this many (non-empty) documents")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens (cut exactly)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),  # the CPUs a SLURM job may use
                    help="tokenizer processes (1: inline; default: the CPUs this process may run on)")
     p.add_argument("--overwrite", action="store_true", help="replace shards of other settings in --out")
     args = p.parse_args(argv)
-    for flag in ("shard_tokens", "workers", "max_docs", "max_tokens"):
+    for flag in ("shard_tokens", "workers", "max_docs", "max_tokens", "shuffle_buffer"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("shard_tokens", "val_tokens"):  # the llm.c header stores the count as an int32
@@ -85,20 +104,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def open_source(args: argparse.Namespace) -> tuple[dict, Callable[[], Iterator[str]]]:
-    """A description of the corpus (it goes into meta.json) and a function that starts its documents."""
+def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
+    """A description of the corpus (it goes into meta.json) and its documents, in the order they are written."""
+    seed = args.seed if args.shuffle else None
     if args.source == "stdlib":
         files = sources.stdlib_files()
         return ({"kind": "stdlib", "python": sys.version.split()[0], **_file_stats(files)},
-                lambda: sources.read_text_files(files))
+                sources.text_corpus(files, seed))
     if args.files:
-        files = sources.local_files(args.files)
-        return ({"kind": "files", "pattern": args.files, "text_field": args.text_field, **_file_stats(files)},
-                lambda: sources.file_documents(files, args.text_field))
-    # --streaming changes how the rows arrive, not which: it is not part of the description.
+        pattern = args.files
+        if os.path.isdir(pattern):
+            pattern = sources.folder_glob(pattern)
+        files = sources.local_files(pattern)
+        if pattern != args.files:
+            print(f"prepare: --files {args.files} is a folder: reading its "
+                  f"{sources.plural(len(files), files[0].suffix + ' file')} ({pattern})", file=sys.stderr)
+        description = {"kind": "files", "pattern": pattern, "text_field": args.text_field, **_file_stats(files)}
+        if sources.BUILDERS[files[0].suffix] is None:
+            return description, sources.text_corpus(files, seed)
+        # Unshuffled rows are streamed in place: only a shuffle as a whole needs datasets' Arrow copy.
+        return description, sources.row_corpus(files, args.text_field, seed, args.streaming or seed is None,
+                                               args.shuffle_buffer)
+    # --streaming changes how the rows arrive, not which: not part of the description (its buffer's order is).
     return ({"kind": "huggingface", "dataset": args.dataset, "subset": args.subset, "split": args.split,
              "text_field": args.text_field},
-            lambda: sources.hf_documents(args.dataset, args.subset, args.split, args.text_field, args.streaming))
+            sources.hub_corpus(args.dataset, args.subset, args.split, args.text_field, seed, args.streaming,
+                               args.shuffle_buffer))
 
 
 def _file_stats(files: list[Path]) -> dict:
@@ -110,7 +141,8 @@ def _file_stats(files: list[Path]) -> dict:
 def _slug(args: argparse.Namespace) -> str:
     if args.source:
         return "demo"
-    base = args.dataset.rsplit("/", 1)[-1] if args.dataset else Path(args.files).parent.name
+    base = (args.dataset.rsplit("/", 1)[-1] if args.dataset else
+            Path(args.files).name if os.path.isdir(args.files) else Path(args.files).parent.name)
     return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "corpus"
 
 
@@ -135,8 +167,8 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
     elif found:
         raise PrepareError(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
                            f"unknown; write to another --out directory or pass --overwrite to replace them")
-    return {"complete": False, "settings": settings, "shards": [], "documents": 0, "partial_doc_tokens": 0,
-            "tokens": 0, "text_bytes": 0}
+    return {"complete": False, "settings": settings, "shards": [], "documents": 0, "empty_documents": 0,
+            "partial_doc_tokens": 0, "tokens": 0, "text_bytes": 0, "binary_bytes": 0}
 
 
 def _read_meta(path: Path) -> dict:
@@ -170,20 +202,26 @@ def _init_worker(tokenizer: str, dtype: str) -> None:
     _ENC = enc, eot_token(enc), np.dtype(dtype)
 
 
-def _encode(docs: list[str]) -> list[tuple[np.ndarray, int]]:
+def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
     enc, eot, dtype = _ENC
     out = []
     for doc in docs:
-        ids = enc.encode_ordinary(doc)  # ordinary: a literal "<|endoftext|>" in a document is just text
+        if isinstance(doc, bytes):  # a whole file: its real size counts, not that of its decoded text
+            text, binary = sources.decode(doc)
+            nbytes = len(doc)
+        else:
+            text, binary, nbytes = doc, 0, len(doc.encode("utf-8", errors="replace"))
+        ids = enc.encode_ordinary(text)  # ordinary: a literal "<|endoftext|>" in a document is just text
         arr = np.empty(len(ids) + 1, dtype=dtype)
         arr[0], arr[1:] = eot, ids
-        out.append((arr, len(doc.encode("utf-8", errors="replace"))))
+        out.append((arr, nbytes, binary))
     return out
 
 
-def encode_documents(docs: Iterable[str], tokenizer: str, dtype: np.dtype,
-                     workers: int) -> Iterator[tuple[np.ndarray, int]]:
-    """Each document's tokens (<|endoftext|> first) and UTF-8 size, in order, tokenized by `workers` processes."""
+def encode_documents(docs: Iterable[str | bytes], tokenizer: str, dtype: np.dtype,
+                     workers: int) -> Iterator[tuple[np.ndarray, int, int]]:
+    """Each document's tokens (<|endoftext|> first), its size in bytes and how many of those are not UTF-8
+    text, in order, tokenized by `workers` processes."""
     docs = iter(docs)
     batches = iter(lambda: list(islice(docs, BATCH_DOCS)), [])
     if workers == 1:
@@ -213,25 +251,57 @@ def shard_file(meta: dict) -> tuple[str, int]:
 
 def prepare(args: argparse.Namespace) -> dict:
     """Tokenize the corpus into shards in args.out (resuming a killed run); return the final meta.json."""
-    source, documents = open_source(args)
+    source, corpus = open_source(args)
     enc = get_tokenizer(args.tokenizer)
     dtype = dtype_for_vocab(enc.n_vocab)
     settings = {"name": args.name, "tokenizer": args.tokenizer, "vocab_size": enc.n_vocab, "source": source,
                 "shard_tokens": args.shard_tokens, "val_tokens": args.val_tokens, "max_docs": args.max_docs,
-                "max_tokens": args.max_tokens}
+                "max_tokens": args.max_tokens, "shuffle": args.shuffle, "seed": args.seed if args.shuffle else None,
+                "shuffle_buffer": corpus.shuffle_buffer}
+    made = [p for p in (args.out, *args.out.parents) if not p.exists()]  # deepest first
     meta = start_meta(args.out, settings, args.overwrite)
     meta.update(tokenizer=args.tokenizer, vocab_size=enc.n_vocab, eot_token=eot_token(enc), dtype=dtype.name)
     if meta["complete"]:
-        print(f"prepare: {args.out} is already complete ({meta['tokens']:,} tokens); nothing to do",
-              file=sys.stderr)
+        print(f"prepare: {args.out} is already complete ({sources.plural(meta['tokens'], 'token')}); "
+              f"nothing to do", file=sys.stderr)
         return meta
+    try:
+        return _tokenize(args, corpus, meta, dtype)
+    except (Exception, KeyboardInterrupt):
+        if not meta["shards"]:  # a folder holding only meta.json would look like a prepare in progress
+            (args.out / META).unlink(missing_ok=True)
+            for folder in made:
+                with contextlib.suppress(OSError):  # not empty: someone else's files, keep them
+                    folder.rmdir()
+        raise
+
+
+def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtype: np.dtype) -> dict:
     write_json(args.out / META, meta)  # before any shard: a shard whose settings are unknown blocks a re-run
-    first, skip = meta["documents"], meta["partial_doc_tokens"]
-    stream = encode_documents(islice(documents(), first, args.max_docs), args.tokenizer, dtype, args.workers)
+    # The demo's stdlib holds encoding test files (test/encoded_modules/module_koi8_r.py: 42% not UTF-8)
+    allow_binary = args.allow_binary or args.source == "stdlib"
+    # Documents resume at the first not fully written, `skip` of its tokens already in the shards.
+    done, empty, skip = meta["documents"], meta["empty_documents"], meta["partial_doc_tokens"]
+    first = done + empty
+    stream = encode_documents(corpus.documents(first), args.tokenizer, dtype, args.workers)
     t0, written = time.time(), meta["tokens"]
     bar = tqdm(unit="tok", unit_scale=True, initial=written, file=sys.stderr, disable=None, desc="prepare")
-    buf, buffered, doc, uncounted_bytes = [], 0, first - 1, 0
-    for doc, (toks, nbytes) in enumerate(stream, first):
+    # byte counts of the documents done; a document's own are added once it is written to its end
+    counts = {"text_bytes": meta["text_bytes"], "binary_bytes": meta["binary_bytes"]}
+    buf, buffered, worst = [], 0, (0.0, None)
+    for doc, (toks, nbytes, binary) in enumerate(stream, first):
+        if args.max_docs is not None and done >= args.max_docs:
+            break
+        if nbytes == 0:
+            empty += 1
+            continue
+        if binary and binary / nbytes > worst[0]:
+            worst = binary / nbytes, corpus.files[doc]
+        if binary > BINARY_SHARE * nbytes and not allow_binary:
+            raise PrepareError(f"{corpus.files[doc]}: {binary / nbytes:.1%} of its {nbytes:,} bytes are not UTF-8 "
+                               f"text (undecodable or NUL): a binary file, or text in another encoding. Remove it "
+                               f"(or narrow --files), convert it to UTF-8 (iconv -f ENCODING -t UTF-8 ...), or "
+                               f"pass --allow-binary to keep it (undecodable bytes become U+FFFD)")
         full, offset = len(toks), skip if doc == first else 0  # offset: its tokens written before a resume
         toks = toks[offset:]
         if args.max_tokens is not None and len(toks) > args.max_tokens - meta["tokens"] - buffered:
@@ -240,39 +310,47 @@ def prepare(args: argparse.Namespace) -> dict:
             nbytes = nbytes * (offset + len(toks)) // full
         buf.append(toks)
         buffered += len(toks)
-        uncounted_bytes += nbytes
         bar.update(len(toks))
-        bar.set_postfix_str(f"docs={doc + 1:,}", refresh=False)
+        bar.set_postfix_str(f"docs={done + 1:,}", refresh=False)
         while buffered >= shard_file(meta)[1]:
             rest = _write_next(args.out, meta, np.concatenate(buf))
             buf, buffered = [rest], len(rest)
             # The rest, if any, is the tail of this document: resume re-tokenizes it and skips what is written
             # (counted from the document's start: a --max-tokens cut may have dropped its end).
-            meta["documents"], meta["partial_doc_tokens"] = ((doc, offset + len(toks) - len(rest)) if len(rest)
-                                                             else (doc + 1, 0))
-            counted = uncounted_bytes - (nbytes if len(rest) else 0)  # a document's bytes count once it is done
-            meta["text_bytes"] += counted
-            uncounted_bytes -= counted
+            finished = not len(rest)
+            meta.update(documents=done + finished, empty_documents=empty,
+                        partial_doc_tokens=0 if finished else offset + len(toks) - len(rest),
+                        text_bytes=counts["text_bytes"] + nbytes * finished,
+                        binary_bytes=counts["binary_bytes"] + binary * finished)
             write_json(args.out / META, meta)
+        done += 1
+        counts["text_bytes"] += nbytes
+        counts["binary_bytes"] += binary
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
+    if not meta["tokens"] + buffered:
+        raise PrepareError("the corpus has no text: " + ("it has no documents" if not empty else
+                           "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))
     if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
         # checked before the last write: a val shard alone would be a finished-looking folder with no train data
-        raise PrepareError(f"the corpus gave only {meta['tokens'] + buffered:,} tokens, none left for training "
-                           f"after the val split (--val-tokens {args.val_tokens:,}); lower --val-tokens (with "
-                           f"--overwrite) or add documents")
+        raise PrepareError(f"the corpus gave only {sources.plural(meta['tokens'] + buffered, 'token')}, none left "
+                           f"for training after the val split (--val-tokens {args.val_tokens:,}); lower "
+                           f"--val-tokens{' (with --overwrite)' * bool(meta['shards'])} or add documents")
     if buffered:
         _write_next(args.out, meta, np.concatenate(buf))
-        meta["documents"], meta["partial_doc_tokens"] = doc + 1, 0
-        meta["text_bytes"] += uncounted_bytes
-    meta["complete"] = True
+    meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
     # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
     meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]
     write_json(args.out / META, meta)
     rate = (meta["tokens"] - written) / max(time.time() - t0, 1e-9)
-    print(f"prepare: {meta['documents']:,} documents, {meta['tokens']:,} tokens in {len(meta['shards'])} shards "
-          f"-> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
+    skipped = f" ({empty:,} empty, skipped)" if empty else ""
+    print(f"prepare: {sources.plural(done, 'document')}{skipped}, {sources.plural(meta['tokens'], 'token')} in "
+          f"{sources.plural(len(meta['shards']), 'shard')} -> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
+    if meta["binary_bytes"]:
+        most = f"; the most in {worst[1]} ({worst[0]:.1%} of its bytes)" if worst[1] else ""
+        print(f"prepare: warning: {sources.plural(meta['binary_bytes'], 'byte')} not UTF-8 text (undecodable "
+              f"ones became U+FFFD){most}", file=sys.stderr)
     return meta
 
 

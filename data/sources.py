@@ -1,53 +1,97 @@
-"""Corpus sources: each yields documents (strings) in a fixed order, so a run can be resumed by
-skipping the documents it already consumed.
+"""Corpus sources: each is a `Corpus` whose documents come in a fixed order (a permutation drawn from a
+seed, or as stored; seed=None), so that a run can be resumed by starting at the first document it did not write.
 
-    stdlib_documents()                            the running Python's standard library (offline demo)
-    file_documents(local_files("dir/*.jsonl"))    local .txt (one document per file), .jsonl, .parquet
-    hf_documents("HuggingFaceFW/fineweb", "sample-10BT")
+    text_corpus(stdlib_files())                     the running Python's standard library (offline demo)
+    text_corpus(local_files("dir/*.txt"))           local .txt files, one document per file
+    row_corpus(local_files("dir/*.jsonl"), "text")  a column of local .jsonl/.json/.parquet rows
+    hub_corpus("HuggingFaceFW/fineweb", "sample-10BT", streaming=True)
 """
 from __future__ import annotations
 
 import glob
 import os
 import random
+import re
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 # file suffix -> the `datasets` builder that reads it (None: read here, one document per file)
 BUILDERS = {".txt": None, ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 THIRD_PARTY = {"site-packages", "dist-packages"}
+SHUFFLE_BUFFER = 10_000  # rows a streamed dataset is shuffled within, held in memory (datasets' default: 1,000)
+BATCH_ROWS = 1000  # rows of a Dataset read per take: one at a time was 6x slower (50k shuffled 2-KB rows)
+# surrogateescape decodes each byte that is not UTF-8 to one of these stand-ins, so they can be counted
+ESCAPED = re.compile("[\udc80-\udcff]")
 
 
 class SourceError(ValueError):
     """A corpus that cannot be read as asked; the message names it and the fix."""
 
 
+@dataclass(frozen=True)
+class Corpus:
+    """A source's documents in their final order. `documents(start)` yields them from index `start` on: bytes
+    for whole files (then `files` lists them, in the same order; `decode` turns them into text), str for the
+    text of rows. `shuffle_buffer`: the rows a streamed dataset is shuffled within (None: shuffled as a whole,
+    or not at all); it changes the order, so it is one of the output's settings."""
+    documents: Callable[[int], Iterator[str | bytes]]
+    files: list[Path] | None = None
+    shuffle_buffer: int | None = None
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 file', '2 files', '1,000 files'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def stdlib_files() -> list[Path]:
-    """The .py files of this interpreter's standard library (no site-packages), in a fixed shuffled order."""
+    """The .py files of this interpreter's standard library (no site-packages), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d not in THIRD_PARTY]  # pruned, not filtered: site-packages can be huge
         files += [Path(folder, n) for n in names if n.endswith(".py")]
-    files.sort(key=lambda p: p.relative_to(root).as_posix())
-    # Shuffled with a fixed seed: in sorted order the val split (the stream's first tokens) held only the
-    # `__future__` ... `_collections_abc` files, and neighbouring packages shared whole batches, so the val loss
-    # swung +-0.3 with whatever package training was reading.
-    random.Random(0).shuffle(files)
-    return files
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def stdlib_documents() -> Iterator[str]:
-    """The offline demo corpus: one document per standard-library source file."""
-    return read_text_files(stdlib_files())
-
-
-def read_text_files(files: Iterable[Path]) -> Iterator[str]:
-    """Each file's whole content as one document, undecodable bytes replaced."""
+def text_corpus(files: list[Path], seed: int | None = 0) -> Corpus:
+    """One document per file, its raw bytes, in a permutation of `files` drawn from `seed` (None: as given)."""
+    files = list(files)
+    if seed is not None:
+        random.Random(seed).shuffle(files)
     # Read as bytes: text mode (and datasets' "text" builder) would turn "\r\n" into "\n".
-    for path in files:
-        yield Path(path).read_bytes().decode("utf-8", errors="replace")
+    return Corpus(lambda start: (p.read_bytes() for p in files[start:]), files)
+
+
+def decode(raw: bytes) -> tuple[str, int]:
+    """A file's text (each byte that is not UTF-8 becomes U+FFFD) and how many of its bytes are not UTF-8 text:
+    undecodable, or NUL (which no text holds, and which is half of a UTF-16 file)."""
+    try:
+        text, undecodable = raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text, undecodable = ESCAPED.subn("\ufffd", raw.decode("utf-8", errors="surrogateescape"))
+    return text, undecodable + raw.count(0)
+
+
+def folder_glob(folder: str) -> str:
+    """The glob of the one known kind of file under `folder` (recursive; hidden files left out, as a shell's
+    glob would); an error when it holds none or several kinds."""
+    found = {Path(p).suffix for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+             if os.path.isfile(p)}
+    kinds = sorted(found & BUILDERS.keys())
+    if not kinds:
+        raise SourceError(f"--files {folder!r} is a folder with no {_listed(sorted(BUILDERS), 'or')} file; "
+                          f"pass a folder or a glob of those (quote the glob for the shell)")
+    if len(kinds) > 1:
+        raise SourceError(f"--files {folder!r} is a folder holding {_listed(kinds, 'and')} files; pass one kind, "
+                          f"e.g. --files '{os.path.join(folder, '**', '*' + kinds[0])}'")
+    return os.path.join(folder, "**", f"*{kinds[0]}")
+
+
+def _listed(words: list[str], last: str) -> str:
+    return f"{', '.join(words[:-1])} {last} {words[-1]}" if len(words) > 1 else words[0]
 
 
 def local_files(pattern: str) -> list[Path]:
@@ -62,40 +106,67 @@ def local_files(pattern: str) -> list[Path]:
     return files
 
 
-def file_documents(files: list[Path], text_field: str = "text") -> Iterator[str]:
-    """Documents of local files of one kind: .txt whole, or `text_field` of each .jsonl/.parquet row."""
-    builder = BUILDERS[files[0].suffix]
-    if builder is None:
-        return read_text_files(files)
+def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0, streaming: bool = False,
+               buffer: int = SHUFFLE_BUFFER) -> Corpus:
+    """The `text_field` of every row of local .jsonl/.json/.parquet files, read by `datasets`."""
     import datasets
 
-    where = f"{files[0].parent}/*{files[0].suffix} ({len(files)} files)"
-    try:  # streaming reads the files in the given order without writing an Arrow copy into the HF cache
-        rows = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True)
-    except (StopIteration, ValueError, OSError) as e:  # StopIteration: no row at all (empty files)
-        raise SourceError(f"{where}: cannot read them ({str(e)[:300] or 'no rows'}); fix or remove the bad "
-                          f"file") from None
-    return text_column(rows, text_field, where, "fix or remove the bad file")
+    where = f"{files[0].parent}/*{files[0].suffix} ({plural(len(files), 'file')})"
+
+    def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME
+        try:
+            return datasets.load_dataset(BUILDERS[files[0].suffix], data_files=[str(p) for p in files],
+                                         split="train", streaming=streaming)
+        except (StopIteration, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
+            why = str(e.__cause__ or e)[:300] or "no rows"  # StopIteration: no row at all (empty files)
+            raise SourceError(f"{where}: cannot read them ({why}); fix or remove the bad file") from None
+    return _row_corpus(load, text_field, where, "fix or remove the bad file", seed, streaming, buffer)
 
 
-def hf_documents(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
-                 streaming: bool = False) -> Iterator[str]:
-    """Documents of a Hugging Face hub dataset, in its stored order."""
+def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
+               seed: int | None = 0, streaming: bool = False, buffer: int = SHUFFLE_BUFFER) -> Corpus:
+    """The `text_field` of every row of a Hugging Face hub dataset (or a local dataset folder)."""
     import datasets
 
-    try:
-        rows = datasets.load_dataset(dataset, subset, split=split, streaming=streaming)
-    except (ConnectionError, FileNotFoundError, ValueError) as e:
-        raise SourceError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
-                          f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
-                          f"filled cache (HF_HOME)") from e
-    return text_column(rows, text_field, f"dataset {dataset!r}",
-                       "run the same command again: prepare resumes where it stopped")
+    def load():
+        try:
+            return datasets.load_dataset(dataset, subset, split=split, streaming=streaming)
+        except (ConnectionError, FileNotFoundError, ValueError) as e:
+            raise SourceError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
+                              f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
+                              f"filled cache (HF_HOME)") from e
+    return _row_corpus(load, text_field, f"dataset {dataset!r}",
+                       "run the same command again: prepare resumes where it stopped", seed, streaming, buffer)
 
 
-def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str) -> Iterator[str]:
-    """The `field` string of every row; a missing field is an error listing the columns there are, and a row
-    that cannot be read one that says `unreadable` (what to do about it)."""
+def _row_corpus(load: Callable[[], Any], field: str, where: str, unreadable: str, seed: int | None,
+                streaming: bool, buffer: int) -> Corpus:
+    return Corpus(lambda start: _texts(load(), field, where, unreadable, seed, buffer, start),
+                  shuffle_buffer=buffer if streaming and seed is not None else None)
+
+
+def _texts(rows: Any, field: str, where: str, unreadable: str, seed: int | None, buffer: int,
+           start: int) -> Iterator[str]:
+    """The `field` strings of a Dataset or IterableDataset from row `start` on, shuffled by `seed` (None: as
+    stored): a Dataset as a whole (a permutation of its indices), an IterableDataset within `buffer` rows."""
+    import datasets
+
+    if isinstance(rows, datasets.IterableDataset):  # the columns are known only row by row
+        rows = rows.shuffle(seed=seed, buffer_size=buffer) if seed is not None else rows
+        return text_column(rows.skip(start), field, where, unreadable)
+    if field not in rows.column_names:
+        raise _no_text(where, field, rows.column_names)
+    if seed is not None:
+        rows = rows.shuffle(seed=seed, keep_in_memory=True)  # its index: 8 bytes a row, not one more cache file
+    batches = rows.select_columns([field]).skip(start).iter(batch_size=BATCH_ROWS)
+    return text_column(({field: text} for batch in batches for text in batch[field]), field, where, unreadable,
+                       rows.column_names)
+
+
+def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str,
+                columns: list[str] | None = None) -> Iterator[str]:
+    """The `field` string of every row; a missing field is an error listing the `columns` there are (default:
+    the row's), and a row that cannot be read one that says `unreadable` (what to do about it)."""
     rows = iter(rows)
     while True:
         try:
@@ -106,7 +177,11 @@ def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str) -
             raise SourceError(f"{where}: cannot read a row ({str(e)[:300]}); {unreadable}") from None
         text = row.get(field)
         if not isinstance(text, str):
-            problem = "has no column" if field not in row else f"has a non-text value ({type(text).__name__}) in"
-            raise SourceError(f"{where} {problem} {field!r}; available columns: {sorted(row)}. "
-                              f"Pass the right one with --text-field")
+            raise _no_text(where, field, columns or sorted(row), text)
         yield text
+
+
+def _no_text(where: str, field: str, columns: list[str], value: object = None) -> SourceError:
+    problem = "has no column" if field not in columns else f"has a non-text value ({type(value).__name__}) in"
+    return SourceError(f"{where} {problem} {field!r}; available columns: {sorted(columns)}. "
+                       f"Pass the right one with --text-field")

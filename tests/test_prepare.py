@@ -49,20 +49,28 @@ def all_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
-def write_corpus(folder: Path, kind: str, field: str = "text") -> str:
-    """DOCS as files of one kind in `folder`; returns the glob for --files."""
+def write_corpus(folder: Path, kind: str, field: str = "text", docs: list[str] = DOCS, files: int = 2) -> str:
+    """`docs` as files of one kind in `folder` (rows split over `files` files); returns the glob for --files."""
     folder.mkdir()
-    rows = [{"id": i, field: d} for i, d in enumerate(DOCS)]
+    rows = [{"id": i, field: d} for i, d in enumerate(docs)]
+    parts = np.array_split(np.arange(len(docs)), files)  # several files, to check the order across files
     if kind == "txt":  # one document per file; names sort in document order
-        for i, d in enumerate(DOCS):
+        for i, d in enumerate(docs):
             (folder / f"doc{i:02d}.txt").write_bytes(d.encode())
-    elif kind == "jsonl":  # two files, to check the order across files
-        for name, part in (("a.jsonl", rows[:4]), ("b.jsonl", rows[4:])):
-            (folder / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    elif kind == "jsonl":
+        for n, part in enumerate(parts):
+            (folder / f"{n:02d}.jsonl").write_text("".join(json.dumps(rows[i]) + "\n" for i in part))
     else:
-        pq.write_table(pa.Table.from_pylist(rows[:3]), folder / "a.parquet")
-        pq.write_table(pa.Table.from_pylist(rows[3:]), folder / "b.parquet")
+        for n, part in enumerate(parts):
+            pq.write_table(pa.Table.from_pylist([rows[i] for i in part]), folder / f"{n:02d}.parquet")
     return str(folder / f"*.{kind}")
+
+
+def demo_documents(n: int, seed: int | None = 0) -> list[str]:
+    """The demo corpus's first `n` documents (its non-empty files, in their order for `seed`)."""
+    texts = (p.read_bytes().decode("utf-8", errors="replace")
+             for p in sources.text_corpus(sources.stdlib_files(), seed).files)
+    return list(islice(filter(None, texts), n))
 
 
 @pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
@@ -70,7 +78,7 @@ def test_local_files_give_back_the_documents_in_order(tmp_path, kind):
     pattern = write_corpus(tmp_path / "corpus", kind, field="body")
     out = tmp_path / "out"
     meta = run_prepare("--files", pattern, "--text-field", "body", "--tokenizer", "bytes", "--out", str(out),
-                       "--shard-tokens", "50", "--val-tokens", "30")
+                       "--shard-tokens", "50", "--val-tokens", "30", "--no-shuffle")
     tokens = token_stream(out)
     assert documents_of(tokens) == DOCS
     total = sum(len(d.encode()) + 1 for d in DOCS)
@@ -85,30 +93,70 @@ def test_local_files_give_back_the_documents_in_order(tmp_path, kind):
     assert (meta["tokenizer"], meta["vocab_size"], meta["eot_token"], meta["dtype"]) == ("bytes", 257, 256, "uint16")
     assert meta["settings"]["source"]["kind"] == "files" and meta["settings"]["source"]["pattern"] == pattern
     assert meta["settings"]["shard_tokens"] == 50 and meta["settings"]["val_tokens"] == 30
+    assert (meta["settings"]["shuffle"], meta["settings"]["seed"], meta["settings"]["shuffle_buffer"]) == (
+        False, None, None)
+
+
+MANY = [f"document {i:02d} " * (1 + i % 4) for i in range(40)]
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet", "jsonl-streaming"])
+def test_local_files_are_shuffled_as_a_whole(tmp_path, kind):
+    pattern = write_corpus(tmp_path / "corpus", kind.split("-")[0], docs=MANY, files=4)
+    common = ["--files", pattern, "--tokenizer", "bytes", "--val-tokens", "300", "--shard-tokens", "500",
+              *(["--streaming"] if "streaming" in kind else [])]
+    orders = []
+    for seed in (0, 1):
+        meta = run_prepare(*common, "--seed", str(seed), "--out", str(tmp_path / f"seed{seed}"))
+        docs = documents_of(token_stream(tmp_path / f"seed{seed}"))
+        assert sorted(docs) == sorted(MANY) and docs != MANY
+        orders.append(docs)
+        # the val shard samples the whole corpus: its documents come from at least 3 of the 4 quarters
+        val = documents_of(open_shard(tmp_path / f"seed{seed}" / "corpus_val_000000.bin"))[:-1]  # last: cut
+        assert len(val) >= 8 and len({MANY.index(d) // 10 for d in val}) >= 3, val
+        assert (meta["settings"]["shuffle"], meta["settings"]["seed"], meta["settings"]["shuffle_buffer"]) == (
+            True, seed, 10_000 if "streaming" in kind else None)
+    assert orders[0] != orders[1]
+    again = run_prepare(*common, "--out", str(tmp_path / "again"))  # --seed 0 is the default
+    assert all_bytes(tmp_path / "again") == all_bytes(tmp_path / "seed0") and again["settings"]["seed"] == 0
+    with pytest.raises(PrepareError, match="seed: directory has 0, this run 2"):
+        run_prepare(*common, "--seed", "2", "--out", str(tmp_path / "seed0"))
 
 
 def test_a_local_dataset_folder_through_datasets(tmp_path):
-    write_corpus(tmp_path / "ds", "parquet")
-    out = tmp_path / "out"
-    meta = run_prepare("--dataset", str(tmp_path / "ds"), "--tokenizer", "bytes", "--out", str(out),
-                       "--val-tokens", "0", "--shard-tokens", "1000")
-    assert documents_of(token_stream(out)) == DOCS
+    write_corpus(tmp_path / "ds", "parquet", docs=MANY, files=4)
+    common = ["--dataset", str(tmp_path / "ds"), "--tokenizer", "bytes", "--val-tokens", "0", "--shard-tokens",
+              "5000"]
+    meta = run_prepare(*common, "--no-shuffle", "--out", str(tmp_path / "stored"))
+    assert documents_of(token_stream(tmp_path / "stored")) == MANY
     assert [s["file"] for s in meta["shards"]] == ["ds_train_000001.bin"]
     assert meta["settings"]["source"] == {"kind": "huggingface", "dataset": str(tmp_path / "ds"), "subset": None,
                                           "split": "train", "text_field": "text"}
+    # Dataset.shuffle (a permutation of the rows), and IterableDataset.shuffle within a buffer of 5 rows
+    whole = run_prepare(*common, "--out", str(tmp_path / "whole"))
+    streamed = run_prepare(*common, "--streaming", "--shuffle-buffer", "5", "--out", str(tmp_path / "streamed"))
+    assert whole["settings"]["shuffle_buffer"] is None and streamed["settings"]["shuffle_buffer"] == 5
+    orders = [documents_of(token_stream(tmp_path / name)) for name in ("whole", "streamed")]
+    assert all(sorted(o) == sorted(MANY) and o != MANY for o in orders) and orders[0] != orders[1]
+    import datasets
+    rows = datasets.load_dataset(str(tmp_path / "ds"), split="train", streaming=True)
+    assert orders[1] == [r["text"] for r in rows.shuffle(seed=0, buffer_size=5)]  # the seed and buffer reach it
 
 
 def test_demo_corpus_is_the_stdlib_sources(tmp_path):
     out = tmp_path / "demo"
     meta = run_prepare("--demo", "--max-docs", "12", "--out", str(out), "--val-tokens", "5000",
                        "--shard-tokens", "20000")
-    expected = list(islice(sources.stdlib_documents(), 12))
-    assert documents_of(token_stream(out)) == expected
+    assert documents_of(token_stream(out)) == demo_documents(12)
     assert meta["tokenizer"] == "bytes" and meta["documents"] == 12
     names = [p.relative_to(sysconfig.get_paths()["stdlib"]).as_posix() for p in sources.stdlib_files()]
-    assert names != sorted(names) and names == [p.relative_to(sysconfig.get_paths()["stdlib"]).as_posix()
-                                                 for p in sources.stdlib_files()]  # shuffled, the same every time
-    assert "os.py" in names and not any("site-packages" in n for n in names)
+    assert names == sorted(names) and "os.py" in names and not any("site-packages" in n for n in names)
+    shuffled = [sources.text_corpus(sources.stdlib_files(), seed).files for seed in (0, 0, 1)]
+    assert shuffled[0] == shuffled[1] != shuffled[2] and sorted(shuffled[2]) == sorted(shuffled[0])
+    assert shuffled[0] != sorted(shuffled[0])
+    stored = run_prepare("--demo", "--max-docs", "12", "--no-shuffle", "--out", str(tmp_path / "stored"),
+                         "--val-tokens", "5000", "--shard-tokens", "20000")
+    assert documents_of(token_stream(tmp_path / "stored")) == demo_documents(12, seed=None)
     # --max-tokens cuts the same stream exactly
     cut = run_prepare("--demo", "--max-docs", "12", "--max-tokens", "12345", "--out", str(tmp_path / "cut"),
                       "--val-tokens", "5000", "--shard-tokens", "20000")
@@ -144,24 +192,29 @@ def test_killed_runs_resume_to_the_same_output(tmp_path):
     # meta.json is among the bytes compared: documents and text_bytes were counted once across the kills.
     assert all_bytes(out) == all_bytes(tmp_path / "whole")
     assert whole["documents"] == 200 and whole["text_bytes"] == sum(
-        len(d.encode()) for d in islice(sources.stdlib_documents(), 200))
+        len(d.encode()) for d in demo_documents(200))
+    assert whole["empty_documents"] > 0  # the stdlib's empty __init__.py files, skipped
 
 
-class Killed(Exception):
-    """Stands for a kill between two writes."""
+class Killed(BaseException):
+    """Stands for a kill between two writes (a BaseException: like a real kill, it skips prepare's clean-up)."""
 
 
-@pytest.mark.parametrize("max_tokens", [[], ["--max-tokens", "75"], ["--max-tokens", "90"]],
-                         ids=["whole", "cut", "cut-across-a-shard-end"])
-def test_a_kill_before_any_write_resumes_to_the_same_output(tmp_path, monkeypatch, max_tokens):
-    # documents of 5, 3, 3, 42 and 122 tokens: shards end inside documents, and --max-tokens cuts one short
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i, n in enumerate([4, 2, 2, 41, 121]):
-        (corpus / f"doc{i}.txt").write_text("abcdefghij"[i] * n)
-    common = ["--files", str(corpus / "*.txt"), "--tokenizer", "bytes", "--shard-tokens", "30", "--val-tokens",
-              "20", *max_tokens]
-    run_prepare(*common, "--out", str(tmp_path / "whole"))
+@pytest.mark.parametrize("kind, extra", [("txt", []), ("txt", ["--max-tokens", "75"]),
+                                         ("txt", ["--max-tokens", "90"]), ("jsonl", []), ("jsonl", ["--streaming"])],
+                         ids=["whole", "cut", "cut-across-a-shard-end", "datasets", "datasets-streaming"])
+def test_a_kill_before_any_write_resumes_to_the_same_output(tmp_path, monkeypatch, kind, extra):
+    # documents of 5, 3, 1 (empty: skipped), 3, 42 and 122 tokens, shuffled: shards end inside documents, and
+    # --max-tokens cuts one short; the last .txt ends in a byte that is not UTF-8 (counted in binary_bytes)
+    docs = ["a" * 4, "b" * 2, "", "c" * 2, "d" * 41, "e" * 120 + "\udcff"]
+    pattern = write_corpus(tmp_path / "corpus", kind, docs=docs[:-1] + ["e" * 121] * (kind != "txt"), files=3)
+    if kind == "txt":
+        (tmp_path / "corpus" / "doc05.txt").write_bytes(docs[-1].encode("utf-8", errors="surrogateescape"))
+    common = ["--files", pattern, "--tokenizer", "bytes", "--shard-tokens", "30", "--val-tokens", "20", *extra]
+    whole = run_prepare(*common, "--out", str(tmp_path / "whole"))
+    assert documents_of(token_stream(tmp_path / "whole")) != [d for d in docs if d][:whole["documents"]]
+    assert whole["empty_documents"] == 1
+    assert whole["binary_bytes"] == (kind == "txt") or "--max-tokens" in extra  # a cut may end before it
     want = all_bytes(tmp_path / "whole")
     writes = {"n": 0}
 
@@ -188,12 +241,13 @@ def test_a_kill_before_any_write_resumes_to_the_same_output(tmp_path, monkeypatc
     assert kill_at >= 6
 
 
-def test_a_corpus_too_small_for_the_val_split_leaves_a_folder_that_reruns(tmp_path):
+def test_a_corpus_too_small_for_the_val_split_leaves_nothing_and_reruns(tmp_path):
     common = ["--demo", "--max-docs", "2", "--out", str(tmp_path / "out")]
     for _ in range(2):  # the same error again, not "shards but no meta.json"
-        with pytest.raises(PrepareError, match="none left for training after the val split.*--overwrite"):
+        with pytest.raises(PrepareError, match="none left for training after the val split.*lower --val-tokens"):
             run_prepare(*common, "--val-tokens", "100000")
-    meta = run_prepare(*common, "--val-tokens", "1000", "--overwrite")
+        assert not (tmp_path / "out").exists()
+    meta = run_prepare(*common, "--val-tokens", "1000")
     assert meta["complete"] and any("_train_" in s["file"] for s in meta["shards"])
 
 
@@ -207,9 +261,15 @@ def test_other_settings_in_the_directory_are_refused(tmp_path):
     with pytest.raises(PrepareError, match=rf"{out} .*shard_tokens: directory has 1000, this run 5000.*--overwrite"):
         run_prepare(*common, "--shard-tokens", "5000")
     assert all_bytes(out) == before
+    for change, diff in ((["--seed", "1"], "seed: directory has 0, this run 1"),
+                         (["--no-shuffle"], "shuffle: directory has True, this run False; seed: directory has 0, "
+                                            "this run None")):
+        with pytest.raises(PrepareError, match=diff):
+            run_prepare(*common, "--shard-tokens", "1000", *change)
+    assert all_bytes(out) == before
     meta = run_prepare(*common, "--shard-tokens", "5000", "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == sorted([*(s["file"] for s in meta["shards"]), "meta.json"])
-    assert documents_of(token_stream(out)) == list(islice(sources.stdlib_documents(), 3))
+    assert documents_of(token_stream(out)) == demo_documents(3)
 
     foreign = tmp_path / "foreign"
     write_shard(foreign / "x_train_000001.bin", [1, 2, 3])
@@ -230,8 +290,10 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
         (["--files", pattern, "--text-field", "body", "--tokenizer", str(bad)], [str(bad), "not a .tiktoken"]),
         (["--demo", "--tokenizer", "gpt2"], ["TIKTOKEN_CACHE_DIR", ".tiktoken"]),
         (["--files", str(tmp_path / "none" / "*.txt")], ["matches no file"]),
-        (["--files", str(malformed), "--tokenizer", "bytes"], [str(malformed.parent), "cannot read a row",
+        (["--files", str(malformed), "--tokenizer", "bytes"], [f"{malformed.parent}/*.jsonl (1 file): cannot read",
                                                                 "JSON parse error", "fix or remove"]),
+        (["--files", str(malformed), "--tokenizer", "bytes", "--streaming"], [str(malformed.parent),
+                                                                              "cannot read a row", "JSON parse error"]),
         (["--files", str(empty), "--tokenizer", "bytes"], [str(empty.parent), "cannot read them (no rows)"]),
     ]
     for argv, needles in cases:
@@ -288,10 +350,12 @@ def test_the_reachability_probe_goes_where_the_download_would(monkeypatch):
 def test_argument_defaults_and_checks(tmp_path):
     demo = parse_args(["--source", "stdlib"])
     assert (demo.source, demo.tokenizer, demo.name, demo.out) == ("stdlib", "bytes", "demo", Path("shards/demo"))
+    assert (demo.shuffle, demo.seed, demo.shuffle_buffer, demo.allow_binary) == (True, 0, 10_000, False)
     web = parse_args(["--dataset", "HuggingFaceFW/fineweb", "--subset", "sample-10BT"])
     assert (web.tokenizer, web.name, web.out, web.shard_tokens, web.val_tokens) == (
         "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10_485_760)  # the speedrun's eval.tokens fit
     for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"],
-                 ["--demo", "--shard-tokens", str(2**31)]):  # the header's int32 count
+                 ["--demo", "--shard-tokens", str(2**31)],  # the header's int32 count
+                 ["--demo", "--shuffle-buffer", "0"]):
         with pytest.raises(SystemExit):
             parse_args(argv)

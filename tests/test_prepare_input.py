@@ -1,0 +1,132 @@
+"""`python -m data.prepare` on inputs that are not what they seem: binary files, empty files, a folder for
+--files, and failures that must leave no half-made output folder behind."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from data.prepare import main
+from tests.test_prepare import documents_of, token_stream, write_corpus
+
+
+def prepare_cli(capsys, *argv: str) -> tuple[str, str]:
+    """main() in this process: (the exit message or "", stderr); the message is what the user sees last."""
+    try:
+        main(["--workers", "1", "--tokenizer", "bytes", *argv])
+        message = ""
+    except SystemExit as e:
+        message = str(e.code)
+    return message, capsys.readouterr().err
+
+
+def text_files(folder, contents: dict[str, bytes]):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, raw in contents.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(raw)
+
+
+def test_a_binary_file_is_refused_and_counted_by_its_real_bytes(tmp_path, capsys):
+    noise = np.random.default_rng(0).bytes(20_000)
+    text_files(tmp_path / "c", {"noise.txt": noise, "ok.txt": b"plain text\n" * 20})
+    out = tmp_path / "out"
+    common = ["--files", str(tmp_path / "c" / "*.txt"), "--out", str(out), "--val-tokens", "0"]
+    message, _ = prepare_cli(capsys, *common)
+    assert message.startswith(f"prepare: error: {tmp_path / 'c' / 'noise.txt'}: ")
+    for needle in ("of its 20,000 bytes are not UTF-8 text", "binary", "--allow-binary"):
+        assert needle in message, (needle, message)
+    assert not out.exists()
+
+    message, err = prepare_cli(capsys, *common, "--allow-binary")
+    assert message == ""
+    noise_path = re.escape(str(tmp_path / "c" / "noise.txt"))
+    assert re.search(rf"warning: [\d,]+ bytes not UTF-8 text .* the most in {noise_path} \(4\d\.\d% of its bytes\)",
+                     err), err
+    meta = json.loads((out / "meta.json").read_text())
+    # the metric's denominator is the files' real size, not their decoded-and-re-encoded text (36,241 bytes)
+    assert meta["text_bytes"] == 20_000 + 220 and meta["bytes_per_token"] == 20_220 / meta["tokens"]
+
+
+def test_a_few_undecodable_bytes_are_replaced_and_said(tmp_path, capsys):
+    latin1 = "une élève à l'école, ".encode("latin-1") * 10 + "ça va ".encode() * 1000  # 40 of 7,210 bytes bad
+    text_files(tmp_path / "c", {"fr.txt": latin1})
+    out = tmp_path / "out"
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "c" / "*.txt"), "--out", str(out),
+                               "--val-tokens", "0")
+    assert message == "" and (f"prepare: warning: 40 bytes not UTF-8 text (undecodable ones became U+FFFD); "
+                              f"the most in {tmp_path / 'c' / 'fr.txt'} (0.6% of its bytes)") in err, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["text_bytes"] == len(latin1) and meta["binary_bytes"] == 40
+    text = documents_of(token_stream(out))[0]
+    assert text.count("\ufffd") == 40 and text.endswith("ça va ")  # one U+FFFD per undecodable byte
+
+
+def test_empty_documents_are_skipped_and_counted(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"", "b.txt": b"hello", "c.txt": b""})
+    out = tmp_path / "out"
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "c" / "*.txt"), "--out", str(out),
+                               "--val-tokens", "0", "--no-shuffle")
+    assert message == "" and "prepare: 1 document (2 empty, skipped), 6 tokens in 1 shard ->" in err, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["documents"], meta["empty_documents"], meta["tokens"]) == (1, 2, 6)
+    assert documents_of(token_stream(out)) == ["hello"]
+
+
+@pytest.mark.parametrize("val", [[], ["--val-tokens", "0"]], ids=["default-split", "no-val"])
+def test_a_corpus_with_no_text_is_refused_plainly(tmp_path, capsys, val):
+    text_files(tmp_path / "c", {"a.txt": b"", "b.txt": b""})
+    out = tmp_path / "out"
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c" / "*.txt"), "--out", str(out), *val)
+    assert message == "prepare: error: the corpus has no text: its 2 documents are all empty", message
+    assert not out.exists()  # no stub meta.json either
+
+
+def test_a_folder_for_files_takes_its_known_files_and_says_so(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    text_files(corpus, {"a.txt": b"one", "sub/b.txt": b"two", "notes.md": b"not taken", ".hidden.txt": b"no"})
+    out = tmp_path / "out"
+    message, err = prepare_cli(capsys, "--files", str(corpus), "--out", str(out), "--val-tokens", "0")
+    assert message == "" and f"prepare: --files {corpus} is a folder: reading its 2 .txt files ({corpus}/**/*.txt)" \
+        in err, err
+    assert sorted(documents_of(token_stream(out))) == ["one", "two"]
+    assert json.loads((out / "meta.json").read_text())["settings"]["name"] == "corpus"
+
+    (corpus / "c.jsonl").write_text('{"text": "three"}\n')
+    message, _ = prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out2"))
+    assert message == (f"prepare: error: --files {str(corpus)!r} is a folder holding .jsonl and .txt files; "
+                       f"pass one kind, e.g. --files '{corpus}/**/*.jsonl'"), message
+    (tmp_path / "nothing").mkdir()
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "nothing"), "--out", str(tmp_path / "out3"))
+    assert message.startswith(f"prepare: error: --files {str(tmp_path / 'nothing')!r} is a folder with no "
+                              f".json, .jsonl, .parquet or .txt file"), message
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"x"})
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "c" / "a.txt"), "--out", str(tmp_path / "o1"),
+                               "--val-tokens", "0")
+    assert message == "" and "prepare: 1 document, 2 tokens in 1 shard ->" in err, err
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c" / "a.txt"), "--out", str(tmp_path / "o2"),
+                             "--max-tokens", "1")
+    assert "the corpus gave only 1 token," in message, message
+    bad = tmp_path / "j" / "x.jsonl"
+    bad.parent.mkdir()
+    bad.write_text("{bad json\n")
+    message, _ = prepare_cli(capsys, "--files", str(bad), "--out", str(tmp_path / "o3"))
+    assert f"{bad.parent}/*.jsonl (1 file): cannot read" in message, message
+
+
+def test_a_failed_prepare_leaves_nothing_behind(tmp_path, capsys):
+    pattern = write_corpus(tmp_path / "corpus", "jsonl", field="body")
+    out = tmp_path / "deep" / "out"
+    message, _ = prepare_cli(capsys, "--files", pattern, "--text-field", "content", "--out", str(out))
+    assert "no column 'content'" in message and not (tmp_path / "deep").exists()
+    message, _ = prepare_cli(capsys, "--files", pattern, "--text-field", "body", "--out", str(out),
+                             "--val-tokens", "100000")
+    assert "none left for training" in message and not (tmp_path / "deep").exists()
+    # a folder that was there before stays, empty as it was
+    out.mkdir(parents=True)
+    message, _ = prepare_cli(capsys, "--files", pattern, "--text-field", "content", "--out", str(out))
+    assert "no column 'content'" in message and os.listdir(out) == []
