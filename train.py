@@ -33,7 +33,7 @@ from atomic import atomic_path
 from data.loader import TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
-from model.optim import build_optimizers
+from model.optim import build_optimizers, warmup_momentum
 from trainer import distributed
 from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
 from trainer.clock import Clock
@@ -212,18 +212,21 @@ def restore(run: Run, state: dict) -> None:
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
 
 
-def set_lr(optimizers: list[torch.optim.Optimizer], mult: float) -> None:
-    """Apply the schedule's multiplier to every group's base rate (model/optim.py's contract)."""
+def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
+    """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
+    (model/optim.py's contract)."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
+            if "momentum_warmup_steps" in group:
+                group["momentum"] = warmup_momentum(group, step)
 
 
 def train_step(run: Run, batches) -> tuple[torch.Tensor, float]:
     """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, seconds waiting for data)."""
     accum, d = run.cfg.train.grad_accum, run.d
     total, wait = torch.zeros((), device=d.device), 0.0
-    set_lr(run.optimizers, run.clock.lr_mult(run.progress.step))
+    set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
     for micro in range(accum):
         t = time.perf_counter()
         x, y = next(batches)

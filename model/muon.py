@@ -8,12 +8,24 @@ NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update 
     "original":        sqrt(max(1, rows / cols))  (Keller Jordan's rule: tall matrices get a larger step)
     "match_rms_adamw": 0.2 * sqrt(max(rows, cols)) (Moonshot's: update RMS ~ 0.2, like AdamW, so AdamW's lr fits)
 
-The mode comes from the parameters: plain tensors in one process; plain tensors in a distributed run are DDP
-replicas (identical gradients), and rank i % world orthogonalises matrix i and broadcasts the result; DTensors
-sharded on dim 0 (FSDP2) are gathered only on their owner rank, orthogonalised there, and each rank receives
-its shard back. Results travel in the precision Newton-Schulz works in (`ns_dtype`: bf16 on CUDA).
+A param group's `split` (default 1) says how many matrices a parameter fuses along its rows: the GPT's qkv
+weight [3d, d] is split=3, so Q, K and V are orthogonalised as three [d, d] views (as the speedrun records do)
+with the [d, d] scale, while the parameter stays one tensor for one matmul in the forward pass.
+
+Work is shared out by cost: each matrix costs its Newton-Schulz flops, and a greedy longest-first assignment
+gives it to the least-loaded rank (the same plan on every rank). Same-shape matrices go through one batched
+Newton-Schulz call and one collective. The mode comes from the parameters:
+    plain tensors, one process:  every view, batched by shape;
+    plain tensors, distributed:  DDP replicas (identical gradients): the views are assigned, each rank
+                                 orthogonalises its share and one all_gather per view shape shares the results;
+    DTensors sharded on dim 0:   FSDP2: whole parameters are assigned; one all_to_all per parameter shape brings
+                                 each parameter's row shards to its owner, which splits it into views, and one
+                                 more sends each rank its rows of the result.
+Results travel in the precision Newton-Schulz works in (`ns_dtype`: bf16 on CUDA).
 """
 from __future__ import annotations
+
+from collections import defaultdict
 
 import torch
 import torch.distributed as dist
@@ -34,25 +46,33 @@ def ns_dtype(device: torch.device) -> torch.dtype:
 
 
 def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> Tensor:
-    """Approximately orthogonalise a matrix (a random one ends with singular values in ~[0.67, 1.14] in bf16),
-    in `dtype` (default: ns_dtype of its device)."""
+    """Approximately orthogonalise a matrix, or each matrix of a [..., rows, cols] stack (a random one ends with
+    singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device)."""
     a, b, c = NS_COEFFS
-    x = g.to(dtype or ns_dtype(g.device))
-    wide = x.size(0) <= x.size(1)
+    x = g.to(dtype or ns_dtype(g.device)).reshape(-1, *g.shape[-2:])
+    wide = x.size(-2) <= x.size(-1)
     if not wide:  # iterate on the smaller Gram matrix
         x = x.mT
     # Frobenius norm >= spectral norm, so every singular value starts in (0, 1], where the iteration converges.
-    x = x / x.norm().clamp(min=eps)
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
-        # addmm rounds to bf16 once per product-and-sum: max error vs fp64 measured 0.009 instead of 0.023.
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return (x if wide else x.mT).contiguous()
+        # addmm rounds to bf16 once per product-and-sum: max error vs fp64 measured 0.009 instead of 0.023;
+        # baddbmm is its batched form (bitwise the same results on this project's CPU).
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, poly, x, beta=a)
+    return (x if wide else x.mT).contiguous().view(g.shape)
+
+
+def ns_flops(rows: int, cols: int, steps: int) -> int:
+    """Matmul flops of newton_schulz on one rows x cols matrix: per step, Gram m x n x m, its square, and the
+    product with x (m = the smaller side)."""
+    m, n = sorted((rows, cols))
+    return steps * (4 * m * m * n + 2 * m ** 3)
 
 
 def lr_scale(shape: torch.Size, rule: str) -> float:
-    """Multiplier of the learning rate for a matrix of this (global) shape; see the module docstring."""
+    """Multiplier of the learning rate for a matrix of this (global, per-view) shape; see the module docstring."""
     rows, cols = shape[0], shape[1]
     if rule == "original":
         return max(1.0, rows / cols) ** 0.5
@@ -61,22 +81,47 @@ def lr_scale(shape: torch.Size, rule: str) -> float:
     raise ValueError(f"Muon adjust_lr={rule!r}; use 'original' or 'match_rms_adamw'")
 
 
+def assign(costs: list[int], world: int) -> list[int]:
+    """Owner rank of each job: costliest first (ties: lower index), each to the least-loaded rank (ties: lower
+    rank). Longest-processing-time greedy; deterministic, so every rank computes the same plan."""
+    loads, owners = [0] * world, [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        owners[i] = min(range(world), key=loads.__getitem__)
+        loads[owners[i]] += costs[i]
+    return owners
+
+
 def _local(t: Tensor) -> Tensor:
     """The tensor this rank holds (a DTensor's local shard shares its storage)."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _orthogonalize_replicated(updates: list[Tensor], steps: int, dtype: torch.dtype) -> list[Tensor]:
-    """DDP: rank i % world orthogonalises matrix i and broadcasts it, so every rank ends with all results."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out, works = [], []
-    for i, u in enumerate(updates):
-        owner = i % world
-        o = newton_schulz(u, steps, dtype=dtype) if owner == rank else torch.empty(u.shape, dtype=dtype, device=u.device)
-        works.append(dist.broadcast(o, src=owner, async_op=True))
-        out.append(o)
-    for w in works:
-        w.wait()
+def _views(u: Tensor, split: int) -> Tensor:
+    """The [split, rows / split, cols] stack of the matrices fused in u (a view, no copy)."""
+    return u.view(split, u.size(0) // split, u.size(1))
+
+
+def _wide(v: Tensor) -> Tensor:
+    """v, or v transposed if it is tall: newton_schulz iterates on the wide form anyway, so [n, d] and [d, n]
+    matrices share a batch (the MLP's fc and proj)."""
+    return v if v.size(-2) <= v.size(-1) else v.mT
+
+
+def _shaped(o: Tensor, like: Tensor) -> Tensor:
+    """A wide result o back in the orientation of `like`, the matrix it came from."""
+    return o if o.shape[-2:] == like.shape[-2:] else o.mT
+
+
+def _batched(views: list[Tensor], steps: list[int], dtype: torch.dtype) -> list[Tensor]:
+    """newton_schulz of every [k, rows, cols] stack, all stacks of one wide shape and step count in one call."""
+    buckets = defaultdict(list)
+    for i, (v, s) in enumerate(zip(views, steps)):
+        buckets[(*_wide(v).shape[-2:], s)].append(i)
+    out = [None] * len(views)
+    for (*_, s), idx in buckets.items():
+        done = newton_schulz(torch.cat([_wide(views[i]) for i in idx]), s, dtype=dtype)
+        for i, o in zip(idx, done.split([views[i].size(0) for i in idx])):
+            out[i] = _shaped(o, views[i])
     return out
 
 
@@ -85,72 +130,159 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.size(0), *t.shape[1:])]) if t.size(0) < rows else t.contiguous()
 
 
-def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], steps: int,
+def _orthogonalize_local(updates: list[Tensor], splits: list[int], steps: list[int],
+                         dtype: torch.dtype) -> list[Tensor]:
+    """One process: every view here, batched by shape."""
+    done = _batched([_views(u, k) for u, k in zip(updates, splits)], steps, dtype)
+    return [o.reshape(u.shape) for u, o in zip(updates, done)]
+
+
+def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], steps: list[int],
+                              dtype: torch.dtype) -> list[Tensor]:
+    """DDP: each view goes to one rank by cost; per wide shape, each rank orthogonalises its share in one call and
+    one all_gather gives every rank all the results."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    views = [v for u, k in zip(updates, splits) for v in _views(u, k)]
+    view_steps = [s for k, s in zip(splits, steps) for _ in range(k)]
+    owners = assign([ns_flops(*v.shape, s) for v, s in zip(views, view_steps)], world)
+    buckets = defaultdict(list)
+    for n, (v, s) in enumerate(zip(views, view_steps)):
+        buckets[(*_wide(v).shape, s)].append(n)
+    pending = []
+    for (rows, cols, s), ns in buckets.items():
+        mine = [n for n in ns if owners[n] == rank]
+        slots = max(sum(owners[n] == r for n in ns) for r in range(world))  # all_gather sends equal sizes
+        send = views[0].new_zeros(slots, rows, cols, dtype=dtype)
+        if mine:
+            send[:len(mine)] = newton_schulz(torch.stack([_wide(views[n]) for n in mine]), s, dtype=dtype)
+        recv = send.new_empty(world * slots, rows, cols)  # gloo takes the concatenated form only, not [world, ...]
+        pending.append((dist.all_gather_into_tensor(recv, send, async_op=True), recv.view(world, slots, rows, cols),
+                        ns))
+    done = [None] * len(views)
+    for work, recv, ns in pending:
+        work.wait()
+        seen = [0] * world
+        for n in ns:  # each rank's results arrive in the order of its views in the bucket
+            r = owners[n]
+            done[n], seen[r] = _shaped(recv[r, seen[r]], views[n]), seen[r] + 1
+    out, n = [], 0
+    for u, k in zip(updates, splits):
+        out.append(torch.stack(done[n:n + k]).view(u.shape))
+        n += k
+    return out
+
+
+def _to_owners(params: list[DTensor], updates: list[Tensor], owners: list[int], group, dtype: torch.dtype):
+    """Per parameter shape, one async all_to_all that brings every row shard to the parameter's owner.
+    Returns [(work, received [world * mine, chunk, cols], the bucket's parameters by owner, mine, counts)]."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    buckets = defaultdict(list)
+    for i, p in enumerate(params):
+        buckets[tuple(p.shape)].append(i)
+    sends = []
+    for (rows, cols), idx in buckets.items():
+        idx.sort(key=owners.__getitem__)  # all_to_all_single sends its input to rank 0 first, then 1, ...
+        mine = [i for i in idx if owners[i] == rank]
+        # FSDP2 shards like torch.chunk: ceil(rows / world) rows per rank, the last ranks fewer (or none).
+        chunk = -(-rows // world)
+        send = torch.stack([_pad_rows(updates[i].to(dtype), chunk) for i in idx])
+        recv = send.new_empty(world * len(mine), chunk, cols)
+        counts = [sum(owners[i] == r for i in idx) for r in range(world)]
+        work = dist.all_to_all_single(recv, send, [len(mine)] * world, counts, group=group, async_op=True)
+        sends.append((work, recv, idx, mine, counts))
+    return sends
+
+
+def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[int], steps: list[int],
                            dtype: torch.dtype) -> list[Tensor]:
-    """FSDP2: gather matrix i on rank i % world only, orthogonalise it there, scatter the row shards back."""
+    """FSDP2: each parameter goes to one rank by cost; per parameter shape, one all_to_all brings the row shards
+    of each to its owner, the owner splits and orthogonalises them, and one all_to_all sends the rows back."""
     mesh = params[0].device_mesh
     if mesh.ndim != 1 or any(p.placements != (Shard(0),) for p in params):
         raise ValueError("Muon supports DTensor parameters sharded on dim 0 over a 1-D mesh (FSDP2 fully_shard); "
                          f"got placements {params[0].placements} on a {mesh.ndim}-D mesh")
     group = mesh.get_group()
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    # FSDP2 shards like torch.chunk: ceil(rows / world) rows per rank, the last ranks fewer (or none).
-    chunks = [-(-p.shape[0] // world) for p in params]
-    gathered, works = [], []
-    for i, (u, c) in enumerate(zip(updates, chunks)):
-        owner = i % world
-        parts = [u.new_empty(c, u.size(1), dtype=dtype) for _ in range(world)] if owner == rank else None
-        works.append(dist.gather(_pad_rows(u.to(dtype), c), parts, dst=dist.get_global_rank(group, owner),
-                                 group=group, async_op=True))
-        gathered.append(parts)
-    out, scatters = [], []
-    for i, (p, u, c) in enumerate(zip(params, updates, chunks)):
-        owner, parts = i % world, None
-        if owner == rank:
-            works[i].wait()
-            o = newton_schulz(torch.cat(gathered[i])[:p.shape[0]], steps, dtype=dtype)
-            parts = list(_pad_rows(o, c * world).split(c))
-        shard = u.new_empty(c, u.size(1), dtype=dtype)
-        scatters.append(dist.scatter(shard, parts, src=dist.get_global_rank(group, owner), group=group,
-                                     async_op=True))
-        out.append(shard[:u.size(0)])
-    for w in works + scatters:
-        w.wait()
+    world = dist.get_world_size(group)
+    owners = assign([k * ns_flops(p.shape[0] // k, p.shape[1], s) for p, k, s in zip(params, splits, steps)], world)
+    sends, full = _to_owners(params, updates, owners, group, dtype), {}
+    for work, recv, _, mine, _ in sends:
+        work.wait()
+        parts = recv.view(world, len(mine), *recv.shape[1:])  # [source rank, parameter, rows, cols]
+        for j, i in enumerate(mine):
+            full[i] = _views(parts[:, j].flatten(0, 1)[:params[i].shape[0]], splits[i])
+    done = dict(zip(full, _batched(list(full.values()), [steps[i] for i in full], dtype)))
+    backs = []
+    for _, recv, idx, mine, counts in sends:
+        chunk, cols = recv.shape[1:]
+        rows = recv.new_zeros(len(mine), world * chunk, cols)
+        for j, i in enumerate(mine):
+            rows[j, :params[i].shape[0]] = done[i].reshape(-1, cols)
+        # [parameter, rank, chunk, cols] -> [rank, parameter, chunk, cols]: what each rank gets, together
+        send = rows.view(len(mine), world, chunk, cols).transpose(0, 1).reshape(-1, chunk, cols)
+        back = send.new_empty(len(idx), chunk, cols)
+        backs.append((dist.all_to_all_single(back, send, counts, [len(mine)] * world, group=group, async_op=True),
+                      back, idx))
+    out = [None] * len(params)
+    for work, back, idx in backs:
+        work.wait()
+        for pos, i in enumerate(idx):
+            out[i] = back[pos, :updates[i].size(0)]
     return out
 
 
+def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int], steps: list[int],
+                   dtype: torch.dtype) -> list[Tensor]:
+    """NS of every update's views, shared out across ranks according to how the parameters are distributed."""
+    sharded = [isinstance(p, DTensor) for p in params]
+    if any(sharded):
+        if not all(sharded):
+            raise ValueError("Muon: its parameters mix DTensor (FSDP2) and plain tensors; shard all or none")
+        if params[0].device_mesh.size() > 1:
+            return _orthogonalize_sharded(params, updates, splits, steps, dtype)
+    elif dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return _orthogonalize_replicated(updates, splits, steps, dtype)
+    return _orthogonalize_local(updates, splits, steps, dtype)
+
+
 class Muon(torch.optim.Optimizer):
-    """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per matrix."""
+    """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per parameter.
+    Param group option `split`: the number of equal row blocks orthogonalised as separate matrices."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5, adjust_lr: str = "original", ns_dtype: torch.dtype | None = None):
+                 ns_steps: int = 5, adjust_lr: str = "original", split: int = 1,
+                 ns_dtype: torch.dtype | None = None):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
-                                      adjust_lr=adjust_lr))
+                                      adjust_lr=adjust_lr, split=split))
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got a parameter of shape {tuple(p.shape)}; "
                                      "give embeddings, norms and biases to AdamW")
+                if group["split"] < 1 or p.shape[0] % group["split"]:
+                    raise ValueError(f"Muon split={group['split']} must divide the rows of the parameter of shape "
+                                     f"{tuple(p.shape)} into equal matrices; use a divisor of {p.shape[0]}")
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One update of every matrix that has a gradient."""
+        """One update of every matrix that has a gradient (all groups planned and batched together)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            updates = [self._nesterov(p, group["momentum"]) for p in params]
-            dtype = self.ns_dtype or ns_dtype(params[0].device)
-            for p, o in zip(params, _orthogonalize(params, updates, group["ns_steps"], dtype)):
-                w = _local(p)
-                w.mul_(1 - group["lr"] * group["weight_decay"])
-                w.add_(o.to(w.dtype), alpha=-group["lr"] * lr_scale(p.shape, group["adjust_lr"]))
+        work = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not work:
+            return loss
+        params = [p for p, _ in work]
+        updates = [self._nesterov(p, g["momentum"]) for p, g in work]
+        dtype = self.ns_dtype or ns_dtype(params[0].device)
+        done = _orthogonalize(params, updates, [g["split"] for _, g in work], [g["ns_steps"] for _, g in work], dtype)
+        for (p, g), o in zip(work, done):
+            w = _local(p)
+            w.mul_(1 - g["lr"] * g["weight_decay"])
+            view = (p.shape[0] // g["split"], p.shape[1])
+            w.add_(o.to(w.dtype), alpha=-g["lr"] * lr_scale(view, g["adjust_lr"]))
         return loss
 
     def _nesterov(self, p: Tensor, momentum: float) -> Tensor:
@@ -161,15 +293,3 @@ class Muon(torch.optim.Optimizer):
         buf, g = _local(state["momentum_buffer"]), _local(p.grad)
         buf.lerp_(g, 1 - momentum)
         return g.lerp(buf, momentum)
-
-
-def _orthogonalize(params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype) -> list[Tensor]:
-    """NS of every update, shared out across ranks according to how the parameters are distributed."""
-    sharded = [isinstance(p, DTensor) for p in params]
-    if any(sharded):
-        if not all(sharded):
-            raise ValueError("Muon: a param group mixes DTensor (FSDP2) and plain parameters; shard all or none")
-        return _orthogonalize_sharded(params, updates, steps, dtype)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return _orthogonalize_replicated(updates, steps, dtype)
-    return [newton_schulz(u, steps, dtype=dtype) for u in updates]

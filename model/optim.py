@@ -2,6 +2,9 @@
 
 Learning-rate contract with the trainer: every param group stores its base rate in `group["initial_lr"]`;
 the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of every optimizer, each step.
+Muon's groups also carry their momentum warm-up (`initial_momentum`, `momentum_start`, `momentum_warmup_steps`),
+and the trainer sets `group["momentum"] = warmup_momentum(group, step)` next to the rate: a function of the
+step alone, so a resumed run gets the same values.
 All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from model.gpt import GPT
+from model.gpt import GPT, Attention
 from model.muon import Muon
 
 
@@ -28,6 +31,8 @@ class OptimConfig:
     scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
     muon_lr: float = 0.05  # muon: rate of the hidden matrices of the blocks
     muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_momentum_warmup_steps: int = 0  # muon: steps of the linear momentum warm-up (0 = none; records: 300)
+    muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
@@ -37,6 +42,12 @@ class OptimConfig:
             raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
         if len(self.betas) != 2:
             raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
+        if self.muon_momentum_warmup_steps < 0:
+            raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
+                             ">= 0 (0 = no warm-up)")
+        if not 0 <= self.muon_momentum_start < 1:
+            raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
+                             "e.g. 0.85")
 
 
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -79,8 +90,19 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         {"params": roles["head"], "lr": cfg.head_lr, "weight_decay": 0.0},
         {"params": roles["scalar"], "lr": cfg.scalar_lr, "weight_decay": 0.0},
     ], cfg)
-    muon = Muon(roles["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay,
-                ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr)
+    fused = {id(m.qkv.weight) for m in model.modules() if isinstance(m, Attention)}
+    groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": 3},  # Q, K, V apart (records)
+              {"params": [p for p in roles["matrix"] if id(p) not in fused]}]
+    muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr)
     for g in muon.param_groups:
-        g["initial_lr"] = g["lr"]
+        g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
+                 momentum_warmup_steps=cfg.muon_momentum_warmup_steps)
     return [adam, muon]
+
+
+def warmup_momentum(group: dict, step: int) -> float:
+    """Muon's momentum at `step`: linear from `momentum_start` at step 0 to `initial_momentum` at
+    `momentum_warmup_steps`, then constant (the records: 0.85 -> 0.95 over 300 steps)."""
+    frac = min(step / group["momentum_warmup_steps"], 1.0) if group["momentum_warmup_steps"] else 1.0
+    return (1 - frac) * group["momentum_start"] + frac * group["initial_momentum"]  # exactly the target at 1

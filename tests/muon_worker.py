@@ -1,11 +1,15 @@
-"""torchrun worker: two optimizer steps under DDP, then FSDP2, on gloo; rank 0 saves the full final weights.
+"""torchrun worker: two optimizer steps under DDP, then FSDP2, on gloo; rank 0 saves the full final weights and
+the collectives and Newton-Schulz work of every rank's optimizer steps.
 
-usage: torchrun --nproc_per_node=W tests/muon_worker.py OUT.pt   (saves {mode: {case: state}})
+usage: torchrun --nproc_per_node=W tests/muon_worker.py OUT.pt
+    (saves {"weights": {mode: {case: state}}, "work": {mode: {case: [Work as a dict, per rank]}}})
 The test runs the same steps in one process (`train` with no wrapping) and compares.
 """
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -15,7 +19,8 @@ from torch.distributed.fsdp import fully_shard
 
 from atomic import atomic_path
 from model import get_model
-from model.muon import Muon
+from model import muon
+from model.muon import Muon, ns_flops
 from model.optim import OptimConfig, build_optimizers
 
 STEPS = 2  # the second step also checks the momentum buffers
@@ -25,16 +30,17 @@ GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, 
 
 
 def mlp() -> nn.Sequential:
-    """Matrices with rows that 2 ranks cannot split evenly (33, 5), tall and wide."""
+    """Matrices with rows that 2 ranks cannot split evenly (33, 5), tall and wide; the first fuses 3 [11, 16]."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 33, bias=False), nn.Tanh(), nn.Linear(33, 5, bias=False), nn.Tanh(),
                          nn.Linear(5, 16, bias=False))
 
 
 def mlp_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
-    """Mean squared error on this rank's share of a fixed batch of 8."""
+    """Mean squared error on this rank's share of a fixed batch of 6 (equal shares on 1, 2 or 3 ranks, so the
+    mean of the ranks' means is the batch mean)."""
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    x, y = torch.randn(6, 16, generator=g), torch.randn(6, 16, generator=g)
     return (model(x.chunk(world)[rank]) - y.chunk(world)[rank]).square().mean()
 
 
@@ -44,28 +50,74 @@ def gpt() -> nn.Module:
 
 
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
-    """Next-token loss on this rank's share of a fixed batch of 4 sequences."""
-    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (4, 17), generator=torch.Generator().manual_seed(1))
+    """Next-token loss on this rank's share of a fixed batch of 6 sequences (equal shares on 1, 2 or 3 ranks)."""
+    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (6, 17), generator=torch.Generator().manual_seed(1))
     idx = idx.chunk(world)[rank]
     return model(idx[:, :-1], idx[:, 1:])[1]
 
 
-def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], rank: int = 0, world: int = 1) -> None:
-    """STEPS steps on this process's share of the fixed global batch."""
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "broadcast", "gather",
+               "scatter", "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "send", "recv", "isend",
+               "irecv", "batch_isend_irecv", "barrier")
+
+
+@dataclass
+class Work:
+    """What one process's optimizer steps did: torch.distributed calls per step, Newton-Schulz flops in total."""
+    collectives: list[list[str]] = field(default_factory=list)
+    ns_flops: int = 0
+
+
+@contextmanager
+def recording(work: Work):
+    """Record every torch.distributed collective and every newton_schulz call made inside into `work` (the real
+    functions still run: these wrappers only count)."""
+    real = {name: getattr(dist, name) for name in COLLECTIVES} | {"newton_schulz": muon.newton_schulz}
+    work.collectives.append([])
+
+    def collective(name):
+        def call(*args, **kwargs):
+            work.collectives[-1].append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    def newton_schulz(g, steps=5, *args, **kwargs):
+        work.ns_flops += g[..., 0, 0].numel() * ns_flops(*g.shape[-2:], steps)
+        return real["newton_schulz"](g, steps, *args, **kwargs)
+
+    for name in COLLECTIVES:
+        setattr(dist, name, collective(name))
+    muon.newton_schulz = newton_schulz
+    try:
+        yield
+    finally:
+        for name in COLLECTIVES:
+            setattr(dist, name, real[name])
+        muon.newton_schulz = real["newton_schulz"]
+
+
+def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], rank: int = 0,
+          world: int = 1) -> Work:
+    """STEPS steps on this process's share of the fixed global batch; what its optimizer steps did."""
+    work = Work()
     for _ in range(STEPS):
         loss_fn(model, rank, world).backward()
+        with recording(work):
+            for opt in optimizers:
+                opt.step()
         for opt in optimizers:
-            opt.step()
             opt.zero_grad()
+    return work
 
 
 CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss)}
 
 
 def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
-    """Plain Muon for the MLP; the muon recipe (Muon + AdamW groups) for the GPT."""
+    """Plain Muon for the MLP (its first matrix split in 3); the muon recipe (Muon + AdamW groups) for the GPT."""
     if name == "mlp":
-        return [Muon(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.1)]
+        fused, *rest = model.parameters()  # also through the DDP wrapper
+        return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1)]
     return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01))
 
 
@@ -88,12 +140,15 @@ def wrap(model: nn.Module, name: str, mode: str, world: int) -> nn.Module:
 def main(out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {}
+    results = {"weights": {}, "work": {}}
     for mode in ("ddp", "fsdp"):
         for name, (build, loss_fn) in CASES.items():
             model = wrap(build(), name, mode, world)
-            train(model, loss_fn, optimizers_for(name, model), rank, world)
-            results.setdefault(mode, {})[name] = full_state(model)
+            work = train(model, loss_fn, optimizers_for(name, model), rank, world)
+            results["weights"].setdefault(mode, {})[name] = full_state(model)
+            every = [None] * world
+            dist.all_gather_object(every, asdict(work))
+            results["work"].setdefault(mode, {})[name] = every
     if rank == 0:
         with atomic_path(out) as tmp:
             torch.save(results, tmp)

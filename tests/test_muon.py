@@ -1,10 +1,16 @@
-"""Muon: Newton-Schulz quality, equality with torch.optim.Muon, resume, and 2-rank DDP/FSDP2 runs."""
+"""Muon: Newton-Schulz quality, split views, equality with torch.optim.Muon, resume, the cost plan, momentum
+warm-up, and 1-, 2- and 3-rank DDP/FSDP2 runs."""
+import tomllib
+
 import pytest
 import torch
 
-from model.muon import Muon, lr_scale, newton_schulz, ns_dtype
+import train as trainer
+from model import get_model
+from model.muon import Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
+from model.optim import OptimConfig, build_optimizers
 from tests.helpers import ROOT, torchrun
-from tests.muon_worker import CASES, full_state, optimizers_for, train
+from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -16,6 +22,12 @@ def test_newton_schulz_is_near_orthogonal(shape, dtype):
     s = torch.linalg.svdvals(o.float())
     assert o.dtype == dtype and o.shape == g.shape
     assert len(s) == min(shape) and 0.6 < s.min() and s.max() < 1.2, s
+
+
+def test_a_stack_is_orthogonalised_matrix_by_matrix():
+    torch.manual_seed(0)
+    g = torch.randn(4, 24, 40)
+    torch.testing.assert_close(newton_schulz(g), torch.stack([newton_schulz(m) for m in g]), atol=1e-6, rtol=0)
 
 
 def test_newton_schulz_lifts_small_singular_values():
@@ -38,9 +50,11 @@ def test_lr_scale_rules():
         Muon([torch.nn.Parameter(torch.zeros(2, 2))], adjust_lr="sqrt")
 
 
-def test_rejects_non_matrices():
+def test_rejects_non_matrices_and_uneven_splits():
     with pytest.raises(ValueError, match=r"2-D matrices only.*\(5,\).*AdamW"):
         Muon([torch.nn.Parameter(torch.zeros(5))])
+    with pytest.raises(ValueError, match=r"split=3 must divide the rows of the parameter of shape \(8, 4\).*of 8"):
+        Muon([{"params": [torch.nn.Parameter(torch.zeros(8, 4))], "split": 3}])
 
 
 def _apply(opt, params, grads):
@@ -59,15 +73,42 @@ def _steps(opt_cls, weights, grads, **kw):
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is not in this torch")
 @pytest.mark.parametrize("rule", ["original", "match_rms_adamw"])
 def test_matches_torch_muon(rule):
+    # torch.optim.Muon has no split: our fused [3 x 16, 8] parameter must equal its three [16, 8] pieces given
+    # to torch as separate parameters (scale of a [16, 8] matrix, sqrt(2) under "original", not sqrt(6))
     torch.manual_seed(0)
-    weights = [torch.randn(33, 16), torch.randn(5, 33), torch.randn(24, 24)]
+    weights = [torch.randn(33, 16), torch.randn(5, 33), torch.randn(24, 24), torch.randn(48, 8)]
     grads = [[torch.randn_like(w) for w in weights] for _ in range(3)]
     hp = dict(lr=0.05, momentum=0.9, weight_decay=0.1, ns_steps=5)
-    ours = _steps(Muon, weights, grads, adjust_lr=rule, ns_dtype=torch.bfloat16, **hp)  # torch's NS runs in bf16
-    theirs = _steps(torch.optim.Muon, weights, grads, adjust_lr_fn=rule, nesterov=True, **hp)
-    for a, b, w in zip(ours, theirs, weights):
+    params = [torch.nn.Parameter(w.clone()) for w in weights]
+    opt = Muon([{"params": params[:3]}, {"params": params[3:], "split": 3}], adjust_lr=rule,
+               ns_dtype=torch.bfloat16, **hp)  # torch's NS runs in bf16
+    _apply(opt, params, grads)
+    pieces = weights[:3] + list(weights[3].chunk(3))
+    theirs = _steps(torch.optim.Muon, pieces, [g[:3] + list(g[3].chunk(3)) for g in grads], adjust_lr_fn=rule,
+                    nesterov=True, **hp)
+    for a, b, w in zip(params, theirs[:3] + [torch.cat(theirs[3:])], weights):
         assert (a - w).abs().max() > 0.01
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-6, rtol=0)
+
+
+def test_split_views_are_orthogonalised_separately():
+    torch.manual_seed(0)
+    d = 16
+    w, g = torch.randn(3 * d, d), torch.randn(3 * d, d) * torch.tensor([1.0, 10.0, 0.1]).repeat_interleave(d)[:, None]
+    updates = {}
+    for split in (3, 1):
+        p = torch.nn.Parameter(w.clone())
+        p.grad = g.clone()
+        Muon([{"params": [p], "split": split}], lr=1.0, momentum=0.0).step()
+        updates[split] = (w - p).detach()
+    for view in updates[3].chunk(3):  # Q, K, V each near-orthogonal on its own, with the [d, d] scale 1
+        s = torch.linalg.svdvals(view)  # (a square Gaussian has tiny singular values: 5 steps lift them to ~0.4)
+        assert 0.3 < s.min() and s.max() < 1.2 and s.median() > 0.6, s
+    joint = torch.linalg.svdvals(updates[1] / 3 ** 0.5)  # the whole [3d, d] near-orthogonal, scale sqrt(3)
+    assert 0.6 < joint.min() and joint.max() < 1.2, joint
+    # jointly, the view with 10x the gradient takes most of the update and the 0.1x one almost none
+    norms = [v.norm() / d ** 0.5 for v in updates[1].chunk(3)]
+    assert norms[1] > 1.5 and norms[2] < 0.1, norms
 
 
 def test_state_dict_resume_continues_exactly(tmp_path):
@@ -90,23 +131,100 @@ def test_state_dict_resume_continues_exactly(tmp_path):
         assert same == restore  # without the momentum buffers the run diverges
 
 
-@pytest.fixture(scope="module")
-def two_rank_results(tmp_path_factory):
-    """Final weights of the worker's DDP and FSDP2 runs on 2 ranks (one torchrun launch for both)."""
+def planned_loads(groups: list[dict], world: int, sharded: bool) -> list[int]:
+    """Newton-Schulz flops per rank of Muon's cost plan: DDP assigns views, FSDP2 whole parameters."""
+    jobs = []
+    for g in groups:
+        for p in g["params"]:
+            view = ns_flops(p.shape[0] // g["split"], p.shape[1], g["ns_steps"])
+            jobs += [g["split"] * view] if sharded else [view] * g["split"]
+    owners = assign(jobs, world)
+    return [sum(c for c, o in zip(jobs, owners) if o == r) for r in range(world)]
+
+
+def test_the_plan_balances_the_speedrun_on_8_ranks():
+    cfg = tomllib.loads((ROOT / "configs" / "speedrun_8xh100.toml").read_text())
+    with torch.device("meta"):
+        model = get_model(cfg["model"])
+        _, muon = build_optimizers(model, OptimConfig(name="muon"))
+    for sharded in (False, True):
+        loads = planned_loads(muon.param_groups, 8, sharded)
+        assert max(loads) / min(loads) < 1.01, loads
+    # before: matrix i on rank i % 8, qkv as one [2304, 768] matrix; rank 2 had every MLP fc, rank 1 every proj
+    before = [0] * 8
+    for i, p in enumerate(p for p in model.blocks.parameters() if p.ndim == 2):
+        before[i % 8] += ns_flops(*p.shape, 5)
+    assert max(before) / min(before) == pytest.approx(3.0)
+
+
+def test_momentum_warms_up_with_the_step():
+    opts = build_optimizers(gpt(), OptimConfig(name="muon", muon_momentum_warmup_steps=300))
+    for step, want in [(0, 0.85), (150, 0.90), (300, 0.95), (400, 0.95)]:
+        trainer.set_lr(opts, 0.5, step)
+        assert [g["momentum"] for g in opts[1].param_groups] == [pytest.approx(want, abs=1e-12)] * 2, step
+        assert all(g["lr"] == 0.5 * g["initial_lr"] for opt in opts for g in opt.param_groups)
+    assert opts[1].param_groups[0]["momentum"] == 0.95  # exactly the target, not 0.95 - 1e-17
+    off = build_optimizers(gpt(), OptimConfig(name="muon", muon_momentum=0.9))
+    trainer.set_lr(off, 1.0, 0)
+    assert [g["momentum"] for g in off[1].param_groups] == [0.9, 0.9]
+    with pytest.raises(ValueError, match=r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"):
+        OptimConfig(muon_momentum_warmup_steps=-1)
+
+
+def test_momentum_warm_up_resumes_exactly(tmp_path):
+    cfg = OptimConfig(name="muon", muon_momentum_warmup_steps=4, embed_lr=0.01, head_lr=0.01)
+
+    def steps(model, opts, start, stop):
+        for step in range(start, stop):
+            trainer.set_lr(opts, 1.0, step)
+            CASES["gpt"][1](model, 0, 1).backward()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+
+    straight = gpt()
+    steps(straight, build_optimizers(straight, cfg), 0, 4)
+    first = gpt()
+    opts = build_optimizers(first, cfg)
+    steps(first, opts, 0, 2)  # stopped halfway through the warm-up
+    torch.save({"model": first.state_dict(), "optim": [o.state_dict() for o in opts]}, tmp_path / "resume.pt")
+    saved = torch.load(tmp_path / "resume.pt", weights_only=True)
+    resumed = gpt()
+    resumed.load_state_dict(saved["model"])
+    opts = build_optimizers(resumed, cfg)
+    for opt, state in zip(opts, saved["optim"]):
+        opt.load_state_dict(state)
+    steps(resumed, opts, 2, 4)
+    assert [opts[1].param_groups[0]["momentum"]] == [pytest.approx(0.85 + 0.1 * 3 / 4)]
+    for key, w in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], w), key
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"{w}ranks")
+def ranks(request, tmp_path_factory):
+    """(world size, what the worker's DDP and FSDP2 runs saved): one torchrun launch per world size."""
     out = tmp_path_factory.mktemp("muon") / "results.pt"
-    torchrun([ROOT / "tests" / "muon_worker.py", out], env={"PYTHONPATH": str(ROOT)})
-    return torch.load(out, weights_only=True)
+    torchrun([ROOT / "tests" / "muon_worker.py", out], nproc=request.param, env={"PYTHONPATH": str(ROOT)})
+    return request.param, torch.load(out, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    """The worker's steps in this process, per case: (weights before, weights after, optimizers, Work)."""
+    results = {}
+    for name, (build, loss_fn) in CASES.items():
+        model = build()
+        before, opts = full_state(model), optimizers_for(name, model)
+        work = train(model, loss_fn, opts)
+        results[name] = (before, full_state(model), opts, work)
+    return results
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
-def test_two_ranks_equal_one_process(two_rank_results, mode, name):
-    got = two_rank_results[mode][name]
-    build, loss_fn = CASES[name]
-    model = build()
-    before = full_state(model)
-    train(model, loss_fn, optimizers_for(name, model))
-    want = full_state(model)
+def test_ranks_equal_one_process(ranks, one_process, mode, name):
+    got = ranks[1]["weights"][mode][name]
+    before, want, _, _ = one_process[name]
     assert got.keys() == want.keys()
     # Plain Muon on the MLP reproduces the single process exactly; the GPT's grads are averaged in another
     # order across ranks, which can flip the last bit of a bf16 Newton-Schulz output (~5e-4 here).
@@ -114,3 +232,20 @@ def test_two_ranks_equal_one_process(two_rank_results, mode, name):
     for key, w in want.items():
         torch.testing.assert_close(got[key], w, atol=atol, rtol=0, msg=f"{mode} {name} {key}")
     assert max((want[k] - before[k]).abs().max() for k in want) > 0.01
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode, name):
+    world, results = ranks
+    groups = [g for opt in one_process[name][2] if isinstance(opt, Muon) for g in opt.param_groups]
+    views = {tuple(sorted((p.shape[0] // g["split"], p.shape[1]))) for g in groups for p in g["params"]}
+    params = {tuple(p.shape) for g in groups for p in g["params"]}
+    # DDP: one all_gather per view shape (tall ones transposed); FSDP2: there and back per parameter shape
+    want = [] if world == 1 else ["all_gather_into_tensor"] * len(views) if mode == "ddp" else \
+        ["all_to_all_single"] * 2 * len(params)
+    work = results["work"][mode][name]
+    assert [step for w in work for step in w["collectives"]] == [want] * STEPS * world
+    loads = [w["ns_flops"] for w in work]
+    assert sum(loads) == one_process[name][3].ns_flops  # every view orthogonalised once, on one rank
+    assert loads == [STEPS * n for n in planned_loads(groups, world, sharded=mode == "fsdp")]
