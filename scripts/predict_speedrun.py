@@ -73,11 +73,12 @@ def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     got_mfu = got_tok_s = got_time = "not yet"
     if gpu_check is not None:  # one GPU measured: x 8 for the 8-GPU run, as if the all-reduce cost nothing
         got = GPUS * gpu_check["tok_s"]
-        got_mfu, got_tok_s, got_time = f"{got * flops / (GPUS * peak):.0%}", f"{got / 1e6:.2f}M", f"{tokens / got:.0f} s"
+        got_mfu, got_tok_s = f"{got * flops / (GPUS * peak):.0%}", f"{got / 1e6:.2f}M"
+        got_time = f"{tokens / got:.0f} s"
     record_mfu = tokens / RECORD["train_s"] * flops / (GPUS * peak)
     rows = [
-        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "", f"6 x {matmul / 1e6:.1f}M matmul weights + attention "
-         f"at {keys:.0f} keys per query (causal, window {cfg.model.window}, seq_len {cfg.train.seq_len})"),
+        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "", f"6 x {matmul / 1e6:.1f}M matmul weights + "
+         f"attention at {keys:.0f} keys per query (causal, window {cfg.model.window}, seq_len {cfg.train.seq_len})"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
          f"record {RECORD['name']}: {RECORD['steps']:,} steps x {RECORD['tokens_per_step']:,} tokens"),
         ("MFU", f"{mfu:.0%} (assumed)", got_mfu,

@@ -104,3 +104,12 @@ def test_loss_skips_ignored_targets_so_sum_over_count_is_exact():
         _, nothing = model(x, torch.full_like(y, -100))
     assert float(loss) * int((y != -100).sum()) == pytest.approx(float(per_token.sum()), rel=1e-6)
     assert torch.isnan(nothing)
+
+
+def test_speedrun_configs_cut_the_val_set_as_the_records_do():
+    for name in ("speedrun_8xh100", "speedrun_1gpu"):
+        cfg = parse_args(["--config", f"configs/{name}.toml"])
+        e, m = cfg.eval, cfg.model
+        # 40 sequences of 4 x 64K, one a forward: 5 per rank on 8 GPUs, with no padding
+        assert (e.tokens, e.seq_len, e.batch_size) == (10_485_760, 4 * 64 * 1024, 1) and e.tokens % e.seq_len == 0
+        assert m.rotary and m.doc_causal and m.window and e.target_loss == 3.28
