@@ -451,10 +451,10 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
             for row, k in enumerate(range(first, min(first + batch_size, sequences))):
                 start = k * seq_len
                 _read_stream(regions, offsets, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
-            padded = (first + batch_size) * seq_len > num_tokens  # row k's targets end at token (k + 1) * T
             out = out.to(device, non_blocking=True)  # pageable memory: safe to drop right after
-            x, y = out[:, :-1], out[:, 1:]
-            yield (x.clamp(min=0) if padded else x), y
+            # A copy of the inputs in every batch, not just where padding needs it: a view in some batches
+            # and a copy in others have other strides, and a compiled model would compile each.
+            yield out[:, :-1].clamp(min=0), out[:, 1:]
 
     return batches()
 

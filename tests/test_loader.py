@@ -190,7 +190,8 @@ def test_val_batches_score_every_token_once_in_the_same_sequences_for_any_world_
     for world in (1, 2, 3):
         ranks = [list(val_batches(files, 4, T, 500, rank=r, world_size=world)) for r in range(world)]
         assert len({len(r) for r in ranks}) == 1  # the same calls on every rank,
-        assert {tuple(t.shape) for r in ranks for b in r for t in b} == {(4, T)}  # of one shape
+        assert {(x.shape, x.stride(), y.shape, y.stride()) for r in ranks for x, y in r} == {  # of one layout
+            ((4, T), (T, 1), (4, T), (T + 1, 1))}
         rows = interleave([[list(zip(x, y)) for x, y in r] for r in ranks])  # sequences in stream order
         x, y = torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
         scored = y != PAD_TARGET
