@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from atomic import atomic_path
-from data.loader import TokenLoader, val_batches
+from data.loader import PAD_TARGET, TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers, warmup_momentum
@@ -258,32 +258,28 @@ def warm_up(run: Run) -> None:
 
 def validation(cfg: Config, d: Dist, val_files: list[str]):
     """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
-    return val_batches(val_files, cfg.eval.batch_size or cfg.train.batch_size, cfg.train.seq_len, cfg.eval.tokens,
+    e = cfg.eval
+    return val_batches(val_files, e.batch_size or cfg.train.batch_size, e.seq_len or cfg.train.seq_len, e.tokens,
                        rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
-                       raw_dtype=cfg.data.raw_dtype, tail_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0)
+                       raw_dtype=cfg.data.raw_dtype, tail_tokens=e.tokens if cfg.data.val == "holdout" else 0)
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Mean validation loss over eval.tokens tokens: (sum of loss x tokens) / tokens, summed over ranks."""
+    """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
     cfg, d = run.cfg, run.d
-    # FSDP2 ranks must make the same forward calls (each all-gathers), so a rank with an empty last batch runs
-    # one row of zeros, not counted (a FlexAttention mask cannot have 0 rows). Otherwise the plain module needs
-    # no collective (DDP's wrapper would sync buffers), so a rank skips its empty batch.
+    # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
+    # FSDP2's all-gathers need, and a compiled model compiles one eval shape. Without FSDP2 the plain module
+    # needs no collective (DDP's wrapper would sync buffers).
     model = run.model if run.sharded else run.raw
     model.eval()
-    sums = torch.zeros(2, device=d.device, dtype=torch.float64)
+    sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
     for x, y in validation(cfg, d, run.val_files):
-        tokens = y.numel()
-        if not tokens:
-            if not run.sharded:
-                continue
-            x = y = torch.zeros((1, x.shape[1]), dtype=x.dtype, device=x.device)
         with autocast(d, cfg.train.dtype):
             _, loss = model(x, y)
-        if tokens:
-            sums[0] += loss.double() * tokens
-            sums[1] += tokens
+        count = (y != PAD_TARGET).sum()
+        sums[0] += torch.where(count > 0, loss.double() * count, 0.0)  # a padding-only batch's mean is NaN
+        sums[1] += count
     distributed.all_reduce(sums)
     model.train()
     return (sums[0] / sums[1]).item()

@@ -414,54 +414,70 @@ class TokenLoader:
         self._state = tuple(int(state[k]) for k in CURSOR)
 
 
+PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss skips these targets
+
+
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
                 device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None,
                 tail_tokens: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's fixed validation batches: windows of seq_len + 1 tokens from the first `num_tokens` tokens.
+    """This rank's fixed validation batches: `num_tokens` targets, every one scored exactly once.
 
-    The tokens are the first num_tokens of the sorted files (with tail_tokens=N: of the last N tokens of the
-    last file, which TokenLoader(holdout_tokens=N) leaves out), cut into windows as in training, never across
-    files. Global batch g is windows [g*W*B, (g+1)*W*B); rank r takes [r*B, (r+1)*B) of it, so the union over
-    ranks is the same for every world size. Every rank yields the same number of batches (FSDP needs the
-    same number of forward calls); in the last one a rank may hold fewer rows, even none: shape (0, seq_len).
-    Average as sum(loss * y.numel()) / sum(y.numel()), each summed over batches and all-reduced over ranks,
-    leaving out the loss of an empty batch (it is NaN).
+    The stream is the first num_tokens + 1 tokens of the sorted files, read across file ends (with
+    tail_tokens=N: the last N tokens of the last file, which TokenLoader(holdout_tokens=N) leaves out, after the
+    one token before them). Sequence k takes stream tokens [k*T, (k+1)*T) as inputs and the token after each as
+    its target, so the last input of a sequence predicts the first token of the next one and the targets are
+    stream tokens 1 .. num_tokens: the NanoGPT speedrun records' accounting. Global batch g holds sequences
+    [g*W*B, (g+1)*W*B); rank r takes rows [r*B, (r+1)*B) of it, so the cuts are the same for every world size.
+    Every rank yields the same number of batches of one shape [B, T] (FSDP needs the same calls on every rank, a
+    compiled model one shape): targets past num_tokens, in a last partial sequence or in rows past the last
+    sequence, are PAD_TARGET (inputs 0). Average as sum(loss * n) / sum(n), n = (targets != PAD_TARGET).sum(),
+    each summed over batches and all-reduced over ranks; a batch with n = 0 adds nothing (its mean is NaN).
     """
-    if min(batch_size, seq_len, world_size) < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need batch_size, seq_len, world_size >= 1 and 0 <= rank < world_size; got "
-                         f"{batch_size=}, {seq_len=}, {world_size=}, {rank=}")
+    if min(batch_size, seq_len, world_size, num_tokens) < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need batch_size, seq_len, world_size, num_tokens >= 1 and 0 <= rank < world_size; got "
+                         f"{batch_size=}, {seq_len=}, {world_size=}, {num_tokens=}, {rank=}")
     regions = _open_regions(resolve_files(files), fmt, raw_dtype)
     if tail_tokens:
-        regions = [_split_tail(regions, tail_tokens, "tail_tokens")[1]]
-    regions, length = _first_tokens(regions, num_tokens), seq_len + 1
-    total = sum(r.tokens_count() // length for r in regions)
-    if total == 0:
-        raise ShardError(f"num_tokens={num_tokens} holds no window of seq_len + 1 = {length} tokens; raise the "
-                         f"eval token count (eval.tokens) to at least {length}")
-    stream, per_step = _Stream(regions, length, None, None), world_size * batch_size
+        tail = _split_tail(regions, tail_tokens, "tail_tokens")[1]  # starts after the file's first token
+        regions = [_Region(tail.path, tail.tokens, tail.lo - 1, tail.hi)]  # + the input of its first target
+    regions = _first_tokens(regions, num_tokens)
+    offsets = np.cumsum([0] + [r.tokens_count() for r in regions])  # where each region starts in the stream
+    sequences, per_step = -(-num_tokens // seq_len), world_size * batch_size
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for done in range(0, total, per_step):
-            first = min(total, done + rank * batch_size)
-            rows = min(batch_size, total - first)
-            runs: list[tuple[_Region, int, int]] = []
-            _rank_runs(stream, first - done, rows, min(total, done + per_step) - first - rows, runs)
-            out = torch.empty((rows, length), dtype=torch.int64)
-            _gather(runs, length, out.numpy())
+        for step in range(0, sequences, per_step):
+            out = torch.full((batch_size, seq_len + 1), PAD_TARGET, dtype=torch.int64)
+            first = step + rank * batch_size
+            for row, k in enumerate(range(first, min(first + batch_size, sequences))):
+                start = k * seq_len
+                _read_stream(regions, offsets, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
             out = out.to(device, non_blocking=True)  # pageable memory: safe to drop right after
-            yield out[:, :-1], out[:, 1:]
+            # A copy of the inputs in every batch, not just where padding needs it: a view in some batches
+            # and a copy in others have other strides, and a compiled model would compile each.
+            yield out[:, :-1].clamp(min=0), out[:, 1:]
 
     return batches()
 
 
+def _read_stream(regions: list[_Region], offsets: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
+    """Copy stream tokens [start, stop) of the regions laid end to end (region i starts at offsets[i]) to out."""
+    i = int(np.searchsorted(offsets, start, side="right")) - 1
+    while start < stop:
+        region, n = regions[i], min(stop, int(offsets[i + 1])) - start
+        lo = region.lo + start - int(offsets[i])
+        out[:n] = region.array[lo:lo + n]
+        out, start, i = out[n:], start + n, i + 1
+
+
 def _first_tokens(regions: list[_Region], num_tokens: int) -> list[_Region]:
-    """The regions cut down to their first num_tokens tokens in order; fewer tokens is an error."""
-    have = sum(r.tokens_count() for r in regions)
-    if have < num_tokens:
-        raise ShardError(f"validation data ({_names(regions)}) holds {have} tokens in {len(regions)} files but "
-                         f"num_tokens={num_tokens} were asked for; lower the eval token count (eval.tokens) "
-                         f"to at most {have} or add validation data")
-    cut, left = [], num_tokens
+    """The regions cut down to their first num_tokens + 1 tokens in order (num_tokens targets and the input of
+    the first); fewer is an error."""
+    have, need = sum(r.tokens_count() for r in regions), num_tokens + 1
+    if have < need:
+        raise ShardError(f"validation data ({_names(regions)}) holds {have} tokens in {len(regions)} files, but "
+                         f"num_tokens={num_tokens} targets need {need} (the first token is only an input); lower "
+                         f"the eval token count (eval.tokens) to at most {have - 1} or add validation data")
+    cut, left = [], need
     for r in regions:
         if left <= 0:
             break

@@ -82,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="shard file prefix (default: demo, or a slug of the dataset/folder name)")
     p.add_argument("--out", help="output directory (default: shards/NAME)")
     p.add_argument("--shard-tokens", type=int, default=10**8)
-    p.add_argument("--val-tokens", type=int, default=10 * 2**20,
-                   help="the first N tokens form the val shard (0: none); the default covers the speedrun's eval")
+    p.add_argument("--val-tokens", type=int, default=10 * 2**20 + 1,
+                   help="the first N tokens form the val shard (0: none); the default covers the speedrun's eval "
+                        "(10,485,760 targets and the token before the first)")
     p.add_argument("--max-docs", type=int, help="stop after this many (non-empty) documents")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens (cut exactly)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),  # the CPUs a SLURM job may use

@@ -270,13 +270,15 @@ class GPT(nn.Module):
         return attention_mask(idx, cfg.window, cfg.doc_causal, cfg.bos_id)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (None, mean cross-entropy).
+        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (None, mean cross-entropy over
+        the targets that are not -100).
 
         With targets the logits are not returned, so the [B, T, V] float copy can be freed early.
         """
         cfg, T = self.cfg, idx.size(1)
-        if T > cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds model block_size={cfg.block_size}; raise [model] block_size")
+        if self.wpe is not None and T > cfg.block_size:  # rotary positions take any length
+            raise ValueError(f"sequence length {T} exceeds model block_size={cfg.block_size}, the size of the learned "
+                             f"position table; raise [model] block_size or use rotary = true")
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
@@ -295,7 +297,8 @@ class GPT(nn.Module):
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1))
+        # targets of -100 (padding) are skipped: the mean is over the others, NaN if there are none
+        return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=-100)
 
     def num_params(self) -> int:
         """Number of distinct parameters (a tied head counted once)."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import data.loader
-from data.loader import TokenLoader, val_batches
+from data.loader import PAD_TARGET, TokenLoader, val_batches
 from data.shards import ShardError, write_shard
 from tests.helpers import ROOT, make_shards, run, torchrun
 
@@ -180,27 +180,26 @@ def test_holdout_is_never_trained_on_and_is_the_val_tail(tmp_path):
     assert max(s + L for f, s in seen if f == 1) <= cut % STRIDE
     assert len(seen) == 30 + (20 * L + 9 - holdout) // L
     val = list(val_batches(files, 4, T, holdout, tail_tokens=holdout))
-    rows = torch.cat([torch.cat([x, y[:, -1:]], dim=1) for x, y in val]).flatten()
-    assert rows.tolist() == list(range(cut, cut + holdout // L * L))
+    assert int(val[0][0][0, 0]) == cut - 1  # the last trained token: only the input of the first target
+    assert torch.cat([y[y != PAD_TARGET] for _, y in val]).tolist() == list(range(cut, cut + holdout))
 
 
-def test_val_batches_are_the_same_set_for_any_world_size(tmp_path):
-    coded_shards(tmp_path, [150, 100, 400])  # first 500 tokens: 9 + 6 + 15 windows
+def test_val_batches_score_every_token_once_in_the_same_sequences_for_any_world_size(tmp_path):
+    coded = np.concatenate(coded_shards(tmp_path, [150, 100, 400]))[:501]  # 500 targets, read across file ends
     files = str(tmp_path / "*.bin")
-
-    def per_rank(world: int) -> list[list[list]]:
-        return [[windows(x, y) if len(x) else [] for x, y in val_batches(files, 4, T, 500, rank=r,
-                                                                         world_size=world)] for r in range(world)]
-    one = per_rank(1)[0]
-    expected = [(0, k * L) for k in range(9)] + [(1, k * L) for k in range(6)] + [(2, k * L) for k in range(15)]
-    assert [w for b in one for w in b] == expected
-    for world in (2, 3):
-        ranks = per_rank(world)
-        assert len({len(r) for r in ranks}) == 1  # same number of batches on every rank
-        assert interleave(ranks) == expected
-    assert per_rank(3) == per_rank(3)
-    x, y = list(val_batches(files, 4, T, 500, rank=2, world_size=3))[-1]
-    assert x.shape == y.shape == (0, T)
+    for world in (1, 2, 3):
+        ranks = [list(val_batches(files, 4, T, 500, rank=r, world_size=world)) for r in range(world)]
+        assert len({len(r) for r in ranks}) == 1  # the same calls on every rank,
+        assert {(x.shape, x.stride(), y.shape, y.stride()) for r in ranks for x, y in r} == {  # of one layout
+            ((4, T), (T, 1), (4, T), (T + 1, 1))}
+        rows = interleave([[list(zip(x, y)) for x, y in r] for r in ranks])  # sequences in stream order
+        x, y = torch.stack([x for x, _ in rows]), torch.stack([y for _, y in rows])
+        scored = y != PAD_TARGET
+        # sequence k: inputs are tokens [k*T, (k+1)*T), each target the token after its input, so the last
+        # target of a sequence is the first input of the next; padding is ignored targets after token 500
+        assert y[scored].tolist() == coded[1:].tolist()
+        assert scored.flatten().tolist() == [True] * 500 + [False] * (len(rows) * T - 500)
+        assert x.flatten()[:501].tolist() == coded.tolist() and not x.flatten()[501:].any()  # padding inputs: 0
 
 
 def test_bad_inputs_are_refused_with_the_fix(tmp_path):
@@ -209,8 +208,9 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
         TokenLoader(str(tmp_path / "nothing*.bin"), B, T)
     with pytest.raises(ShardError, match=rf"longer than every file: the largest, {re.escape(str(paths[1]))}, has 20 "):
         TokenLoader(str(tmp_path / "*.bin"), B, 20)
-    with pytest.raises(ShardError, match=r"holds 30 tokens in 2 files but num_tokens=31 .*lower the eval token"):
-        val_batches(str(tmp_path / "*.bin"), B, 4, 31)
+    with pytest.raises(ShardError, match=r"holds 30 tokens in 2 files, but num_tokens=30 targets need 31 .*lower "
+                                         r"the eval token count \(eval.tokens\) to at most 29"):
+        val_batches(str(tmp_path / "*.bin"), B, 4, 30)
     with pytest.raises(ShardError, match="holdout_tokens=20 must be between 1 and the last file's 20 tokens"):
         TokenLoader(str(tmp_path / "*.bin"), B, 4, holdout_tokens=20)
     with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
@@ -257,9 +257,11 @@ def test_two_ranks_under_torchrun(tmp_path):
     single = stream(TokenLoader(pattern, 2 * B, T, seed=5), 18)
     assert interleave(per_rank) == [w for step in single for w in step]
     assert len(set(interleave(per_rank)[:WINDOWS_PER_EPOCH])) == WINDOWS_PER_EPOCH
-    val = [windows(*torch.from_numpy(g["val"])) for g in got]
-    one = [w for x, y in val_batches(pattern, B, T, 40 * L) for w in windows(x, y)]
-    assert sorted(val[0] + val[1]) == sorted(one) and not set(val[0]) & set(val[1])
+    # rows as inputs + targets; the rows of padding only (first target ignored) depend on the world size
+    val = [[tuple(row) for row in g["val"].transpose(1, 0, 2).reshape(-1, 2 * T)] for g in got]
+    one = [tuple(row) for x, y in val_batches(pattern, B, T, 40 * L) for row in torch.cat([x, y], 1).tolist()]
+    two = interleave([[r[i:i + B] for i in range(0, len(r), B)] for r in val])
+    assert [r for r in two if r[T] != PAD_TARGET] == [r for r in one if r[T] != PAD_TARGET]
 
 
 @pytest.mark.slow  # 8-12 s, most of it importing torch on a busy 2-core machine

@@ -353,7 +353,7 @@ def test_argument_defaults_and_checks(tmp_path):
     assert (demo.shuffle, demo.seed, demo.shuffle_buffer, demo.allow_binary) == (True, 0, 10_000, False)
     web = parse_args(["--dataset", "HuggingFaceFW/fineweb", "--subset", "sample-10BT"])
     assert (web.tokenizer, web.name, web.out, web.shard_tokens, web.val_tokens) == (
-        "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10_485_760)  # the speedrun's eval.tokens fit
+        "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10_485_761)  # the speedrun's eval.tokens fit
     for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"],
                  ["--demo", "--shard-tokens", str(2**31)],  # the header's int32 count
                  ["--demo", "--shuffle-buffer", "0"]):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from data.loader import TokenLoader, val_batches
+from data.loader import PAD_TARGET, TokenLoader, val_batches
 from model import get_model
 from tests.helpers import ROOT, free_port, make_shards, run, torchrun
 
@@ -70,8 +70,10 @@ def check_checkpoint(run_dir: Path, demo: Path, trained: dict) -> None:
         batches = [b for rank in range(world) for b in val_batches(
             sorted(demo.glob("*_val_*.bin")), cfg["train"]["batch_size"], cfg["train"]["seq_len"],
             cfg["eval"]["tokens"], rank=rank, world_size=world)]
-        assert world == 1 or any(not y.numel() for _, y in batches)  # tiny.toml's eval.tokens: rank 1 ends empty
-        sums = [(float(model(x, y)[1]) * y.numel(), y.numel()) for x, y in batches if y.numel()]
+        counts = [int((y != PAD_TARGET).sum()) for _, y in batches]
+        # tiny.toml's eval.tokens: a short last sequence, then padding; rank 1's last batch is padding only
+        assert sum(counts) == cfg["eval"]["tokens"] and (world == 1 or 0 in counts)
+        sums = [(float(model(x, y)[1]) * n, n) for (x, y), n in zip(batches, counts) if n]
     loss, count = np.sum(sums, axis=0)
     assert loss / count == pytest.approx(summary(run_dir)["final_val_loss"], abs=1e-5)
 
@@ -109,7 +111,7 @@ def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_p
     # same data, same init, same math: FSDP2 and DDP agree up to reduction order
     fsdp, ddp = [r["loss"] for r in records(run_dir)], [r["loss"] for r in records(ddp_run)]
     assert fsdp == pytest.approx(ddp, rel=1e-3)
-    # evals too, although rank 1's last val batch is empty (FSDP runs it as an uncounted row of zeros)
+    # evals too, although rank 1's last val batch is padding only (FSDP runs it like any other, counting nothing)
     fsdp, ddp = [r["val_loss"] for r in records(run_dir, "eval")], [r["val_loss"] for r in records(ddp_run, "eval")]
     assert fsdp and fsdp == pytest.approx(ddp, rel=1e-3)
     # the full checkpoint is the two ranks' dim-0 shards put together

@@ -77,7 +77,8 @@ class TrainConfig:
 class EvalConfig:
     every_steps: int = 0         # 0 = only at the end
     every_s: float = 0.0         # on the training clock; 0 = off
-    tokens: int = 1 << 20        # validation tokens per eval
+    tokens: int = 1 << 20        # validation targets scored per eval (the data needs one token more)
+    seq_len: int = 0             # tokens per eval sequence; 0 = train.seq_len; longer needs model.rotary
     batch_size: int = 0          # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
@@ -276,7 +277,7 @@ def validate(cfg: Config) -> None:
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s", "eval.tokens"]
     not_negative = ["train.max_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
-                    "eval.every_steps", "eval.batch_size"]
+                    "eval.every_steps", "eval.batch_size", "eval.seq_len"]
     for dotted in positive + not_negative:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
@@ -295,6 +296,11 @@ def validate(cfg: Config) -> None:
     if t.seq_len > cfg.model.block_size:
         raise ConfigError(f"train.seq_len = {t.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
                           f"raise model.block_size or lower train.seq_len")
+    block = cfg.model.block_size
+    if not cfg.model.rotary and cfg.eval.seq_len > block:
+        raise ConfigError(f"eval.seq_len = {cfg.eval.seq_len} is longer than model.block_size = {block}, the size of "
+                          f"the learned position table (model.rotary = false); lower eval.seq_len to at most {block}, "
+                          f"raise model.block_size or use model.rotary = true")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 

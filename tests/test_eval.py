@@ -1,0 +1,115 @@
+"""The val loss counts what the speedrun records count: every target once, each seeing only its document's
+prefix inside its eval sequence, up to the attention window; the same number under 1 and 2 ranks."""
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.shards import write_shard
+from model import get_model
+from tests.fault_setup import VOCAB, tiny_data, train_args
+from tests.helpers import run, torchrun
+from trainer.config import ConfigError, parse_args
+
+BOS, WINDOW, EVAL_LEN = 256, 6, 48
+# 4 sequences of 48 and one of 20; in eval batches of 2 rows, under 2 ranks rank 1's last batch is padding only
+EVAL_TOKENS = 4 * EVAL_LEN + 20
+# rotary, so that eval sequences may be longer than block_size = train.seq_len; a window shorter than most
+# documents, so that it binds
+MODEL = ["--model.rotary=true", "--model.doc_causal=true", f"--model.bos_id={BOS}", f"--model.window={WINDOW}",
+         "--model.norm=rmsnorm", "--model.qk_norm=true", "--model.activation=relu2", "--model.tie_embeddings=false",
+         "--model.logit_softcap=15.0", "--model.value_embeds=1", "--model.unet_skips=true",
+         "--model.block_size=16", "--train.seq_len=16"]
+EVAL = [f"--eval.seq_len={EVAL_LEN}", "--eval.batch_size=2", f"--eval.tokens={EVAL_TOKENS}", "--train.max_steps=3"]
+
+
+def val_documents(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n tokens of documents of 1 to 30 tokens, each opened by BOS (bytes-tokenizer ids)."""
+    tokens, starts = rng.integers(0, BOS, size=n), np.cumsum(rng.integers(1, 31, size=n))
+    tokens[0], tokens[starts[starts < n]] = BOS, BOS
+    return tokens
+
+
+def direct_val_loss(model: torch.nn.Module, stream: np.ndarray) -> float:
+    """Token by token: the loss of target i + 1 from a forward over only the inputs it may depend on.
+
+    Input i sees the inputs of its document (from the last BOS at or before it) inside its eval sequence
+    [i // EVAL_LEN * EVAL_LEN, ...), at most WINDOW - 1 back in every layer: so after n_layer layers its output
+    depends on inputs down to n_layer * (WINDOW - 1) back, and a fresh sequence starting there computes it exactly.
+    """
+    reach, losses = model.cfg.n_layer * (WINDOW - 1), []
+    with torch.no_grad():
+        for i in range(len(stream) - 1):
+            first = i // EVAL_LEN * EVAL_LEN
+            docs = [j for j in range(first, i + 1) if stream[j] == BOS]
+            context = stream[max(docs[-1] if docs else first, i - reach):i + 1]
+            logits, _ = model(torch.tensor(context)[None])
+            losses.append(float(F.cross_entropy(logits[0, -1], torch.tensor(int(stream[i + 1])))))
+    return float(np.mean(losses))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tiny_data(tmp_path_factory.mktemp("data"))
+    stream = val_documents(300, np.random.default_rng(0))
+    write_shard(folder / "test_val_000000.bin", stream)  # replaces tiny_data's random val shard
+    cuts = stream[EVAL_LEN:EVAL_TOKENS:EVAL_LEN]
+    assert (cuts != BOS).any() and (stream[:EVAL_TOKENS] == BOS).sum() > 8  # documents cut by the sequences
+    return folder, stream[:EVAL_TOKENS + 1]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_val_loss_is_each_target_seeing_its_document_up_to_the_window(data, tmp_path, world):
+    folder, stream = data
+    argv = train_args(folder, tmp_path, "eval", *MODEL, *EVAL, "--train.parallel=fsdp")
+    if world == 1:
+        run([sys.executable, *argv])
+    else:
+        torchrun(argv, nproc=world)
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["world_size"] == world and summary["steps"] == 3
+    ckpt = torch.load(tmp_path / "eval" / "checkpoint.pt", weights_only=True)
+    model = get_model(ckpt["config"])
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    assert summary["final_val_loss"] == pytest.approx(direct_val_loss(model, stream), abs=1e-5)
+
+
+def test_eval_longer_than_the_position_table_is_refused_and_rotary_takes_any_length():
+    base = ["--config", "configs/tiny.toml", "--data.train=x", "--eval.seq_len=128"]
+    with pytest.raises(ConfigError, match=r"eval.seq_len = 128 is longer than model.block_size = 64, the size of "
+                                          r"the learned position table \(model.rotary = false\); lower eval.seq_len"):
+        parse_args(base)
+    cfg = parse_args([*base, "--model.rotary=true", "--model.vocab_size=257"])
+    torch.manual_seed(0)
+    model = get_model(cfg.to_dict())
+    assert model(torch.zeros((1, 128), dtype=torch.long))[0].shape == (1, 128, 257)
+    with pytest.raises(ConfigError, match="eval.seq_len must be >= 0"):
+        parse_args([*base, "--eval.seq_len=-1"])
+
+
+def test_loss_skips_ignored_targets_so_sum_over_count_is_exact():
+    torch.manual_seed(0)
+    model = get_model(dict(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    x = torch.randint(0, VOCAB, (2, 16))
+    y = torch.randint(0, VOCAB, (2, 16))
+    y[1, 5:] = -100
+    with torch.no_grad():
+        logits, _ = model(x)
+        per_token = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none")
+        _, loss = model(x, y)
+        _, nothing = model(x, torch.full_like(y, -100))
+    assert float(loss) * int((y != -100).sum()) == pytest.approx(float(per_token.sum()), rel=1e-6)
+    assert torch.isnan(nothing)
+
+
+def test_speedrun_configs_cut_the_val_set_as_the_records_do():
+    for name in ("speedrun_8xh100", "speedrun_1gpu"):
+        cfg = parse_args(["--config", f"configs/{name}.toml"])
+        e, m = cfg.eval, cfg.model
+        # 40 sequences of 4 x 64K, one a forward: 5 per rank on 8 GPUs, with no padding
+        assert (e.tokens, e.seq_len, e.batch_size) == (10_485_760, 4 * 64 * 1024, 1) and e.tokens % e.seq_len == 0
+        assert m.rotary and m.doc_causal and m.window and e.target_loss == 3.28

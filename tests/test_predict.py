@@ -1,0 +1,28 @@
+"""scripts/predict_speedrun.py: the README's predicted table and the speedrun configs' budgets are its output."""
+import json
+import tomllib
+
+import pytest
+
+from scripts import predict_speedrun
+from tests.helpers import ROOT
+
+
+def test_the_readme_table_and_the_budgets_come_from_the_script(tmp_path):
+    text, budget = predict_speedrun.table(predict_speedrun.ASSUMED_MFU)
+    assert text in (ROOT / "README.md").read_text()
+    budgets = [tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())["train"]["budget_s"]
+               for name in ("speedrun_8xh100", "speedrun_1gpu")]
+    assert budgets == [budget, 8 * budget]
+    # what scripts/gpu_check.sh measured on one GPU fills the measured column
+    (tmp_path / "check.json").write_text(json.dumps({"checks": [{"check": "speedrun", "tok_s": 400_000.0}]}))
+    filled, _ = predict_speedrun.table(0.3, predict_speedrun.measured(tmp_path / "check.json"))
+    assert "| 3.20M |" in filled and "not yet" not in filled
+    (tmp_path / "check.json").write_text(json.dumps({"checks": [{"check": "speedrun", "status": "FAILED"}]}))
+    with pytest.raises(SystemExit, match="no speedrun check with a tokens/s figure"):
+        predict_speedrun.measured(tmp_path / "check.json")
+
+
+def test_attention_counts_the_keys_a_causal_windowed_query_sees():
+    assert predict_speedrun.mean_keys(4, 0) == (1 + 2 + 3 + 4) / 4
+    assert predict_speedrun.mean_keys(4, 2) == (1 + 2 + 2 + 2) / 4
