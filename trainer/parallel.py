@@ -55,9 +55,10 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
 def clip_grads(model: nn.Module, max_norm: float) -> torch.Tensor:
     """The global L2 norm of the gradients (before clipping); with max_norm > 0 they are scaled to at most that.
 
-    Under FSDP2 each rank holds DTensor shards of the gradients, whose norm is a partial result: full_tensor()
-    all-reduces it into the whole gradient's norm, the same on every rank (as torchtitan's clip_grad_norm_);
-    DDP's gradients are equal on every rank already. A device tensor: nothing here waits for the GPU.
+    Under FSDP2 each rank holds DTensor shards of the gradients, and their norm is a DTensor (a partial result
+    on some torch versions, already reduced on others): full_tensor() makes it the whole gradient's norm, the
+    same on every rank (as torchtitan's clip_grad_norm_ does). DDP's gradients are equal on every rank already.
+    A device tensor: nothing here waits for the GPU. (get_total_norm and clip_grads_with_norm_: torch >= 2.6.)
     """
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
