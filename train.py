@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from glob import glob
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -38,9 +38,9 @@ from trainer import distributed
 from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
 from trainer.clock import Clock
 from trainer.config import Config, ConfigError, parse_args, to_toml
-from trainer.distributed import Dist
+from trainer.distributed import Dist, LateMax
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
-from trainer.parallel import autocast, grad_sync, parallelize
+from trainer.parallel import autocast, clip_grads, grad_sync, parallelize
 
 
 @dataclass
@@ -74,6 +74,10 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     stop_requested: list = field(default_factory=list)   # appended to by the SIGTERM handler
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
+    flags: LateMax = field(init=False)   # each step's stop/eval/save exchange, read a step late (see train)
+
+    def __post_init__(self) -> None:
+        self.flags = LateMax(len(Flags._fields) - 1, 1, self.d.device)  # nonfinite is computed on the device
 
     @property
     def sharded(self) -> bool:
@@ -222,8 +226,12 @@ def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> N
                 group["momentum"] = warmup_momentum(group, step)
 
 
-def train_step(run: Run, batches) -> tuple[torch.Tensor, float]:
-    """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, seconds waiting for data)."""
+def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One optimizer step over grad_accum micro-batches: (mean loss, gradient norm before clipping, seconds
+    waiting for data). The two tensors stay on the device: nothing in a step waits for the GPU.
+
+    Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
+    the optimizer steps. The flag exchange follows in train()."""
     accum, d = run.cfg.train.grad_accum, run.d
     total, wait = torch.zeros((), device=d.device), 0.0
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
@@ -231,14 +239,18 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, float]:
         t = time.perf_counter()
         x, y = next(batches)
         wait += time.perf_counter() - t
+
         with grad_sync(run.model, micro == accum - 1), autocast(d, run.cfg.train.dtype):
             _, loss = run.model(x, y)
             (loss / accum).backward()
         total += loss.detach()
+
+    norm = clip_grads(run.model, run.cfg.optim.grad_clip)
+
     for opt in run.optimizers:
         opt.step()
     run.model.zero_grad(set_to_none=True)
-    return total / accum, wait
+    return total / accum, norm, wait
 
 
 def warm_up(run: Run) -> None:
@@ -301,19 +313,27 @@ def eval_and_record(run: Run, charge: bool) -> float:
     return val
 
 
-def log_step(run: Run, loss: torch.Tensor, since: tuple[int, float]) -> None:
-    """Console line + metrics.jsonl record for the step just done (loss averaged over ranks)."""
+def mean_over_ranks(run: Run, *values: torch.Tensor) -> list[float]:
+    """Each 0-dim tensor's mean over the ranks, on the host: one all-reduce, and a wait for the GPU."""
+    return (distributed.all_reduce(torch.stack([v.detach().double() for v in values])) / run.d.world_size).tolist()
+
+
+def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int, float]) -> None:
+    """Console line + metrics.jsonl record for the step just done (loss averaged over ranks, gradient norm
+    before clipping: the same on every rank)."""
     p, clock, t = run.progress, run.clock, run.cfg.train
-    loss = distributed.all_reduce(loss.detach().clone()).item() / run.d.world_size
+    loss, norm = mean_over_ranks(run, loss, norm)
     steps, seconds = p.step - since[0], clock.elapsed() - since[1]
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = mfu_of(run, tok_s)
     left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{t.max_steps - p.step} steps left"
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
-    run.log.metric({"type": "train", "step": p.step, "loss": loss, "lr_mult": group["lr"] / group["initial_lr"],
-                    "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})
-    run.log.print(f"step {p.step} | loss {loss:.4f} | {1000 * step_s:.1f} ms | {tok_s:,.0f} tok/s"
+    run.log.metric({"type": "train", "step": p.step, "loss": loss, "grad_norm": norm,
+                    "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu,
+                    "elapsed_s": clock.elapsed()})
+    run.log.print(f"step {p.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
+                  f"{tok_s:,.0f} tok/s"
                   + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
                   + f" | {clock.elapsed():.1f}s elapsed, {left}")
 
@@ -345,23 +365,78 @@ def save(run: Run) -> None:
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
 
-def stop_flags(run: Run, next_eval_s: float, last_save: float) -> tuple[bool, bool, bool, bool]:
-    """(time up, SIGTERM, eval due, save due), each true on every rank if true on any, and the clocks' max
-    as the time every rank's LR schedule follows: one MAX all-reduce."""
-    cfg, clock = run.cfg, run.clock
-    every = cfg.eval.every_steps
-    eval_due = bool(run.val_files) and bool((every and run.progress.step % every == 0)
-                                           or (cfg.eval.every_s and clock.elapsed() >= next_eval_s))
-    save_due = 0 < cfg.train.checkpoint_every_s <= time.perf_counter() - last_save
-    elapsed, *flags = distributed.max_over_ranks(
-        [clock.elapsed(), clock.time_up(), bool(run.stop_requested), eval_due, save_due], run.d.device)
-    clock.sync(elapsed)
-    return tuple(bool(f) for f in flags)
+class Flags(NamedTuple):
+    """What every rank agrees on after a step: the maximum over the ranks of each one's clock and wishes."""
+    elapsed: float               # the time the LR schedule follows (trainer/clock.py `sync`)
+    time_up: bool
+    sigterm: bool
+    eval_due: bool               # by eval.every_s (every_steps needs no exchange: the step count is the same)
+    save_due: bool
+    nonfinite: bool              # the step's loss or gradient norm was nan or inf (computed on the device)
+
+    def act(self) -> bool:
+        """True if these flags call for a stop, an eval or a save."""
+        return any(self[1:])
+
+
+def start_flags(run: Run, next_eval_s: float, last_save: float, loss: torch.Tensor, norm: torch.Tensor) -> None:
+    """Start this step's exchange of Flags (one MAX all-reduce); collect_flags reads it after the next step."""
+    clock = run.clock
+    eval_due = bool(run.val_files) and clock.elapsed() >= next_eval_s
+    save_due = 0 < run.cfg.train.checkpoint_every_s <= time.perf_counter() - last_save
+    nonfinite = (~(torch.isfinite(loss) & torch.isfinite(norm))).to(torch.float64).reshape(1)
+    run.flags.start([clock.elapsed(), clock.time_up(), bool(run.stop_requested), eval_due, save_due], nonfinite)
+
+
+def collect_flags(run: Run) -> Flags | None:
+    """The Flags of the exchange started last (waiting for it if it is still running), or None if none is."""
+    values = run.flags.collect()
+    return None if values is None else Flags(values[0], *(v > 0 for v in values[1:]))
+
+
+def agree(run: Run, previous: Flags | None, step_eval: bool) -> Flags | None:
+    """None when the step before's Flags (and the step count) ask for nothing; else those Flags merged with this
+    step's, waiting for them (such a step evaluates, saves or stops, which syncs anyway): act on the newest state.
+    Either way the LR schedule adopts the newest agreed time."""
+    if not (step_eval or (previous and previous.act())):
+        if previous:
+            run.clock.sync(previous.elapsed)
+        return None
+    now = collect_flags(run)
+    flags = Flags(*map(max, previous, now)) if previous else now
+    run.clock.sync(flags.elapsed)
+    return flags
+
+
+class Diverged(RuntimeError):
+    """A step's loss or gradient norm was not finite: the run stopped without saving."""
+
+
+def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
+    """Stop the run at the non-finite step `step` (its loss and gradient norm given), saving nothing."""
+    loss, norm = mean_over_ranks(run, loss, norm)
+    kept = f"the checkpoint of step {run.saved_step} is untouched" if run.saved_step >= 0 else "no checkpoint exists"
+    msg = (f"step {step}: loss {loss:.4g}, gradient norm {norm:.4g}: not finite, so training stopped without saving "
+           f"({kept}). Try a lower learning rate (optim.lr, or optim.muon_lr and the other *_lr keys for muon), "
+           f"gradient clipping (optim.grad_clip = 1.0), and check the data (data.vocab_check)")
+    run.log.print(f"train.py: {msg}")
+    raise Diverged(msg)
 
 
 def train(run: Run) -> str:
     """The timed loop; returns why it stopped: "completed" (end of a step schedule), "budget", "max_steps",
-    "target" or "sigterm"."""
+    "target" or "sigterm"; raises Diverged at a non-finite loss or gradient norm.
+
+    The host waits for the GPU only where it must, so that it queues step N+1 while the GPU runs step N. An
+    ordinary step waits for nothing: its Flags exchange (stop, eval, save, the agreed time, non-finite) is read
+    after the next step is queued, when the GPU has long finished it. The waits, all counted:
+      - log_step, every log.every_steps steps: one all-reduce of loss and gradient norm, read with .tolist();
+      - a step whose previous Flags (or the step count) call for an eval, a save or a stop also collects its
+        own Flags at once, so that it acts on the newest state; evals (.item()), saves and stops sync anyway.
+    So a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the same
+    step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). No other
+    .item(), .tolist() or .cpu() runs in the loop (clip_grads and model/muon.py read nothing on the host).
+    """
     cfg, p, clock = run.cfg, run.progress, run.clock
     charge_evals = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
     next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
@@ -371,37 +446,52 @@ def train(run: Run) -> str:
     if distributed.any_rank([clock.time_up()], run.d.device)[0]:
         status = "budget"  # resumed after the budget was spent (a restart after the run ended): no more steps
     clock.start()
+    recent = [None, None]  # (step, loss, gradient norm) of the step before and of this one, for `diverged`
     while status is None:
         if cfg.train.max_steps and p.step >= cfg.train.max_steps:
             status = "completed" if cfg.train.schedule == "step" else "max_steps"
             break
-        loss, wait = train_step(run, batches)
+        loss, norm, wait = train_step(run, batches)
         p.step, p.tokens, p.data_wait = p.step + 1, p.tokens + run.tokens_per_step, p.data_wait + wait
         if gc.isenabled():
             # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
             gc.collect()
             gc.freeze()
             gc.disable()
-        time_up, sigterm, eval_due, save_due = stop_flags(run, next_eval_s, last_save)
+        previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
+        start_flags(run, next_eval_s, last_save, loss, norm)
         if cfg.log.every_steps and p.step % cfg.log.every_steps == 0:
-            log_step(run, loss, since)
+            log_step(run, loss, norm, since)
             since = (p.step, clock.elapsed())
-        if sigterm:
+        every = cfg.eval.every_steps
+        step_eval = bool(run.val_files and every) and p.step % every == 0
+        recent = [recent[1], (p.step, loss, norm)]
+        flags = agree(run, previous, step_eval)
+        if flags is None:
+            continue
+        if flags.nonfinite:
+            diverged(run, *recent[0 if previous and previous.nonfinite else 1])
+        if flags.sigterm:
             status = "sigterm"
             break
-        if eval_due and not time_up:  # at the budget the final eval, off the clock, takes its place
+        # at the budget the final eval, off the clock, takes the place of this one
+        if (flags.eval_due or step_eval) and not flags.time_up:
             eval_and_record(run, charge=charge_evals)
             if charge_evals:  # the eval may have spent the rest of the budget: start no step after it
                 [time_up] = distributed.any_rank([clock.time_up()], run.d.device)
+                flags = flags._replace(time_up=time_up)
             next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
             if cfg.eval.stop_at_target and p.time_to_target is not None:
                 status = "target"
-        if save_due and status is None:
+        if flags.save_due and status is None:
             with clock.paused():
                 save(run)
             last_save = time.perf_counter()
-        if time_up and status is None:
+        if flags.time_up and status is None:
             status = "budget"
+    last = collect_flags(run)  # the last step's, when it ended the loop: a non-finite step is never saved
+    if last and last.nonfinite:
+        diverged(run, *recent[1])
     clock.pause()
     p.wall["train_s"] += time.perf_counter() - t0
     gc.enable()
@@ -456,3 +546,5 @@ if __name__ == "__main__":
         sys.exit(f"train.py: config error: {e}")
     except ShardError as e:
         sys.exit(f"train.py: data error: {e}")
+    except Diverged:
+        sys.exit(1)  # rank 0 has printed why

@@ -273,8 +273,12 @@ def _rank_runs(stream: _Stream, before: int, rows: int, after: int, runs: list[t
     stream.take(after, [])
 
 
-def _pump(items: Iterator, q: queue.Queue, stop: threading.Event) -> None:
+def _pump(items: Iterator, q: queue.Queue, stop: threading.Event, cuda_device: int | None) -> None:
     """Background thread: move items into the queue until stopped; an exception is queued for the consumer."""
+    if cuda_device is not None:
+        # A new thread starts on GPU 0: without this, its event waits can open a CUDA context there from every
+        # rank. Set the consumer's device, as torch's own pin-memory thread does.
+        torch.cuda.set_device(cuda_device)
     try:
         for item in items:
             if not _put(q, item, stop):
@@ -378,8 +382,9 @@ class TokenLoader:
         self._stop = threading.Event()
         items = _groups(self._stream, self.rank, self.world_size, self.batch_size, self._group, self._vocab,
                         [t.numpy() for t in self._ring], self._events)
-        self._thread = threading.Thread(target=_pump, args=(items, self._queue, self._stop), daemon=True,
-                                        name="TokenLoader")
+        cuda_device = torch.cuda.current_device() if self._events else None
+        self._thread = threading.Thread(target=_pump, args=(items, self._queue, self._stop, cuda_device),
+                                        daemon=True, name="TokenLoader")
         self._thread.start()
 
     def close(self) -> None:

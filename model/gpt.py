@@ -292,6 +292,13 @@ class GPT(nn.Module):
             x = block(x, ves[i], mask)
             if self.skip_weights is not None and i < half:
                 skips.append(x)
+        return self.head_loss(x, targets)
+
+    def head_loss(self, x: Tensor, targets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """forward's tail on the blocks' output: final norm, head, fp32 (softcapped) logits, cross-entropy.
+
+        A method of its own so that trainer/parallel.py can compile it where the whole forward is not (FSDP2)."""
+        cfg = self.cfg
         logits = self.lm_head(self.norm_f(x))[..., :cfg.vocab_size].float()
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)

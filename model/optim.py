@@ -26,6 +26,7 @@ class OptimConfig:
     weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
     eps: float = 1e-8  # Adam epsilon (both recipes)
+    grad_clip: float = 0.0  # > 0: scale the gradients down to this global norm before every step; 0 = off
     embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
     head_lr: float = 0.008  # muon: Adam rate of the untied head
     scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
@@ -40,6 +41,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.name not in ("adamw", "muon"):
             raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
         if len(self.betas) != 2:
             raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
         if self.muon_momentum_warmup_steps < 0:

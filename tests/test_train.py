@@ -101,7 +101,8 @@ def test_ddp_trains_and_saves_the_eval_contract(ddp_run, demo):
     assert_learns(ddp_run)
     check_checkpoint(ddp_run, demo, rank_states(ddp_run)[0]["model"])
     log = (ddp_run / "log.txt").read_text()
-    assert "torch 2." in log and "command: " in log and "done: completed" in log
+    assert "torch 2." in log and "command: " in log and "done: completed" in log and " | grad norm " in log
+    assert all(0 < r["grad_norm"] < 100 for r in records(ddp_run))
 
 
 def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_path):
@@ -110,6 +111,9 @@ def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_p
     assert summary(run_dir)["status"] == "completed"
     # same data, same init, same math: FSDP2 and DDP agree up to reduction order
     fsdp, ddp = [r["loss"] for r in records(run_dir)], [r["loss"] for r in records(ddp_run)]
+    assert fsdp == pytest.approx(ddp, rel=1e-3)
+    # the gradient norm of the whole model, not of a rank's shards
+    fsdp, ddp = [r["grad_norm"] for r in records(run_dir)], [r["grad_norm"] for r in records(ddp_run)]
     assert fsdp == pytest.approx(ddp, rel=1e-3)
     # evals too, although rank 1's last val batch is padding only (FSDP runs it like any other, counting nothing)
     fsdp, ddp = [r["val_loss"] for r in records(run_dir, "eval")], [r["val_loss"] for r in records(ddp_run, "eval")]
@@ -185,8 +189,9 @@ def test_budget_stops_within_a_step_and_decays_to_the_end(demo, tmp_path):
     assert s["status"] == "budget" and s["steps"] == last["step"]
     [final] = records(tmp_path / "budget", "eval")  # after the clock stopped: not charged
     assert final["step"] == s["steps"] and final["val_loss"] == s["final_val_loss"]
-    # the last step started before the budget ran out and it only just finished
-    assert 4.0 <= s["train_time_s"] <= 4.0 + last["step_ms"] / 1000 + 0.1
+    # the step that saw the budget spent had its flags read after the next one (so that no step waits for the
+    # GPU): the run ends at most two steps after the budget
+    assert 4.0 <= s["train_time_s"] <= 4.0 + 2 * last["step_ms"] / 1000 + 0.1
     assert last["lr_mult"] == pytest.approx(0.1, abs=0.05)
 
 
@@ -261,3 +266,21 @@ def test_bad_config_is_refused_before_training(demo, tmp_path):
     assert proc.returncode != 0
     assert "config error: command line: unknown key train.batch_sise; valid keys in [train]: batch_size" in proc.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_diverging_run_stops_a_step_later_and_keeps_the_last_good_checkpoint(demo, tmp_path):
+    # lr 1e10: steps 1 (warm-up, lr 0) and 2 are finite, step 3 is not; a save is due after every step
+    proc = torchrun(args(demo, tmp_path, "nan", "--optim.lr=1e10", "--train.checkpoint_every_s=1e-9"), check=False)
+    assert proc.returncode != 0
+    trained = records(tmp_path / "nan")
+    bad = next(r["step"] for r in trained if not math.isfinite(r["loss"] + r["grad_norm"]))
+    assert bad > 1 and all(r["grad_norm"] > 0 for r in trained[:bad - 1])
+    for part in (f"train.py: step {bad}: loss ", "not finite, so training stopped without saving",
+                 f"the checkpoint of step {bad - 1} is untouched", "lower learning rate", "optim.grad_clip = 1.0"):
+        assert part in proc.stdout, proc.stdout[-2000:]
+    # the bad step's flags were read after the next step (so that no step waits for the GPU), which then stopped
+    assert trained[-1]["step"] == bad + 1
+    ckpt = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == bad - 1 and all(v.isfinite().all() for v in ckpt["model"].values())
+    assert json.loads((tmp_path / "nan" / "resume" / "done.json").read_text())["step"] == bad - 1
+

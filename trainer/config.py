@@ -56,7 +56,7 @@ class TrainConfig:
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
     parallel: str = "ddp"        # "ddp" | "fsdp" (ignored in a single process)
-    compile: bool = False        # torch.compile the model (each block under FSDP2)
+    compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
     dtype: str = "bfloat16"      # autocast dtype on GPU: "bfloat16" | "float32"; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none
     timing: str = "from_first_forward"   # "from_first_forward" | "exclude_warmup"

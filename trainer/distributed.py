@@ -89,6 +89,49 @@ def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
     return [bool(f) for f in max_over_ranks([float(f) for f in flags], device)]
 
 
+class LateMax:
+    """A MAX all-reduce of a few float64 values every step, whose result the host reads one step later.
+
+    Reading a device result at once waits for all the GPU work queued before it: a per-step exchange read that
+    way would stop the host from queueing step N+1 while the GPU runs step N. So `start` sends host values up
+    from a pinned buffer (a non-blocking copy) next to values already on the device, all-reduces them, copies
+    the result back into another pinned buffer and records an event; `collect`, called after the host has
+    queued the next step, waits on that event, which the GPU passed while the host was queueing. On CPU (gloo)
+    each call runs synchronously, but the caller still collects one step late, so one logic runs everywhere.
+    One exchange at a time: collect the pending one before starting the next (the buffers are reused).
+    """
+
+    def __init__(self, host_size: int, device_size: int, device: torch.device):
+        cuda = device.type == "cuda"
+        self.host_size = host_size
+        self._send = torch.zeros(host_size, dtype=torch.float64, pin_memory=cuda)
+        self._recv = torch.zeros(host_size + device_size, dtype=torch.float64, pin_memory=cuda)
+        self._buf = torch.zeros(host_size + device_size, dtype=torch.float64, device=device)
+        self._event = torch.cuda.Event() if cuda else None
+        self._pending = False
+
+    def start(self, host_values: list[float], device_values: torch.Tensor) -> None:
+        """Begin the all-reduce of host_values followed by device_values (a float64 vector on the device)."""
+        assert not self._pending, "LateMax.start: collect() the pending exchange first"
+        self._send.copy_(torch.tensor(host_values, dtype=torch.float64))
+        self._buf[:self.host_size].copy_(self._send, non_blocking=True)
+        self._buf[self.host_size:].copy_(device_values)
+        all_reduce(self._buf, "max")
+        self._recv.copy_(self._buf, non_blocking=True)
+        if self._event is not None:
+            self._event.record()
+        self._pending = True
+
+    def collect(self) -> list[float] | None:
+        """The result of the exchange started last, waiting for it if needed; None if none is pending."""
+        if not self._pending:
+            return None
+        if self._event is not None:
+            self._event.synchronize()
+        self._pending = False
+        return self._recv.tolist()
+
+
 def broadcast(obj: Any) -> Any:
     """Rank 0's value of a picklable object, on every rank."""
     if not dist.is_initialized():

@@ -1,0 +1,74 @@
+"""torchrun worker for tests/test_step.py: clipped gradients under DDP and FSDP2 (eager and compiled), and the
+one-step-late flag exchange, on gloo.
+
+usage: torchrun --nproc_per_node=W tests/step_worker.py OUT.pt
+Rank 0 saves {"clip": {case: (norm, loss, full clipped gradients)}, "late": [each rank's collect() results],
+"compiled": {case: (Block.forward compiled, GPT.head_loss compiled)}}. The test compares with one process.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+from atomic import atomic_path
+from model import get_model
+from model.gpt import GPT, Block
+from trainer import distributed
+from trainer.config import TrainConfig
+from trainer.distributed import Dist, LateMax
+from trainer.parallel import clip_grads, parallelize
+
+GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, logit_softcap=15.0)
+CLIP = 0.1  # well below the norm at init (~1.5), so clipping acts
+CASES = {"ddp": dict(parallel="ddp"), "fsdp": dict(parallel="fsdp"), "fsdp_compiled": dict(parallel="fsdp",
+                                                                                         compile=True)}
+
+
+def clipped(case: str, d: Dist) -> tuple[float, float, dict[str, torch.Tensor]]:
+    """(gradient norm, mean loss, full clipped gradients) of one backward on this rank's share of a fixed batch."""
+    torch.manual_seed(0)
+    model = parallelize(get_model(GPT_CONFIG), TrainConfig(**CASES[case]), d)
+    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (4, 17), generator=torch.Generator().manual_seed(1))
+    idx = idx.chunk(d.world_size)[d.rank]
+    loss = model(idx[:, :-1], idx[:, 1:])[1]
+    loss.backward()
+    norm = clip_grads(model, CLIP)
+    grads = {name.removeprefix("module."): p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+             for name, p in model.named_parameters()}
+    loss = distributed.all_reduce(loss.detach().clone()) / d.world_size
+    return norm.item(), loss.item(), grads
+
+
+def late(d: Dist) -> list:
+    """collect() after each start(): rank 0 raises the device flag at call 1, the last rank a host flag at call 2."""
+    flags, got = LateMax(2, 1, d.device), []
+    for call in range(4):
+        got.append(flags.collect())
+        on_device = torch.tensor([float(call == 1 and d.rank == 0)], dtype=torch.float64)
+        flags.start([float(10 * d.rank + call), float(call == 2 and d.rank == d.world_size - 1)], on_device)
+    return got + [flags.collect(), flags.collect()]
+
+
+def main(out: str) -> None:
+    d = distributed.init(60)
+    results: dict = {"clip": {}, "compiled": {}}
+    for case in CASES:
+        torch._dynamo.reset()
+        results["clip"][case] = clipped(case, d)
+        # dynamo's compiled entries per function (a debug API, but the plain way to ask what was compiled)
+        results["compiled"][case] = tuple(len(_debug_get_cache_entry_list(f.__code__)) > 0
+                                          for f in (Block.forward, GPT.head_loss))
+    every = [None] * d.world_size
+    dist.all_gather_object(every, late(d))
+    results["late"] = every
+    if d.master:
+        with atomic_path(out) as tmp:
+            torch.save(results, tmp)
+    distributed.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,45 @@
+"""A step's parts on 2 gloo ranks (one torchrun launch): gradient clipping under DDP and FSDP2, eager and compiled,
+equals one process; the flag exchange hands every rank the same result one call late."""
+import pytest
+import torch
+
+from tests.helpers import ROOT, torchrun
+from tests.step_worker import CASES, CLIP, clipped
+from trainer.distributed import Dist
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("step") / "results.pt"
+    torchrun([ROOT / "tests" / "step_worker.py", out], env={"PYTHONPATH": str(ROOT)})
+    return torch.load(out, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def one_process() -> tuple[float, float, dict]:
+    return clipped("ddp", Dist())  # a single process gets no wrapper and no collective
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_clip_to_the_global_norm_of_one_process(two_ranks, one_process, case):
+    norm, loss, grads = two_ranks["clip"][case]
+    want_norm, want_loss, want = one_process
+    assert want_norm > 5 * CLIP  # clipping acts
+    # the norm of the whole gradient, not of a rank's shard (FSDP2) or of its own batch
+    assert norm == pytest.approx(want_norm, rel=1e-5) and loss == pytest.approx(want_loss, rel=1e-5)
+    assert grads.keys() == want.keys()
+    for name, g in want.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-7, rtol=1e-4, msg=f"{case} {name}")
+    assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])) == pytest.approx(CLIP, rel=1e-4)
+
+
+def test_fsdp_compiles_the_blocks_and_the_head_and_loss(two_ranks):
+    # (blocks, tail: final norm, head, softcap, cross-entropy), each compiled or not
+    assert two_ranks["compiled"] == {"ddp": (False, False), "fsdp": (False, False), "fsdp_compiled": (True, True)}
+
+
+def test_the_flag_exchange_is_read_one_call_late_and_the_same_on_every_rank(two_ranks):
+    # per call: max over ranks of (10 * rank + call, rank 1's host flag at call 2), then rank 0's device flag
+    # at call 1; each collect() returns the previous start()'s result, and None when nothing is pending
+    want = [None, [10.0, 0.0, 0.0], [11.0, 0.0, 1.0], [12.0, 1.0, 0.0], [13.0, 0.0, 0.0], None]
+    assert two_ranks["late"] == [want, want]
