@@ -4,16 +4,19 @@
     python -m scripts.leaderboard runs/a runs/b --target 3.28 --markdown
 
 A record claim needs p < 0.01 that the mean final val loss is <= the target (one-sided one-sample
-t-test, the speedrun's rule). The t distribution is computed here so the script needs no scipy.
+t-test, the speedrun's rule, computed by scipy.stats.ttest_1samp).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from scipy import stats
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
 NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss", "time_to_target_s",
@@ -67,49 +70,7 @@ def load_summary(path: Path) -> dict:
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n-1; nan for a single value)."""
-    n = len(xs)
-    mean = sum(xs) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-    return mean, std
-
-
-def _beta_fraction(x: float, a: float, b: float) -> float:
-    """1 / (1 + d1/(1 + d2/(1 + ...))): the continued fraction of I_x(a, b), by the modified Lentz method."""
-    tiny = 1e-300  # Lentz's guard: a denominator that reaches zero is replaced, not divided by
-    f, c, d = 1.0, 1.0, 0.0
-    for j in range(1, 1000):
-        m = j // 2
-        if j % 2:
-            dj = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            dj = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + dj * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + dj / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            return 1.0 / f
-    raise ArithmeticError(f"incomplete beta continued fraction did not converge (x={x}, a={a}, b={b})")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    # The fraction converges fast only below (a+1)/(a+b+2); above it use I_x(a,b) = 1 - I_{1-x}(b,a).
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_fraction(x, a, b) / a
-    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t distribution with `df` degrees of freedom."""
-    if math.isinf(t):
-        return 0.0 if t < 0 else 1.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return tail if t < 0 else 1.0 - tail
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else math.nan
 
 
 def t_test_below(xs: list[float], target: float) -> tuple[float, float]:
@@ -119,11 +80,10 @@ def t_test_below(xs: list[float], target: float) -> tuple[float, float]:
     """
     if len(xs) < 2:
         raise ValueError(f"a t-test needs at least 2 values, got {len(xs)}")
-    mean, std = mean_std(xs)
-    if std == 0.0:
-        return (-math.inf, 0.0) if mean < target else (math.inf, 1.0)
-    t = (mean - target) / (std / math.sqrt(len(xs)))
-    return t, t_cdf(t, len(xs) - 1)
+    if len(set(xs)) == 1:  # scipy warns of catastrophic cancellation and answers nan here
+        return (-math.inf, 0.0) if xs[0] < target else (math.inf, 1.0)
+    result = stats.ttest_1samp(xs, target, alternative="less")
+    return float(result.statistic), float(result.pvalue)
 
 
 def _distinct(values) -> str:
