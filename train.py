@@ -34,6 +34,7 @@ from data.loader import TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers
+from scripts.plot import plot_or_warn
 from trainer import distributed
 from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
 from trainer.clock import Clock
@@ -441,12 +442,13 @@ def finish(run: Run, status: str) -> None:
         "git_commit": git_commit(), "wall": p.wall,
     }
     run.log.summary(summary)
+    curves = plot_or_warn(run.run_dir, run.log.print) if d.master else None  # off the clock, which has stopped
     val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
     if summary["final_val_bpb"] is not None:
         val += f" ({summary['final_val_bpb']:.3f} bits/byte)"
     speed = f" at {tok_s:,.0f} tok/s" if tok_s else ""
     run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens{speed} | "
-                  f"{run.run_dir}")
+                  f"{run.run_dir}" + (f" | curves {curves}" if curves else ""))
     run.log.close()
 
 
