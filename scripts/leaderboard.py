@@ -42,6 +42,7 @@ COLUMNS = ("track", "config", "fingerprint", "runs", "reached", "time to target 
 RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
                 "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s")
 SEEDS = ("train.seed", "data.seed")
+DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest
 
 
 class SummaryError(ValueError):
@@ -152,8 +153,19 @@ def _differences(groups: dict[str, list[dict]], exps: dict[str, dict]) -> dict[s
     for fp, runs in groups.items():
         peers = [f for f in groups if groups[f][0]["config_name"] == runs[0]["config_name"]]
         largest = max(peers, key=lambda f: (len(groups[f]), f))
-        out[fp] = ", ".join(f"{k}={v}" for k, v in sorted(exps[fp].items()) if exps[largest].get(k) != v) or "-"
+        out[fp] = _clip([f"{k}={v}" for k, v in sorted(exps[fp].items()) if exps[largest].get(k) != v])
     return out
+
+
+def _clip(items: list[str]) -> str:
+    """The items joined by commas up to DIFFERS_CHARS, then how many more; "-" for none."""
+    shown: list[str] = []
+    for item in items:
+        if shown and len(", ".join([*shown, item])) > DIFFERS_CHARS:
+            break
+        shown.append(item)
+    rest = len(items) - len(shown)
+    return (", ".join(shown) + (f", ... ({rest} more)" if rest else "")) if items else "-"
 
 
 def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: bool = False) -> list[dict]:

@@ -126,20 +126,24 @@ def test_rows_never_pool_unlike_configs(tmp_path):
     runs = {"s1": (0.19, step), "s2": (0.20, [*step, "--log.wandb=true", "--log.every_steps=5"]),
             "s3": (0.21, [*step, "--train.checkpoint_every_s=60", "--log.dir=elsewhere"]),
             "t1": (2.10, timed), "n16": (1.50, [*step, "--model.n_layer=16"]),
-            "seed1": (0.22, [*step, "--train.seed=1"])}
+            "seed1": (0.22, [*step, "--train.seed=1"]),
+            "wide": (0.30, [*step, "--model.n_embd=128", "--model.n_head=4", "--optim.lr=0.01", "--train.batch_size=8",
+                            "--train.seq_len=32", "--eval.tokens=4096"])}
     for run_id, (loss, overrides) in runs.items():
         write_runs(tmp_path, [summary(run_id, loss, track="tiny", config="tiny", target=0.5)], *overrides)
     loaded = [load_summary(p) for p in find_summaries([tmp_path])]
     rows = {r["runs"]: r for r in group_rows(loaded)}
-    assert sorted(r["runs"] for r in group_rows(loaded)) == [1, 1, 1, 3]
+    assert sorted(r["runs"] for r in group_rows(loaded)) == [1, 1, 1, 1, 3]
     pooled = rows[3]  # the log settings, where checkpoints go and how often they are saved change nothing trained
     assert pooled["final val loss"] == "0.2000 ± 0.0100" and pooled["config"] == "tiny"
     assert float(pooled["p(mean<=target)"]) < 0.01
     fingerprints = [r["fingerprint"] for r in group_rows(loaded)]
-    assert len(set(fingerprints)) == 4 and all(re.fullmatch(r"[0-9a-f]{8}", f) for f in fingerprints)
+    assert len(set(fingerprints)) == 5 and all(re.fullmatch(r"[0-9a-f]{8}", f) for f in fingerprints)
     by_loss = {r["final val loss"]: r for r in group_rows(loaded)}
     assert by_loss["1.5000"]["differs"] == "model.n_layer=16"  # what sets a row apart from its namesakes
-    assert by_loss["2.1000"]["differs"].startswith("train.budget_s=20.0, ")
+    assert by_loss["2.1000"]["differs"] == "train.budget_s=20.0, train.schedule=time"
+    assert by_loss["0.3000"]["differs"] == ("eval.tokens=4096, model.n_embd=128, model.n_head=4, optim.lr=0.01, "
+                                            "... (2 more)")  # clipped at 80 characters
     # Seeds pool only when asked: then the seed-1 run joins the three.
     pooled = [r for r in group_rows(loaded, pool_seeds=True) if r["runs"] > 1]
     assert [r["runs"] for r in pooled] == [4] and pooled[0]["final val loss"] == "0.2050 ± 0.0129"
