@@ -40,6 +40,7 @@ from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, s
 from trainer.clock import Clock
 from trainer.config import Config, ConfigError, parse_args, to_toml
 from trainer.distributed import Dist
+from trainer.memory import check_memory
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
 from trainer.parallel import autocast, grad_sync, parallelize
 
@@ -150,6 +151,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
     t0, t = time.perf_counter(), cfg.train
     files, val_files, meta = resolve_data(cfg)
+    check_memory(cfg, d)  # a config that cannot fit is refused here, not killed by the OS at its first step
     if val_files:
         validation(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
