@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,11 +124,27 @@ def _figure(ncols: int):
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _save(fig, out: Path) -> Path:
+def _save(fig, out: str | Path) -> Path:
+    """Write the figure to `out` as PNG, atomically (a reader never sees half a picture)."""
     out = Path(out)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
     return out
+
+
+def _scale(ax, low: float, high: float, logy: bool) -> None:
+    """The loss axis from `low` to `high` plus 5% of the range each way, on a linear or log scale."""
+    if not logy:
+        pad = (high - low) * 0.05 or 0.05
+        ax.set_ylim(low - pad, high + pad)
+        return
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.set_yscale("log")
+    ratio = (high / low) ** 0.05 if high > low else 1.02
+    ax.set_ylim(low / ratio, high * ratio)
+    for set_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        set_formatter(ScalarFormatter())  # 3.2, not 3.2 x 10^0: losses span less than a decade
 
 
 def draw_curves(ax, runs: list[Run], x: str, logy: bool) -> None:
@@ -152,21 +167,8 @@ def draw_curves(ax, runs: list[Run], x: str, logy: bool) -> None:
     targets = sorted({r.summary["target_loss"] for r in runs if r.summary and r.summary.get("target_loss")})
     for target in targets:
         ax.axhline(target, color="0.3", ls="--", lw=1.2, gid="target", label=f"target {target:g}")
-        bottoms.append(target)
-    if tops:  # 5% of the range above and below, on the axis' own scale
-        low, high = min(bottoms), max(tops)
-        if logy:
-            ratio = (high / low) ** 0.05 if high > low else 1.02
-            ax.set_ylim(low / ratio, high * ratio)
-        else:
-            pad = (high - low) * 0.05 or 0.05
-            ax.set_ylim(low - pad, high + pad)
-    if logy:
-        from matplotlib.ticker import ScalarFormatter
-
-        ax.set_yscale("log")
-        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(ScalarFormatter())  # 3.2, not 3.2 x 10^0: losses span less than a decade
+    if tops:
+        _scale(ax, min(bottoms + targets), max(tops + targets), logy)
     if x == "tokens":
         from matplotlib.ticker import EngFormatter
 
@@ -203,7 +205,7 @@ def plot_or_warn(folder: Path, warn: Callable[[str], None]) -> Path | None:
         out = folder / "loss.png"
         plot_runs([folder], out)
         return out
-    except Exception as e:  # noqa: BLE001 (whatever went wrong, the run itself succeeded)
+    except Exception as e:  # whatever went wrong, the run itself succeeded
         warn(f"warning: could not draw {folder / 'loss.png'} ({type(e).__name__}: {e})")
         return None
 
