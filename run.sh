@@ -21,6 +21,7 @@ usage: bash run.sh [COMMAND] [ARGS...]
   bench [loader|recipe|memory] [ARGS]
                          the benchmarks in scripts/ (default: loader)
   leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)
+  plot RUN_DIR [...]     python -m scripts.plot: loss curves as a PNG (-o FILE, --x time|tokens|steps, --logy)
   sample CHECKPOINT [ARGS]
                          python -m scripts.sample: text from a checkpoint
   help                   this text
@@ -95,6 +96,12 @@ cpu_track() {
   OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id"
   echo "[run.sh] a sample from runs/$run_id/checkpoint.pt:"
   "$PY" -m scripts.sample "runs/$run_id/checkpoint.pt" --prompt "def " --tokens 300 --seed 0
+  echo
+  echo "[run.sh] done: the run is in runs/$run_id/"
+  if [ -f "runs/$run_id/loss.png" ]; then echo "  curves      runs/$run_id/loss.png"
+  else echo "  curves      not drawn (train.py said why above)"; fi
+  echo "  checkpoint  runs/$run_id/checkpoint.pt"
+  echo "  sample      bash run.sh sample runs/$run_id/checkpoint.pt --prompt \"def \" --tokens 300"
 }
 
 gpu_track() {
@@ -110,7 +117,7 @@ cmd=${1:-main}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   help|-h|--help) usage; exit 0 ;;
-  test|prepare|train|bench|leaderboard|sample|main) setup_env ;;
+  test|prepare|train|bench|leaderboard|plot|sample|main) setup_env ;;
   *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac
 case "$cmd" in
@@ -129,6 +136,7 @@ case "$cmd" in
       [ $# -gt 0 ] || { echo "run.sh leaderboard: no runs/ or records/ folder yet; train first or name folders" >&2; exit 2; }
     fi
     exec "$PY" -m scripts.leaderboard "$@" ;;
+  plot) exec "$PY" -m scripts.plot "$@" ;;
   sample) exec "$PY" -m scripts.sample "$@" ;;
   main)
     ngpu=$(num_gpus)

@@ -34,11 +34,13 @@ from data.loader import PAD_TARGET, TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers, warmup_momentum
+from scripts.plot import plot_or_warn
 from trainer import distributed
 from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
 from trainer.clock import Clock
 from trainer.config import Config, ConfigError, parse_args, to_toml
 from trainer.distributed import Dist, LateMax
+from trainer.memory import check_memory
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
 from trainer.parallel import autocast, clip_grads, grad_sync, parallelize
 
@@ -153,6 +155,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
     t0, t = time.perf_counter(), cfg.train
     files, val_files, meta = resolve_data(cfg)
+    check_memory(cfg, d)  # a config that cannot fit is refused here, not killed by the OS at its first step
     if val_files:
         validation(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
@@ -530,12 +533,13 @@ def finish(run: Run, status: str) -> None:
         "git_commit": git_commit(), "wall": p.wall,
     }
     run.log.summary(summary)
+    curves = plot_or_warn(run.run_dir, run.log.print) if d.master else None  # off the clock, which has stopped
     val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
     if summary["final_val_bpb"] is not None:
         val += f" ({summary['final_val_bpb']:.3f} bits/byte)"
     speed = f" at {tok_s:,.0f} tok/s" if tok_s else ""
     run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens{speed} | "
-                  f"{run.run_dir}")
+                  f"{run.run_dir}" + (f" | curves {curves}" if curves else ""))
     run.log.close()
 
 

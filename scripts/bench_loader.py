@@ -17,6 +17,7 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atomic import write_json
 from data.loader import TokenLoader, resolve_files

@@ -19,9 +19,13 @@ import argparse
 import multiprocessing as mp
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atomic import write_json
 from data.loader import TokenLoader

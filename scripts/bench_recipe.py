@@ -10,7 +10,8 @@ same machine load, which on a shared machine drifts more between minutes than be
 `exclude_warmup` with one untimed warm-up step (first calls were measured taking up to 40 s on a loaded
 machine: one-time costs, not the recipe), and the periodic evals (every --eval-every s of training) stop the
 clock. Reported: each final val loss, and when the modern run's evals first reached the baseline's final
-loss, as a fraction of the budget (the goal: <= 0.5).
+loss, as a fraction of the budget (the goal: <= 0.5). The two runs' curves, against training time and against
+tokens, go beside the --json file (bench.json -> bench.png), else to runs/bench-recipe-<time>.png.
 """
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from atomic import write_json
 from model import get_model
+from scripts.plot import plot_runs
 from train import resolve_data
 from trainer.config import parse_args as parse_train_args
 
@@ -156,7 +161,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.budget:g} s ...", file=sys.stderr)
     train_all(args, argvs, run_ids)
     res = results(args, run_ids, params)
-    print(table(res))
+    # beside the JSON: modern and baseline on one axis, against training time and against tokens
+    res["figure"] = str(args.json.with_suffix(".png") if args.json else args.runs / f"bench-recipe-{stamp}.png")
+    plot_runs([args.runs / run_ids[r] for r in RECIPES], res["figure"], x=("time", "tokens"))
+    print(table(res) + f"curves: {res['figure']}")
     if args.json:
         write_json(args.json, res)
 

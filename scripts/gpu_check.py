@@ -33,6 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from atomic import write_json
 from data.shards import write_shard
 from trainer.config import parse_args as parse_train_args

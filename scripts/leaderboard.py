@@ -1,25 +1,48 @@
-"""Leaderboard: mean ± std of time-to-target and final val loss over runs, grouped by (track, config).
+"""Leaderboard: mean ± std of time-to-target and final val loss over the runs of one experiment.
 
     python -m scripts.leaderboard runs/                       # every summary.json below runs/
     python -m scripts.leaderboard runs/a runs/b --target 3.28 --markdown
+    python -m scripts.leaderboard records/8xh100 --pool-seeds --plot records.png
 
-A record claim needs p < 0.01 that the mean final val loss is <= the target (one-sided one-sample
-t-test, the speedrun's rule). The t distribution is computed here so the script needs no scipy.
+A row holds the runs whose resolved configs (the config.toml beside each summary.json) are identical
+except for run-specific keys (RUN_SPECIFIC: where a run writes, how it is logged, checkpointed and resumed),
+at the same world size. Different seeds make different rows unless --pool-seeds. The fingerprint column is
+a hash of what a row's runs share; "differs" names the settings that set a row apart from the largest row of
+the same config name. A record claim needs p < 0.01 that the mean final val loss is <= the target
+(one-sided one-sample t-test, the speedrun's rule, computed by scipy.stats.ttest_1samp), so a p-value
+never mixes configs.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import statistics
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.config import Config
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
 NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss", "time_to_target_s",
-               "hardware", "torch_version")
-COLUMNS = ("track", "config", "runs", "reached", "time to target (s)", "final val loss", "target",
-           "p(mean<=target)", "hardware", "torch")
+               "world_size", "hardware", "torch_version")
+COLUMNS = ("track", "config", "fingerprint", "runs", "reached", "time to target (s)", "final val loss", "target",
+           "p(mean<=target)", "hardware", "torch", "differs")
+# Where a run writes, how it is watched, checkpointed or resumed: nothing it trains depends on these (a save
+# stops the training clock), so runs that differ only here repeat one experiment.
+RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
+                "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s")
+SEEDS = ("train.seed", "data.seed")
+DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest
 
 
 class SummaryError(ValueError):
@@ -62,54 +85,42 @@ def load_summary(path: Path) -> dict:
         value = summary[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise SummaryError(f"{path}: {key} must be a number or null, got {value!r}")
+    summary["config"] = load_config(Path(path).parent / "config.toml")
     return summary
+
+
+def _flat(sections: dict[str, Any]) -> dict[str, Any]:
+    return {f"{name}.{key}": value for name, table in sections.items() if isinstance(table, dict)
+            for key, value in table.items()}
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A run's resolved config.toml as {"section.key": value}; keys it lacks (added to the code after the run)
+    count at today's defaults, which keep the old behaviour."""
+    try:
+        saved = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SummaryError(f"{path}: missing; train.py writes it beside summary.json and the rows group runs by "
+                           f"it: copy it along with the run's summary.json") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise SummaryError(f"{path}: cannot read it ({e}); restore it from the run folder") from None
+    return {**_flat(Config().to_dict()), **_flat(saved)}
+
+
+def experiment(summary: dict, pool_seeds: bool = False) -> dict[str, Any]:
+    """What makes a run comparable: its config without run-specific keys (and seeds, if pooled), and world size."""
+    drop = RUN_SPECIFIC + (SEEDS if pool_seeds else ())
+    return {**{k: v for k, v in summary["config"].items() if k not in drop}, "world_size": summary["world_size"]}
+
+
+def fingerprint(exp: dict[str, Any]) -> str:
+    """8 hex digits naming an experiment (a hash of its settings)."""
+    return hashlib.sha256(json.dumps(exp, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n-1; nan for a single value)."""
-    n = len(xs)
-    mean = sum(xs) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else math.nan
-    return mean, std
-
-
-def _beta_fraction(x: float, a: float, b: float) -> float:
-    """1 / (1 + d1/(1 + d2/(1 + ...))): the continued fraction of I_x(a, b), by the modified Lentz method."""
-    tiny = 1e-300  # Lentz's guard: a denominator that reaches zero is replaced, not divided by
-    f, c, d = 1.0, 1.0, 0.0
-    for j in range(1, 1000):
-        m = j // 2
-        if j % 2:
-            dj = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            dj = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + dj * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + dj / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            return 1.0 / f
-    raise ArithmeticError(f"incomplete beta continued fraction did not converge (x={x}, a={a}, b={b})")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    # The fraction converges fast only below (a+1)/(a+b+2); above it use I_x(a,b) = 1 - I_{1-x}(b,a).
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_fraction(x, a, b) / a
-    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t distribution with `df` degrees of freedom."""
-    if math.isinf(t):
-        return 0.0 if t < 0 else 1.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return tail if t < 0 else 1.0 - tail
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else math.nan
 
 
 def t_test_below(xs: list[float], target: float) -> tuple[float, float]:
@@ -119,11 +130,10 @@ def t_test_below(xs: list[float], target: float) -> tuple[float, float]:
     """
     if len(xs) < 2:
         raise ValueError(f"a t-test needs at least 2 values, got {len(xs)}")
-    mean, std = mean_std(xs)
-    if std == 0.0:
-        return (-math.inf, 0.0) if mean < target else (math.inf, 1.0)
-    t = (mean - target) / (std / math.sqrt(len(xs)))
-    return t, t_cdf(t, len(xs) - 1)
+    if len(set(xs)) == 1:  # scipy warns of catastrophic cancellation and answers nan here
+        return (-math.inf, 0.0) if xs[0] < target else (math.inf, 1.0)
+    result = stats.ttest_1samp(xs, target, alternative="less")
+    return float(result.statistic), float(result.pvalue)
 
 
 def _distinct(values) -> str:
@@ -137,29 +147,57 @@ def _mean_std_text(xs: list[float], digits: int) -> str:
     return f"{mean:.{digits}f}" if math.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def group_rows(summaries: list[dict], target: float | None = None) -> list[dict]:
-    """One table row per (track, config_name): counts, mean ± std, p-value, hardware and torch versions.
+def _differences(groups: dict[str, list[dict]], exps: dict[str, dict]) -> dict[str, str]:
+    """Per fingerprint, "key=value" for each setting in which its row differs from the largest row of its name."""
+    out = {}
+    for fp, runs in groups.items():
+        peers = [f for f in groups if groups[f][0]["config_name"] == runs[0]["config_name"]]
+        largest = max(peers, key=lambda f: (len(groups[f]), f))
+        out[fp] = _clip([f"{k}={v}" for k, v in sorted(exps[fp].items()) if exps[largest].get(k) != v])
+    return out
 
-    `target` overrides each run's own target_loss for the p-value.
+
+def _clip(items: list[str]) -> str:
+    """The items joined by commas up to DIFFERS_CHARS, then how many more; "-" for none."""
+    shown: list[str] = []
+    for item in items:
+        if shown and len(", ".join([*shown, item])) > DIFFERS_CHARS:
+            break
+        shown.append(item)
+    rest = len(items) - len(shown)
+    return (", ".join(shown) + (f", ... ({rest} more)" if rest else "")) if items else "-"
+
+
+def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: bool = False) -> list[dict]:
+    """One table row per experiment: counts, mean ± std, p-value, hardware and torch versions, fingerprint.
+
+    `target` overrides each run's own target_loss for the p-value. Each row also carries "summaries" (its runs)
+    and "goal" (the target as a number, or None) for the plot.
     """
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    groups: dict[str, list[dict]] = defaultdict(list)
+    exps = {}
     for s in summaries:
-        groups[(str(s["track"]), str(s["config_name"]))].append(s)
+        exp = experiment(s, pool_seeds)
+        exps[fingerprint(exp)] = exp
+        groups[fingerprint(exp)].append(s)
+    differs = _differences(groups, exps)
     rows = []
-    for (track, config), runs in sorted(groups.items()):
+    for fp, runs in sorted(groups.items(), key=lambda g: (str(g[1][0]["track"]), str(g[1][0]["config_name"]),
+                                                          -len(g[1]), g[0])):
         losses = [float(r["final_val_loss"]) for r in runs if r["final_val_loss"] is not None]
         times = [float(r["time_to_target_s"]) for r in runs if r["time_to_target_s"] is not None]
-        targets = {float(r["target_loss"]) for r in runs if r["target_loss"] is not None}
-        goal = target if target is not None else (next(iter(targets)) if len(targets) == 1 else None)
+        goal = target if target is not None else runs[0]["target_loss"]  # eval.target_loss: one per experiment
         p = t_test_below(losses, goal)[1] if goal is not None and len(losses) > 1 else None
         rows.append({
-            "track": track, "config": config, "runs": len(runs), "reached": len(times),
+            "track": _distinct(r["track"] for r in runs), "config": _distinct(r["config_name"] for r in runs),
+            "fingerprint": fp, "runs": len(runs), "reached": len(times),
             "time to target (s)": _mean_std_text(times, 1),
             "final val loss": _mean_std_text(losses, 4),
-            "target": f"{goal:g}" if goal is not None else ("mixed: pass --target" if targets else "-"),
+            "target": f"{goal:g}" if goal is not None else "-",
             "p(mean<=target)": "n/a" if p is None else f"{p:.3g}",
             "hardware": _distinct(r["hardware"] for r in runs),
             "torch": _distinct(r["torch_version"] for r in runs),
+            "differs": differs[fp], "summaries": runs, "goal": goal,
         })
     return rows
 
@@ -182,14 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=None,
                     help="val loss target for the p-value (default: the runs' own target_loss; "
                          "time to target is always the runs' own)")
+    ap.add_argument("--pool-seeds", action="store_true",
+                    help="runs that differ only in train.seed / data.seed share a row")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table (for records/README.md)")
+    ap.add_argument("--plot", type=Path, metavar="PNG",
+                    help="also draw each run's time to target and final val loss against the target")
     args = ap.parse_args(argv)
     try:
         summaries = [load_summary(p) for p in find_summaries(args.paths)]
     except SummaryError as e:
         print(f"leaderboard: {e}", file=sys.stderr)
         return 2
-    print(format_table(group_rows(summaries, args.target), args.markdown))
+    rows = group_rows(summaries, args.target, args.pool_seeds)
+    print(format_table(rows, args.markdown))
+    if args.plot:
+        from scripts.plot import plot_leaderboard
+
+        plot_leaderboard([{"name": f"{r['config']} {r['fingerprint']}", "target": r["goal"],
+                           "runs": r["summaries"]} for r in rows], args.plot)
+        print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from model import get_model
 

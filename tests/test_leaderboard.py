@@ -1,14 +1,17 @@
-"""Leaderboard: t distribution against tables and closed forms, grouping and statistics on real summary files."""
+"""Leaderboard: the t-test against hand-computed values, grouping and statistics on real summary files."""
 import math
 import re
 import sys
 
 import pytest
+from matplotlib.image import imread
 
 from atomic import write_json
 from scripts.leaderboard import (SummaryError, find_summaries, format_table, group_rows, load_summary, mean_std,
-                                 t_cdf, t_test_below)
+                                 t_test_below)
+from scripts.plot import plot_leaderboard
 from tests.helpers import run
+from trainer.config import parse_args, to_toml
 
 TARGET = 3.28
 
@@ -24,22 +27,37 @@ def summary(run_id, loss, *, ttt=None, track="speedrun", config="speedrun_8xh100
             "wall": {"init_s": 1.0, "warmup_s": 2.0, "train_s": 100.0, "eval_s": 1.0, "checkpoint_s": 1.0}}
 
 
-def write_runs(folder, summaries):
+def resolved(s: dict, *overrides: str) -> dict:
+    """The config.toml train.py writes for summary `s`'s run (tiny.toml, its track and target), plus overrides."""
+    return parse_args(["--config", "configs/tiny.toml", "--data.train=shards/x/*.bin", f"--log.track={s['track']}",
+                       f"--eval.target_loss={s['target_loss'] or 0}", f"--log.run_id={s['run_id']}",
+                       *overrides]).to_dict()
+
+
+def write_runs(folder, summaries, *overrides: str):
+    """Each summary.json with its run's config.toml beside it, as train.py leaves a run folder."""
     for s in summaries:
         write_json(folder / s["run_id"] / "summary.json", s)
+        (folder / s["run_id"] / "config.toml").write_text(to_toml(resolved(s, *overrides)))
 
 
-@pytest.mark.parametrize("t, df, upper_tail", [(2.0, 5, 0.0510), (3.0, 10, 0.00667), (2.228, 10, 0.025),
-                                               (1.812, 10, 0.05), (2.576, 1e6, 0.005)])
-def test_t_cdf_matches_t_table(t, df, upper_tail):
-    assert 1 - t_cdf(t, df) == pytest.approx(upper_tail, rel=2e-3)
-    assert t_cdf(-t, df) == pytest.approx(upper_tail, rel=2e-3)
+# (values, target, t, p) as the hand-written incomplete-beta t distribution (commit 442e489) computed them,
+# before scipy.stats.ttest_1samp replaced it: the same numbers to rounding.
+HAND_WRITTEN = [
+    ([3.270, 3.275, 3.279, 3.272], 3.28, -3.0645235107313966, 0.027398850418949284),
+    ([3.277, 3.279, 3.278], 3.28, -3.464101615137754, 0.03708995011372426),
+    ([3.270, 3.275, 3.279, 3.272], 3.2745, -0.2553769592277109, 0.40746981400654697),
+    ([3.2781, 3.2779, 3.2795, 3.2770, 3.2788, 3.2776, 3.2783, 3.2769, 3.2791, 3.2774], 3.28, -7.0044266751428985,
+     3.146957389737978e-05),
+    ([3.30, 3.29], 3.28, 3.000000000000089, 0.8975836176504361),
+    ([1.9722, 1.9810, 1.9654, 1.9701, 1.9766], 2.0, -10.048601910523171, 0.00027577550674984203),
+]
 
 
-@pytest.mark.parametrize("t", [-50.0, -3.0, -0.3, 0.0, 0.7, 4.0])
-def test_t_cdf_matches_closed_forms(t):
-    assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, rel=1e-12, abs=1e-15)  # Cauchy
-    assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), rel=1e-12, abs=1e-15)
+@pytest.mark.parametrize("xs, target, t_before, p_before", HAND_WRITTEN)
+def test_scipy_t_test_equals_the_hand_written_one(xs, target, t_before, p_before):
+    t, p = t_test_below(xs, target)
+    assert t == pytest.approx(t_before, rel=1e-9) and p == pytest.approx(p_before, rel=1e-9)
 
 
 def test_mean_std_is_the_sample_std():
@@ -93,10 +111,59 @@ def test_group_rows_statistics_and_distinct_environment(tmp_path):
     rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])], target=3.2745)
     assert float(rows[1]["p(mean<=target)"]) == pytest.approx(0.41, abs=0.01)  # t = -0.255, df 3
     assert rows[0]["p(mean<=target)"] == "n/a"
-    # Runs that disagree on their target get no p-value until one is given.
-    mixed = [summary("m0", 3.2), summary("m1", 3.3, target=3.5)]
-    assert group_rows(mixed)[0]["target"] == "mixed: pass --target"
-    assert group_rows(mixed)[0]["p(mean<=target)"] == "n/a"
+    # The target is part of the config (eval.target_loss): a run aiming at another one is another row.
+    write_runs(tmp_path, [summary("m1", 3.3, target=3.5)])
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    assert [(r["runs"], r["target"], r["differs"]) for r in rows[1:]] == [(4, "3.28", "-"),
+                                                                        (1, "3.5", "eval.target_loss=3.5")]
+
+
+def test_rows_never_pool_unlike_configs(tmp_path):
+    # The case reported in issue 15: a 30-step run, a time-scheduled one and a wandb run, all "tiny", made one
+    # row with one mean and one std; so would the README's --model.n_layer=16 override with unmodified runs.
+    step = ["--train.schedule=step", "--train.max_steps=30"]
+    timed = ["--train.schedule=time", "--train.budget_s=20"]
+    runs = {"s1": (0.19, step), "s2": (0.20, [*step, "--log.wandb=true", "--log.every_steps=5"]),
+            "s3": (0.21, [*step, "--train.checkpoint_every_s=60", "--log.dir=elsewhere"]),
+            "t1": (2.10, timed), "n16": (1.50, [*step, "--model.n_layer=16"]),
+            "seed1": (0.22, [*step, "--train.seed=1"]),
+            "wide": (0.30, [*step, "--model.n_embd=128", "--model.n_head=4", "--optim.lr=0.01", "--train.batch_size=8",
+                            "--train.seq_len=32", "--eval.tokens=4096"])}
+    for run_id, (loss, overrides) in runs.items():
+        write_runs(tmp_path, [summary(run_id, loss, track="tiny", config="tiny", target=0.5)], *overrides)
+    loaded = [load_summary(p) for p in find_summaries([tmp_path])]
+    rows = {r["runs"]: r for r in group_rows(loaded)}
+    assert sorted(r["runs"] for r in group_rows(loaded)) == [1, 1, 1, 1, 3]
+    pooled = rows[3]  # the log settings, where checkpoints go and how often they are saved change nothing trained
+    assert pooled["final val loss"] == "0.2000 ± 0.0100" and pooled["config"] == "tiny"
+    assert float(pooled["p(mean<=target)"]) < 0.01
+    fingerprints = [r["fingerprint"] for r in group_rows(loaded)]
+    assert len(set(fingerprints)) == 5 and all(re.fullmatch(r"[0-9a-f]{8}", f) for f in fingerprints)
+    by_loss = {r["final val loss"]: r for r in group_rows(loaded)}
+    assert by_loss["1.5000"]["differs"] == "model.n_layer=16"  # what sets a row apart from its namesakes
+    assert by_loss["2.1000"]["differs"] == "train.budget_s=20.0, train.schedule=time"
+    assert by_loss["0.3000"]["differs"] == ("eval.tokens=4096, model.n_embd=128, model.n_head=4, optim.lr=0.01, "
+                                            "... (2 more)")  # clipped at 80 characters
+    # Seeds pool only when asked: then the seed-1 run joins the three.
+    pooled = [r for r in group_rows(loaded, pool_seeds=True) if r["runs"] > 1]
+    assert [r["runs"] for r in pooled] == [4] and pooled[0]["final val loss"] == "0.2050 ± 0.0129"
+
+
+def test_plot_draws_each_run_against_its_target(tmp_path):
+    write_runs(tmp_path, [summary(f"s{i}", x, ttt=[90.0, None, 95.0][i]) for i, x in enumerate([3.277, 3.281, 3.278])])
+    write_runs(tmp_path, [summary("n16", 3.25, ttt=80.0)], "--model.n_layer=16")
+    out = tmp_path / "board.png"
+    proc = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path), "--plot", str(out)])
+    assert f"plot: {out}" in proc.stderr
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    fig = plot_leaderboard([{"name": r["fingerprint"], "target": r["goal"], "runs": r["summaries"]} for r in rows],
+                           tmp_path / "again.png")
+    ax_time, ax_loss = fig.axes
+    assert imread(out).shape[:2] == imread(tmp_path / "again.png").shape[:2] == (600, 2000)
+    points = {line.get_gid(): sorted(line.get_ydata()) for ax in fig.axes for line in ax.get_lines() if line.get_gid()}
+    assert points == {"time:0": [90.0, 95.0], "loss:0": [3.277, 3.278, 3.281], "target:0": [3.28, 3.28],
+                      "time:1": [80.0], "loss:1": [3.25], "target:1": [3.28, 3.28]}
+    assert [t.get_text() for t in ax_time.texts] == ["1 not reached"]
 
 
 def test_find_summaries_accepts_files_run_dirs_and_trees(tmp_path):
@@ -122,6 +189,13 @@ def test_bad_summary_names_the_file(tmp_path, content, message):
     assert message in str(e.value)
 
 
+def test_a_run_without_its_config_is_refused(tmp_path):
+    write_runs(tmp_path, [summary("r", 3.2)])
+    (tmp_path / "r" / "config.toml").unlink()
+    with pytest.raises(SummaryError, match=re.escape(f"{tmp_path / 'r' / 'config.toml'}: missing; train.py writes")):
+        load_summary(tmp_path / "r" / "summary.json")
+
+
 def test_non_numeric_loss_is_refused(tmp_path):
     write_runs(tmp_path, [summary("r", "3.2")])
     with pytest.raises(SummaryError, match="final_val_loss must be a number or null"):
@@ -139,10 +213,10 @@ def test_cli_markdown_table_and_error(tmp_path):
     write_runs(tmp_path, [summary(f"s{i}", x, ttt=90.0 + i) for i, x in enumerate([3.277, 3.279, 3.278])])
     out = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path), "--target", "3.28", "--markdown"]).stdout
     lines = out.strip().splitlines()
-    assert lines[0].startswith("| track | config | runs |") and lines[1].startswith("|---|")
+    assert lines[0].startswith("| track | config | fingerprint | runs |") and lines[1].startswith("|---|")
     # mean 3.278, std 0.001, t = -0.002/(0.001/sqrt 3) = -3.4641 with df 2 -> p = 0.0371
-    assert lines[2].startswith("| speedrun | speedrun_8xh100 | 3 | 3 | 91.0 ± 1.0 | 3.2780 ± 0.0010 | 3.28 "
-                               "| 0.0371 |")
+    assert re.match(r"\| speedrun \| speedrun_8xh100 \| [0-9a-f]{8} \| 3 \| 3 \| 91.0 ± 1.0 \| 3.2780 ± 0.0010 "
+                    r"\| 3.28 \| 0.0371 \|", lines[2])
     (tmp_path / "s1" / "summary.json").write_text("not json")
-    proc = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path)], check=False)
+    proc = run([sys.executable, "scripts/leaderboard.py", str(tmp_path)], check=False)
     assert proc.returncode == 2 and f"{tmp_path / 's1' / 'summary.json'}: not valid JSON" in proc.stderr

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from matplotlib.image import imread
 
 from model import get_model
 from scripts import bench_recipe
@@ -167,3 +168,6 @@ def test_bench_trains_both_recipes_for_real(small_demo, tmp_path):
     if reached is not None:
         assert res["ratio_to_budget"] == pytest.approx(reached / 8)
     assert "| baseline |" in proc.stdout and "| modern |" in proc.stdout and "baseline's final val loss" in proc.stdout
+    figure = out.with_suffix(".png")  # beside the JSON: both recipes, against time and against tokens
+    assert res["figure"] == str(figure) and f"curves: {figure}" in proc.stdout
+    assert imread(figure).shape[:2] == (600, 2000)

@@ -5,6 +5,7 @@ import shutil
 import sys
 
 import pytest
+from matplotlib.image import imread
 
 from tests.helpers import ROOT, run
 
@@ -25,6 +26,13 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     assert summary["final_val_bpb"] > 0 and summary["train_time_s"] >= 8
     sample = out.split(f"a sample from runs/{run_dir.name}/checkpoint.pt:", 1)[1]
     assert sample.strip().startswith("def"), out[-3000:]  # the prompt, then generated text
+    # The closing summary names the picture, the checkpoint and how to sample more; each is there.
+    summary_lines = out.rsplit("[run.sh] done: ", 1)[1].splitlines()
+    assert summary_lines[1:] == [f"  curves      runs/{run_dir.name}/loss.png",
+                                 f"  checkpoint  runs/{run_dir.name}/checkpoint.pt",
+                                 f'  sample      bash run.sh sample runs/{run_dir.name}/checkpoint.pt --prompt "def " '
+                                 f"--tokens 300"]
+    assert imread(run_dir / "loss.png").shape[:2] == (600, 1000) and (run_dir / "checkpoint.pt").is_file()
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
 
 

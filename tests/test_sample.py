@@ -123,4 +123,5 @@ def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
     out = sample_cli(tmp_path / "runs" / "r1" / "checkpoint.pt", "--prompt", "import os", "--tokens", 8).stdout
     assert out.startswith("import os") and len(out) > len("import os\n")
     table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()
-    assert table[1].split()[:4] == ["tiny", "tiny", "1", "0"]
+    cells = table[1].split()
+    assert cells[:2] + cells[3:5] == ["tiny", "tiny", "1", "0"]  # track, config, (fingerprint), runs, reached

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from model.gpt import GPTConfig
 from model.optim import OptimConfig
@@ -305,20 +306,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ConfigError(f"cannot write {value!r} ({type(value).__name__}) as TOML: use str/int/float/bool/list")
-
-
 def to_toml(sections: dict[str, dict[str, Any]]) -> str:
-    """Write flat sections of str/int/float/bool/list as TOML text (tomllib reads it back equal)."""
-    blocks = ["\n".join([f"[{name}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())])
-              for name, table in sections.items()]
-    return "\n\n".join(blocks) + "\n"
+    """The sections as TOML text (tomllib reads it back equal)."""
+    return tomli_w.dumps(sections)

@@ -1,0 +1,43 @@
+"""One process: two real training steps of a config, then print its peak RSS growth and the estimate as JSON.
+
+usage: python tests/memory_worker.py --config configs/X.toml [--section.key=value ...]
+The growth is VmHWM (peak resident memory) minus the resident memory before the model was built.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from model import get_model
+from model.optim import build_optimizers
+from trainer.config import parse_args
+from trainer.memory import estimate
+
+
+def status_bytes(key: str) -> int:
+    """A `key: N kB` line of /proc/self/status, in bytes."""
+    line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    cfg = parse_args(["--data.train=unused", *argv])
+    before = status_bytes("VmRSS")
+    model = get_model(cfg.to_dict())
+    optimizers = build_optimizers(model, cfg.optim)
+    shape, vocab = (cfg.train.batch_size, cfg.train.seq_len), cfg.model.vocab_size
+    for _ in range(2):  # the second step runs with the optimizer state in place
+        _, loss = model(torch.randint(0, vocab, shape), torch.randint(0, vocab, shape))
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+    print(json.dumps({"measured": status_bytes("VmHWM") - before, "estimate": sum(estimate(cfg, 1, False).values())}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

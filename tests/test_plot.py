@@ -1,0 +1,129 @@
+"""Loss curves from real runs: the PNG decodes, has its size, shows one curve per run, and a killed run plots."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgb
+from matplotlib.image import imread
+
+from scripts.plot import DPI, SIZE_IN, PlotError, plot_runs, read_run
+from tests.helpers import ROOT, run
+
+TRAIN = str(ROOT / "train.py")
+TARGET = 3.0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Two finished tiny runs on real text (one with a target), and one killed while it trained."""
+    demo, runs = tmp_path_factory.mktemp("demo"), tmp_path_factory.mktemp("runs")
+    run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(demo),
+         "--max-tokens", "150000", "--val-tokens", "20000", "--shard-tokens", "65000", "--workers", "1"])
+    common = ["--config", "configs/tiny.toml", f"--data.train={demo}/*_train_*.bin", f"--data.val={demo}/*_val_*.bin",
+              f"--log.dir={runs}", "--eval.every_steps=5"]
+    killed = subprocess.Popen([sys.executable, TRAIN, *common, "--log.run_id=k", "--train.max_steps=100000"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = run([sys.executable, TRAIN, *common, "--log.run_id=a", f"--eval.target_loss={TARGET}"]).stdout
+    (runs / "a.out").write_text(done)
+    (runs / "b" / "loss.png").mkdir(parents=True)  # in the picture's way: drawing it fails
+    (runs / "b.out").write_text(run([sys.executable, TRAIN, *common, "--log.run_id=b", "--optim.lr=1e-3"]).stdout)
+    metrics, deadline = runs / "k" / "metrics.jsonl", time.time() + 120
+    while not (metrics.exists() and metrics.read_text().count('"eval"') >= 2):
+        assert killed.poll() is None and time.time() < deadline, "the run to kill ended or never logged two evals"
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    with open(metrics, "a") as f:
+        f.write('{"type": "train", "step": 9')  # and the line it was writing, cut as a kill mid-write cuts it
+    return runs
+
+
+def image(path: Path) -> np.ndarray:
+    """The PNG's pixels as 0-255 RGB (a file that does not decode fails here)."""
+    return (imread(path)[..., :3] * 255).round()
+
+
+def plot_area(fig, pixels: np.ndarray) -> np.ndarray:
+    """The pixels inside the first panel's axes, without its legend (image rows run top-down)."""
+    ax, height = fig.axes[0], pixels.shape[0]
+    (x0, y0), (x1, y1) = ax.get_window_extent().get_points().astype(int)
+    area = pixels.copy()
+    (lx0, ly0), (lx1, ly1) = ax.get_legend().get_window_extent().get_points().astype(int)
+    area[height - ly1:height - ly0, lx0:lx1] = 255  # the legend's markers carry the run colours too
+    return area[height - y1 + 2:height - y0 - 2, x0 + 2:x1 - 2]
+
+
+def colour_pixels(area: np.ndarray, colour: str) -> int:
+    return int((np.abs(area - np.array(to_rgb(colour)) * 255).max(axis=-1) <= 10).sum())
+
+
+def lines(fig, kind: str) -> list:
+    return [line for line in fig.axes[0].get_lines() if str(line.get_gid()).startswith(kind)]
+
+
+def test_train_py_draws_loss_png_and_names_it_last(runs):
+    png = runs / "a" / "loss.png"
+    pixels = image(png)
+    assert pixels.shape == (SIZE_IN[1] * DPI, SIZE_IN[0] * DPI, 3)
+    last = (runs / "a.out").read_text().strip().splitlines()[-1]
+    assert last.startswith("done: completed") and last.endswith(f"| curves {png}")
+
+
+def test_a_picture_that_fails_is_one_warning_and_the_run_succeeds(runs):
+    out = (runs / "b.out").read_text().strip().splitlines()
+    warnings = [line for line in out if "loss.png" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: could not draw {runs / 'b' / 'loss.png'} (")
+    assert out[-1].startswith("done: completed") and "curves" not in out[-1]
+    assert json.loads((runs / "b" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_one_curve_per_run_that_changes_the_plot_area(runs, tmp_path):
+    out = tmp_path / "ab.png"
+    fig = plot_runs([runs / "a", runs / "b"], out)
+    assert len(lines(fig, "val:")) == 2 and len(lines(fig, "train:")) == 2 and len(lines(fig, "target")) == 1
+    assert lines(fig, "target")[0].get_ydata()[0] == TARGET  # only run a set a target
+    evals = read_run(runs / "a").evals
+    assert list(lines(fig, "val:0")[0].get_ydata()) == [r["val_loss"] for r in evals] and len(evals) == 6
+    area = plot_area(fig, image(out))
+    assert (area.min(axis=-1) < 250).mean() > 0.01  # not blank: curves cover part of the area
+    # Each run's colour is drawn in the plot area, and no third one: two runs, two curves.
+    assert colour_pixels(area, "C0") > 300 and colour_pixels(area, "C1") > 300 and colour_pixels(area, "C2") == 0
+
+
+def test_x_axes_and_log_scale(runs, tmp_path):
+    summary = json.loads((runs / "a" / "summary.json").read_text())
+    per_step = summary["tokens_seen"] / summary["steps"]
+    steps = [r["step"] for r in read_run(runs / "a").evals]
+    fig = plot_runs([runs / "a"], tmp_path / "tokens.png", x="tokens", logy=True)
+    assert list(lines(fig, "val:0")[0].get_xdata()) == [s * per_step for s in steps]
+    assert fig.axes[0].get_yscale() == "log" and fig.axes[0].get_xlabel() == "tokens"
+    fig = plot_runs([runs / "a"], tmp_path / "both.png", x=("time", "steps"))
+    assert image(tmp_path / "both.png").shape[:2] == (SIZE_IN[1] * DPI, 2 * SIZE_IN[0] * DPI)
+    assert list(fig.axes[1].get_lines()[1].get_xdata()) == steps
+
+
+def test_a_killed_run_plots_what_it_logged(runs, tmp_path):
+    killed = read_run(runs / "k")  # the cut last line is dropped
+    assert killed.summary is None and len(killed.evals) >= 2 and killed.train
+    fig = plot_runs([runs / "k"], tmp_path / "k.png", x="tokens")  # tokens per step from the train records
+    assert fig.axes[0].get_legend().get_texts()[0].get_text().startswith("k | unfinished (no summary.json)")
+    assert colour_pixels(plot_area(fig, image(tmp_path / "k.png")), "C0") > 100
+    assert not (runs / "k" / "loss.png").exists()
+
+
+def test_cli_writes_beside_the_run_and_names_bad_folders(runs, tmp_path):
+    (runs / "b" / "loss.png").rmdir()
+    out = run([sys.executable, "-m", "scripts.plot", str(runs / "b"), "--x", "steps"]).stdout
+    assert out.strip() == str(runs / "b" / "loss.png") and image(runs / "b" / "loss.png").size
+    proc = run([sys.executable, "scripts/plot.py", str(tmp_path)], check=False)
+    assert proc.returncode == 2 and f"plot: {tmp_path}: no metrics.jsonl" in proc.stderr
+    (tmp_path / "metrics.jsonl").write_text('{"type": "eval"\n{"type": "train", "step": 1}\n')
+    with pytest.raises(PlotError, match=r"metrics.jsonl:1: not a JSON line"):
+        read_run(tmp_path)

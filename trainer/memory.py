@@ -1,0 +1,147 @@
+"""Will the config fit? Each process's memory, estimated before the first step, against what it has.
+
+Counted per process: parameters, gradients and optimizer state (a 1/world shard of each under FSDP2, plus
+the blocks it gathers at a time), DDP's gradient buckets, and the activations backward keeps for one
+micro-batch of train.batch_size x train.seq_len tokens: the tensors model/gpt.py saves in eager mode, counted
+one by one below, and the logits. torch.compile fuses some of them away, so a compiled run needs less.
+The limit: MemAvailable divided by the node's processes on CPU (page cache counts as available: the shards'
+pages are reclaimable), the device's free memory on CUDA. An estimate above the limit is refused with the
+numbers and the keys to change; one above NEAR of it gets a warning. SHARDRUN_MEMORY_CHECK=warn turns the
+refusal into a warning.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from model import get_model
+from model.gpt import GPTConfig
+from model.optim import param_roles
+from trainer import distributed
+from trainer.config import Config, ConfigError
+from trainer.distributed import Dist
+
+GB = 1e9
+# Warn above 60% of the limit: the estimate counts live tensors only; this CPU's peak RSS grew 1.05-1.5x the
+# estimate (allocator slack, backward's temporaries; tests/test_memory.py measures it), a GPU's caching
+# allocator keeps some slack too.
+NEAR = 0.6
+
+
+def activation_bytes(m: GPTConfig, tokens: int, dtype_bytes: int) -> dict[str, float]:
+    """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors and the logits."""
+    C, hidden = m.n_embd, m.mlp_ratio * m.n_embd
+    # Per block and token, in units of C: the norm input and output, q/k/v, the attention output and its
+    # contiguous copy (7); the normalised and rotated q and k (2 each); the value-embedding mix (2).
+    attn = 7 + 2 * m.qk_norm + 2 * m.rotary
+    mlp = 2 * C + hidden * (3 if m.activation == "relu2" else 2)  # norm in/out; fc out, activation (relu, square)
+    ve_layers = 2 * m.value_embeds
+    per_token = m.n_layer * (attn * C + mlp) + ve_layers * 2 * C + m.value_embeds * C  # + the value tables' rows
+    parts = {"activations": per_token * tokens * dtype_bytes}
+    # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
+    # output, one more in backward; under bf16 autocast also the head's bf16 output.
+    copies = (4 if m.logit_softcap else 3) + (0.5 if dtype_bytes == 2 else 0)
+    parts["logits"] = copies * tokens * m.padded_vocab * 4
+    return parts
+
+
+def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = None) -> dict[str, float]:
+    """Bytes of each part of one process's memory for `cfg` (at `batch_size`, default train.batch_size)."""
+    t, m = cfg.train, cfg.model
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = get_model(cfg.to_dict())
+    sizes = {role: sum(p.numel() for p in params) for role, params in param_roles(model).items()}
+    total = sum(sizes.values())
+    fsdp = t.parallel == "fsdp" and world_size > 1
+    shard = world_size if fsdp else 1
+    adam = total - sizes["matrix"] if cfg.optim.name == "muon" else total
+    parts = {"parameters": 4 * total / shard, "gradients": 4 * total / shard,
+             # AdamW keeps two fp32 moments per parameter; Muon one momentum buffer per matrix
+             "optimizer": (8 * adam + (4 * sizes["matrix"] if cfg.optim.name == "muon" else 0)) / shard}
+    if fsdp:
+        # the root's own parameters (embeddings, head) stay gathered; blocks are gathered two at a time
+        block = sum(p.numel() for p in model.blocks[0].parameters())
+        gathered = total - m.n_layer * block + 2 * block
+        parts["gathered"] = 2 * gathered * (2 if cuda and t.dtype == "bfloat16" else 4)  # weights and grads
+    elif world_size > 1:
+        parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients
+    tokens = (batch_size or t.batch_size) * t.seq_len
+    dtype_bytes = 2 if cuda and t.dtype == "bfloat16" else 4
+    parts.update(activation_bytes(m, tokens, dtype_bytes))
+    if (m.window or m.doc_causal) and not (cuda and m.attention == "flex"):
+        # SDPA with an explicit mask (no FlexAttention) keeps it as B x H x T x T floats (measured on CPU)
+        parts["mask"] = (batch_size or t.batch_size) * m.n_head * t.seq_len ** 2 * 4
+    return parts
+
+
+def available(d: Dist) -> tuple[float, str] | None:
+    """Bytes this process may use and where that number comes from; None where it cannot be known."""
+    if d.cuda:
+        free, _ = torch.cuda.mem_get_info(d.device)
+        return free, f"free on {torch.cuda.get_device_name(d.device)}"
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        return None
+    kb = next((int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:")),
+              None)
+    if kb is None:
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return kb * 1024 / local, f"MemAvailable {kb * 1024 / GB:.1f} GB / {local} process(es) on this node"
+
+
+def _advice(cfg: Config, world_size: int, cuda: bool, limit: float) -> str:
+    """The keys to change, with a batch size that would fit comfortably when one does."""
+    t = cfg.train
+    fits = [b for b in range(t.batch_size - 1, 0, -1)
+            if t.batch_size % b == 0 and sum(estimate(cfg, world_size, cuda, b).values()) <= NEAR * limit]
+    if fits:
+        keys = (f"lower train.batch_size to {fits[0]} and raise train.grad_accum to "
+                f"{t.grad_accum * t.batch_size // fits[0]} (the same tokens per step)")
+    else:
+        keys = "even train.batch_size = 1 would not fit: shrink the model (model.n_layer, model.n_embd)"
+    keys += ", or lower train.seq_len"
+    if world_size > 1 and t.parallel != "fsdp":
+        keys += "; train.parallel = 'fsdp' shards the parameters, gradients and optimizer state"
+    if not cuda:
+        keys += "; fewer processes per node (NPROC) leave each one more memory"
+    return keys
+
+
+def verdict(cfg: Config, world_size: int, cuda: bool, limit: float, source: str) -> tuple[str, str] | None:
+    """("refuse" or "warn", the message) for a process that has `limit` bytes, or None when the config fits."""
+    parts = estimate(cfg, world_size, cuda)
+    need = sum(parts.values())
+    if need <= NEAR * limit:
+        return None
+    t = cfg.train
+    what = (f"this config needs about {need / GB:.1f} GB per process ("
+            + " + ".join(f"{name} {value / GB:.2f}" for name, value in parts.items() if value)
+            + f" GB, at {t.batch_size} x {t.seq_len} tokens per micro-step), and a process has {limit / GB:.1f} GB"
+            + (f" ({source})" if source else ""))
+    advice = _advice(cfg, world_size, cuda, limit)
+    if need > limit:
+        return "refuse", (f"{what}: it would be killed for memory (torchrun reports only 'exitcode: -9'). "
+                          f"To fit, {advice}. SHARDRUN_MEMORY_CHECK=warn starts it anyway.")
+    return "warn", f"{what}: {need / limit:.0%} of it, a near fit. If it is killed, {advice}."
+
+
+def check_memory(cfg: Config, d: Dist) -> None:
+    """Refuse (ConfigError) a config that cannot fit in the tightest process's memory; warn on a near fit."""
+    limit, source = available(d) or (math.inf, "")
+    # every rank judges by the tightest one, so that all of them stop, or go on, together
+    tightest = -distributed.max_over_ranks([-limit], d.device)[0]
+    if math.isinf(tightest):
+        return
+    found = verdict(cfg, d.world_size, d.cuda, tightest, source if tightest == limit else "the tightest rank")
+    if found is None:
+        return
+    level, message = found
+    if level == "refuse" and os.environ.get("SHARDRUN_MEMORY_CHECK") != "warn":
+        raise ConfigError(message)
+    if d.master:
+        print(f"train.py: warning: {message}", file=sys.stderr)
