@@ -97,7 +97,8 @@ def test_bos_aligned_windows_start_at_documents(tmp_path, world, monkeypatch):
     steps = 12
     per_rank = []
     for r in range(world):
-        with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=4, bos_id=BOS) as loader:
+        with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=4, bos_id=BOS,
+                         shuffle=False) as loader:
             batches = [[t.clone() for t in next(loader)] for _ in range(steps)]  # a batch lives until next()
         assert all(bool((x[:, 0] == BOS).all()) for x, _ in batches)
         per_rank.append([windows(x, y) for x, y in batches])
@@ -110,7 +111,7 @@ def test_bos_aligned_windows_start_at_documents(tmp_path, world, monkeypatch):
     long_docs = any(np.flatnonzero(tokens[f][s + 1:s + L + 1] == BOS).size == 0 for f, s in got)
     assert long_docs, "the data should hold documents longer than a window (cut)"
     monkeypatch.undo()
-    single = stream(TokenLoader(str(tmp_path / "*.bin"), B * world, T, seed=4, bos_id=BOS), steps)
+    single = stream(TokenLoader(str(tmp_path / "*.bin"), B * world, T, seed=4, bos_id=BOS, shuffle=False), steps)
     assert got == [w for step in single for w in step]
 
 
@@ -124,7 +125,7 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
         """The windows of all ranks in global order, and the resume state after every step."""
         per_rank = []
         for r in range(world):
-            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=5) as loader:
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=5, shuffle=False) as loader:
                 per_rank.append([(windows(*next(loader)), loader.state_dict()) for _ in range(steps)])
         assert all(state == per_rank[0][i][1] for got in per_rank for i, (_, state) in enumerate(got))
         return interleave([[w for w, _ in got] for got in per_rank]), [state for _, state in per_rank[0]]
@@ -159,7 +160,7 @@ def test_resume_continues_exactly(tmp_path, bos_id, consumed):
 def test_a_batch_ending_exactly_at_a_page_aligned_end_of_file(tmp_path):
     path = tmp_path / "chunk_0001.bin"
     write_shard(path, np.arange(2048), dtype=np.uint16, header=False)  # 4096 bytes: one page, 16 windows
-    with TokenLoader([path], 16, 127, fmt="raw", raw_dtype="uint16") as loader:
+    with TokenLoader([path], 16, 127, fmt="raw", raw_dtype="uint16", shuffle=False) as loader:
         for _ in range(3):
             x, y = next(loader)
             assert torch.equal(torch.cat([x, y[:, -1:]], dim=1).flatten(), torch.arange(2048))
