@@ -468,7 +468,8 @@ class _Shuffled:
         span = self.length if self.bos_id is None else 2 * self.length
         # Not a hint per window when the data is in memory: a madvise costs about as much as copying the window
         step = max(1, len(region) // HINT_SAMPLE)
-        if not all(self.regions[r].cached(s, s + span) for r, s in zip(region[::step].tolist(), start[::step].tolist())):
+        sample = zip(region[::step].tolist(), start[::step].tolist())
+        if not all(self.regions[r].cached(s, s + span) for r, s in sample):
             for r, s in zip(region.tolist(), start.tolist()):
                 self.regions[r].hint(s, s + span)
         if self.sweep:
