@@ -1,33 +1,35 @@
 """Token batches from memory-mapped shards: rank-disjoint, deterministic, resumable, prefetched.
 
-Files are sorted. A file (with holdout_tokens: the part of the last file left for training) is cut into
-slots of L = seq_len + 1 tokens, slot k being tokens [kL, (k+1)L); the few tokens after the last whole slot
-are never read. Epoch e shuffles the files by (seed, e) (with seed=None: sorted order, nothing shuffled).
+Files are sorted; epoch e visits them in an order shuffled by (seed, e) (sorted order every epoch, and the
+sequential stream, when seed is None). A window is L = seq_len + 1 tokens of one file, never across files;
+with holdout_tokens the last file ends where the held-out tokens begin.
 
-The shuffled stream (shuffle=True, the default). The epoch's files are taken K at a time
-(shuffle_shards=K; K=0: all files at once) and each such block's slots, numbered 0..n-1 in file order, are
-visited in the order E(0), E(1), ..., E(2^b - 1) with the values >= n left out: E is a bijection of
+The shuffled stream (shuffle=True, the default). A file is cut into slots of L tokens, slot k being tokens
+[kL, (k+1)L); the few tokens after its last whole slot are never read. The epoch's files are taken K at a
+time (shuffle_shards=K; K=0: all files in one block), and a block's slots, numbered 0..n-1 in file order,
+are visited in the order E(0), E(1), ..., E(2^b - 1) with the values >= n left out: E is a bijection of
 [0, 2^b), 2^b the smallest power of two >= max(n, 4), keyed by (seed, e, block): a 4-round Feistel network
-with a splitmix64 round function. So every slot is visited once per epoch, the windows of a batch come from
-unrelated places of the whole block, and the order is never materialised: it costs memory per file, not
-per window (48M windows as an int64 permutation would be 384 MB per rank), and a few vector operations per
-slot. A Feistel network rather than an affine map a*i + c mod n: consecutive outputs of an affine map are a
-fixed stride apart, so the windows of one batch would lie on a lattice and the next batch on the same
-lattice shifted; a keyed Feistel network relates no two outputs. The cursor is (epoch, block, position in
-[0, 2^b]). With bos_id=None a slot is a window. With bos_id set, the window of slot k starts at the first
-bos_id inside the slot, [kL, (k+1)L), and runs L tokens, so it reads up to L - 1 tokens of slot k + 1;
-a slot without a bos_id, or whose window would run past the end of the file, has no window and is skipped.
-Hence a window starts at every slot that holds a document start (only at its first one), a document longer
-than a window is cut and, beyond about 2L, its middle is never read, and a token is read at most twice per
-epoch: as the tail of one window and in the window of its own slot. Finding a slot's bos_id reads only that
-slot, when the background thread gets to it, so start-up does not depend on the data size.
+with splitmix64 as its round function. So every slot comes once per epoch and the windows of a batch come
+from unrelated places of the whole block, while the order is never materialised: it costs memory per file,
+not per window (48M windows as an int64 permutation would be 384 MB per rank), and a few vector operations
+per slot, evaluated a chunk ahead. A Feistel network rather than an affine map a*i + c mod n: consecutive
+outputs of an affine map are a fixed stride apart, so the windows of one batch would lie on a lattice and
+the next batch on the same lattice shifted; a keyed Feistel network relates no two outputs. The cursor is
+(epoch, block, position in [0, 2^b]). With bos_id=None a slot is a window. With bos_id set, the window of
+slot k starts at the first bos_id in [kL, (k+1)L) and runs L tokens, so it reads up to L - 1 tokens of
+slot k + 1; a slot with no bos_id, or whose window would run past the end of the file, has no window and is
+skipped. So windows start at document starts, at most one a slot, and run on through the documents after
+that one as in the sequential stream; tokens no window covers (the rest of a document longer than a
+window, a document that starts after another in the same slot and outlasts its window) are skipped; and a
+token may be read twice in an epoch, at the end of one slot's window and in the next slot's, never more.
+A slot's bos_id is looked for only when the background thread gets to the slot, in the slot alone.
 
-The sequential stream (shuffle=False). Each epoch visits the files in their shuffled order, front to back.
-With bos_id=None a window starts where the previous one ended; with bos_id set, at the next bos_id at or
-after that point, so a document longer than a window is cut and its rest is skipped. A window never reads
-past the end of its file: when the next one does not fit, the stream moves on to the next file (the few
-tokens left over are skipped), and after the last file to the next epoch, forever. Every token is read at
-most once per epoch, by one rank. BOS positions are found one region of the file at a time.
+The sequential stream (shuffle=False). Each epoch visits the files front to back. With bos_id=None a
+window starts where the previous one ended; with bos_id set, at the next bos_id at or after that point, so
+a document longer than a window is cut and its rest is skipped. When the next window does not fit in the
+file, the stream moves on to the next file (the few tokens left over are skipped), and after the last file
+to the next epoch, forever. Every token is read at most once per epoch. BOS positions are found one region
+of the file at a time.
 
 The ranks (both streams). A global batch is the next world_size * batch_size windows of the stream; rank r
 takes windows [r * batch_size, (r + 1) * batch_size) of it; a window gives inputs = window[:-1], targets =
@@ -37,11 +39,12 @@ epoch. With bos_id set every rank looks for the bos_id of all the global batch's
 other ranks' windows are), so every node reads the pages of the whole global batch.
 
 Nothing is read at construction beyond the file headers. The background thread asks the kernel for the
-pages ahead of the copies (MADV_WILLNEED): the next READAHEAD_TOKENS of the file in the sequential stream;
-in the shuffled one the windows (with bos_id: the slots) of the next HINT_BATCHES global batches, each its
-own small range. With shuffle_shards=K > 0 it also reads each block's files ahead whole, in large requests,
-together with the next block's, when the stream enters the block: on a network
-filesystem a random 4 KiB page costs a round trip, a large sequential read does not.
+pages ahead of the copies (MADV_WILLNEED): in the sequential stream the next READAHEAD_TOKENS of the file;
+in the shuffled one each window (with bos_id: each slot and the next) of the next HINT_BATCHES global
+batches, unless a sample of them is in the page cache already, and it marks its maps MADV_RANDOM so that a
+page fault reads one page, not read_ahead_kb around it. With shuffle_shards=K > 0 it also reads a block's
+files ahead whole, in large sequential requests, together with the next block's, when the stream enters
+the block: on a network filesystem each random 4 KiB page costs a round trip, a large read does not.
 """
 from __future__ import annotations
 
