@@ -368,6 +368,8 @@ def test_bench_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert "| loader |" in proc.stdout and result["ours"]["tokens_per_s"] > 0
     assert result["starter"]["tokens_per_s"] > 0 and result["memcpy"]["tokens_per_s"] > 0
+    assert min(result[k]["tokens_per_s"] for k in ("shuffled", "shuffled_cold", "shuffled_k1_cold", "random_copy")) > 0
+    assert "1GB_shuffled_bos" in result["first_batch_ms"] and result["shuffled_rss_anon_growth_mb"] < 100
     assert not [p for p in tmp_path.iterdir() if p != out], "the generated shards must be removed"
 
 
