@@ -605,7 +605,7 @@ class TokenLoader:
     Call close() (or use `with`) when done: it stops the background thread. `wait_s` accumulates the
     seconds __next__ spent waiting for the background thread; `tokens_per_step` counts the target tokens of
     one global batch (all ranks). shuffle=False, or seed=None, gives the sequential stream; shuffle_shards=K
-    shuffles within K files at a time (0: all of them).
+    shuffles within K files at a time (0, or K at least the number of files: all of them at once).
     """
 
     _thread: threading.Thread | None = None  # also what close() sees if __init__ failed

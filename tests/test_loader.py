@@ -219,10 +219,22 @@ def test_a_batch_ending_exactly_at_a_page_aligned_end_of_file(tmp_path):
 
 
 def test_resume_refuses_another_stream(tmp_path):
-    make_shards(tmp_path, [300])
-    with TokenLoader(str(tmp_path / "*.bin"), B, T, seed=1) as a, TokenLoader(str(tmp_path / "*.bin"), B, T) as b:
+    make_shards(tmp_path, [300, 200])
+    files = str(tmp_path / "*.bin")
+    with TokenLoader(files, B, T, seed=1) as a, TokenLoader(files, B, T) as b:
         with pytest.raises(ValueError, match="seed was 1"):
             b.load_state_dict(a.state_dict())
+    with TokenLoader(files, B, T, shuffle_shards=1) as a, TokenLoader(files, B, T) as b:
+        with pytest.raises(ValueError, match="shuffle_shards was 1 but this loader has 0"):
+            b.load_state_dict(a.state_dict())
+    with TokenLoader(files, B, T, shuffle=False) as old, TokenLoader(files, B, T, shuffle=False) as same, \
+            TokenLoader(files, B, T) as shuffled:
+        next(old)
+        saved = {k: v for k, v in old.state_dict().items() if k not in ("shuffle", "shuffle_shards")}
+        same.load_state_dict(saved)  # a state saved before the shuffle keys existed: the sequential stream
+        assert torch.equal(torch.stack(next(same)), torch.stack(next(old)))
+        with pytest.raises(ValueError, match="shuffle was False but this loader has True"):
+            shuffled.load_state_dict(saved)
 
 
 def test_holdout_is_never_trained_on_and_is_the_val_tail(tmp_path):
@@ -267,7 +279,11 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ShardError, match="holdout_tokens=20 must be between 1 and the last file's 20 tokens"):
         TokenLoader(str(tmp_path / "*.bin"), B, 4, holdout_tokens=20)
     with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
+        next(TokenLoader(paths, B, 4, bos_id=5000, shuffle=False))
+    with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
         next(TokenLoader(paths, B, 4, bos_id=5000))
+    with pytest.raises(ValueError, match=r"shuffle_shards must be >= 0 \(0: shuffle over all files\), got -1"):
+        TokenLoader(paths, B, 4, shuffle_shards=-1)
 
 
 def test_token_ids_beyond_the_vocabulary_surface_from_the_thread(tmp_path):
