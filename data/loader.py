@@ -491,19 +491,31 @@ class _Shuffled:
 
 
 def _read_ahead_files(ranges: list[tuple[Path, int, int]]) -> None:
-    """Ask the kernel to read these byte ranges of files (POSIX_FADV_WILLNEED: large sequential requests).
+    """Ask the kernel to read these byte ranges of files, in order, in large requests (POSIX_FADV_WILLNEED).
 
-    In a thread of its own, because the call returns only once the reads are queued: seconds for a large file,
-    and os.posix_fadvise releases the GIL meanwhile. It is only a hint: errors are ignored."""
+    In a thread of its own: the calls return once the reads are queued, seconds for a large file (and
+    os.posix_fadvise releases the GIL meanwhile). It is only a hint: errors end it quietly."""
     for path, offset, length in ranges:
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+                step = _readahead_bytes(os.fstat(fd).st_dev)
+                for at in range(offset, offset + length, step):
+                    os.posix_fadvise(fd, at, min(step, offset + length - at), os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
         except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
             return
+
+
+def _readahead_bytes(device: int) -> int:
+    """The most one WILLNEED hint reads on this device: the kernel reads the first read_ahead_kb of a larger
+    range only (measured: a 190 MB file hinted whole got 8 MiB in the page cache, this disk's read_ahead_kb)."""
+    try:
+        kb = int(Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text())
+        return max(mmap.PAGESIZE, kb << 10)
+    except (OSError, ValueError):
+        return 128 << 10  # Linux's default read_ahead_kb
 
 
 def _check_fits(regions: list[_Region], length: int) -> None:
