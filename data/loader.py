@@ -499,9 +499,9 @@ def _read_ahead_files(ranges: list[tuple[Path, int, int]]) -> None:
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
-                step = _readahead_bytes(os.fstat(fd).st_dev)
-                for at in range(offset, offset + length, step):
-                    os.posix_fadvise(fd, at, min(step, offset + length - at), os.POSIX_FADV_WILLNEED)
+                step, end = _readahead_bytes(os.fstat(fd).st_dev), offset + length
+                for at in range(offset - offset % mmap.PAGESIZE, end, step):  # whole pages: a step reads `step`
+                    os.posix_fadvise(fd, at, min(step, end - at), os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
         except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away

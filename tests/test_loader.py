@@ -4,6 +4,7 @@ Most tests use "coded" uint32 shards whose token j of file f is f * STRIDE + j, 
 yields maps back to (file, start) and any read across a file end or any overlap shows.
 """
 import json
+import os
 import re
 import sys
 import time
@@ -350,6 +351,30 @@ def test_a_global_batch_comes_from_all_over_the_data(tmp_path):
     assert np.mean([regions(b) for b in shuffled]) >= 0.8 * world * batch  # 16 windows: ~15 regions
     assert {f for b in shuffled[:3] for f, _ in b} == set(range(6))
     assert np.mean([regions(b) for b in sequential]) <= 1.5 and len({f for b in sequential for f, _ in b}) == 1
+
+
+def test_a_working_set_is_read_ahead_whole_and_the_next_one_too(tmp_path):
+    """shuffle_shards=1: once the stream is in a shard, that shard and the next are read into the page cache
+    whole, though a hint reads at most read_ahead_kb (8 MiB on this disk) at a time; the third is not."""
+    paths = make_shards(tmp_path, [12 << 20] * 3)  # 24 MiB each
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # written through atomic_path: clean, so dropped
+        os.close(fd)
+    regions = data.loader._open_regions(paths, "auto", None)
+
+    def resident() -> list[bool]:
+        return [r.cached(r.lo, r.hi) for r in regions]
+    assert not any(resident())
+    with TokenLoader(paths, B, T, shuffle_shards=1) as loader:
+        next(loader)
+        deadline = time.time() + 20
+        while sum(resident()) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert sum(resident()) == 2
+    rest = next(r for r, whole in zip(regions, resident()) if not whole)
+    pages = [rest.cached(p, p + 2048) for p in range(rest.lo, rest.hi - 2048, 2048)]
+    assert sum(pages) < len(pages) // 4
 
 
 def test_memory_does_not_grow_with_the_number_of_windows(tmp_path):
