@@ -182,7 +182,8 @@ def setup(cfg: Config, d: Dist) -> Run:
     loader = TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=cfg.data.seed,
                          bos_id=bos_id, device=d.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
                          vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None,
-                         holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0)
+                         holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0,
+                         shuffle=cfg.data.shuffle, shuffle_shards=cfg.data.shuffle_shards)
     run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:

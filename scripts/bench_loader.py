@@ -4,12 +4,15 @@
     python -m scripts.bench_loader --data 'shards/fineweb/*train*.bin' --skip-big --json bench.json
 
 Host-side tokens/s at B=16, T=1024 (device cpu) of: a memcpy ceiling (uint16 tokens cast-copied into a
-preallocated int64 buffer), our loader (warm and cold page cache), a hackathon-starter-style loader (per-
-sample Python loop over np.memmap, astype(int64), torch.stack) and nanoGPT's get_batch (memmap re-created
-every batch, random offsets). The warm-cache loaders take turns in short rounds and each reports its median
-round, so that all of them see the same load on a shared host. Then the time to the first batch on 1 GB and 4
-GB datasets (sparse raw files: only the file count and sizes matter at start-up) and the growth of anonymous
-RSS while streaming the whole set once. Generated data is removed at the end.
+preallocated int64 buffer), the same copy of B windows from random places (what any shuffled loader must do
+at least), our loader sequential (shuffle=False) and shuffled (the default), each with a warm and a cold
+page cache, shuffled within working sets of one shard (shuffle_shards=1) cold, a hackathon-starter-style
+loader (per-sample Python loop over np.memmap, astype(int64), torch.stack) and nanoGPT's get_batch (memmap
+re-created every batch, random offsets). The warm-cache loaders take turns in short rounds and each reports
+its median round, so that all of them see the same load on a shared host. Then the time to the first batch
+on 1 GB and 4 GB datasets and on the hackathon's layout, 49 files of 1e9 tokens (sparse raw files: only the
+file count and sizes matter at start-up), and the growth of anonymous RSS while streaming the whole set
+once in each order. Generated data is removed at the end.
 """
 from __future__ import annotations
 
@@ -35,7 +38,9 @@ from data.shards import open_shard, write_shard
 
 B, T = 16, 1024
 SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
-TARGETS = {"vs_memcpy": 0.5, "vs_starter": 10.0, "first_batch_ms": 50.0, "rss_anon_mb": 100.0}
+TARGETS = {"vs_memcpy": 0.5, "vs_starter": 10.0, "first_batch_ms": 50.0, "rss_anon_mb": 100.0,
+           "shuffled_cold_tokens_per_s": 20e6}
+HACKATHON = (49, 10**9)  # files, tokens per file
 
 
 def make_data(folder: Path, size_gb: float) -> list[Path]:
@@ -54,13 +59,13 @@ def make_data(folder: Path, size_gb: float) -> list[Path]:
     return paths
 
 
-def make_sparse(folder: Path, size_gb: float) -> list[Path]:
-    """Headerless uint16 files (like the hackathon's chunks) of size_gb in total, without writing the data."""
+def make_sparse(folder: Path, files: int, tokens: int) -> list[Path]:
+    """Headerless uint16 files (like the hackathon's chunks) of `tokens` each, without writing the data."""
     folder.mkdir()
-    paths = [folder / f"chunk_{i:04d}.bin" for i in range(max(1, round(size_gb * 1e9 / 2 / SHARD_TOKENS)))]
+    paths = [folder / f"chunk_{i:04d}.bin" for i in range(files)]
     for p in paths:
         with open(p, "wb") as f:
-            f.truncate(int(size_gb * 1e9 / len(paths)) // 2 * 2)
+            f.truncate(2 * tokens)
     return paths
 
 
@@ -126,6 +131,19 @@ def memcpy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
     return next_batch
 
 
+def random_copy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
+    """The same copy, of B windows of T + 1 tokens from random files and offsets: the floor of a shuffle."""
+    rng, out = np.random.default_rng(0), np.empty((B, T + 1), dtype=np.int64)
+
+    def next_batch():
+        files, starts = rng.integers(len(arrays), size=B), rng.random(B)
+        for row, (f, s) in enumerate(zip(files.tolist(), starts.tolist())):
+            a = arrays[f]
+            p = int(s * (len(a) - T)) // (T + 1) * (T + 1)
+            out[row] = a[p:p + T + 1]
+    return next_batch
+
+
 def rss_anon_mb() -> float:
     """Anonymous resident memory of this process (file pages of the memory maps are not counted)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -144,6 +162,22 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def pass_rss_growth_mb(paths: list[Path], batches: int, **kwargs) -> float:
+    """Growth of anonymous RSS over `batches` batches of a TokenLoader (one pass over the data)."""
+    with TokenLoader(paths, B, T, **kwargs) as loader:
+        before = rss_anon_mb()
+        for _ in range(batches):
+            next(loader)
+        return rss_anon_mb() - before
+
+
+def cold_rate(paths: list[Path], seconds: float, **kwargs) -> dict:
+    """Tokens/s of a TokenLoader right after the files' pages were dropped from the page cache."""
+    evict(paths)
+    with TokenLoader(paths, B, T, **kwargs) as loader:
+        return {"tokens_per_s": rate(loader.__next__, seconds)}
+
+
 def first_batch_ms(paths: list[Path], **kwargs) -> float:
     """Milliseconds from constructing a TokenLoader to holding its first batch (median of 3 tries)."""
     times = []
@@ -160,48 +194,64 @@ def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big:
     arrays = [open_shard(p).view(np.ndarray) for p in paths]
     total = sum(len(a) for a in arrays)
     result = {"cpus": os.cpu_count(), "tokens": total}
-    with TokenLoader(paths, B, T) as loader:  # one whole pass: warms the cache, measures memory
-        before = rss_anon_mb()
-        for _ in range(total // (B * (T + 1))):
-            next(loader)
-        result["rss_anon_growth_mb"] = rss_anon_mb() - before
-    with TokenLoader(paths, B, T) as loader:
-        result.update(rates({"memcpy": memcpy_loader(arrays), "ours": loader.__next__,
-                             "starter": starter_loader(arrays), "nanogpt": nanogpt_loader(paths)}, seconds, rounds))
-    evict(paths)
-    with TokenLoader(paths, B, T) as loader:
-        result["ours_cold"] = {"tokens_per_s": rate(loader.__next__, seconds)}
+    epoch = total // (B * (T + 1))
+    # one whole pass in each order: warms the cache (and maps every page), measures memory
+    result["rss_anon_growth_mb"] = pass_rss_growth_mb(paths, epoch, shuffle=False)
+    result["shuffled_rss_anon_growth_mb"] = pass_rss_growth_mb(paths, epoch)
+    with TokenLoader(paths, B, T, shuffle=False) as ours, TokenLoader(paths, B, T) as shuffled:
+        result.update(rates({"memcpy": memcpy_loader(arrays), "random_copy": random_copy_loader(arrays),
+                             "ours": ours.__next__, "shuffled": shuffled.__next__, "starter": starter_loader(arrays),
+                             "nanogpt": nanogpt_loader(paths)}, seconds, rounds))
+    result["ours_cold"] = cold_rate(paths, seconds, shuffle=False)
+    result["shuffled_cold"] = cold_rate(paths, seconds)
+    result["shuffled_k1_cold"] = cold_rate(paths, seconds, shuffle_shards=1)
     result["first_batch_ms"] = {}
-    for gb in [1] if skip_big else [1, 4]:
-        sparse = make_sparse(tmp / f"sparse_{gb}gb", gb)
-        for name, bos in (("plain", None), ("bos", 0)):
-            ms = first_batch_ms(sparse, fmt="raw", raw_dtype="uint16", bos_id=bos)
-            result["first_batch_ms"][f"{gb}GB_{name}"] = ms
+    sets = [("1GB", 10, SHARD_TOKENS // 2)] + ([] if skip_big else [("4GB", 20, SHARD_TOKENS), ("49x1e9", *HACKATHON)])
+    for name, files, tokens in sets:
+        sparse = make_sparse(tmp / f"sparse_{name}", files, tokens)
+        for order, shuffle in (("seq", False), ("shuffled", True)):
+            for mode, bos in (("plain", None), ("bos", 0)):
+                ms = first_batch_ms(sparse, fmt="raw", raw_dtype="uint16", bos_id=bos, shuffle=shuffle)
+                result["first_batch_ms"][f"{name}_{order}_{mode}"] = ms
     result["load_avg_end"] = os.getloadavg()[0]
     return result
 
 
 def report(r: dict) -> str:
     """The markdown tables."""
-    ours, ceiling = r["ours"]["tokens_per_s"], r["memcpy"]["tokens_per_s"]
+    ceiling = r["memcpy"]["tokens_per_s"]
     lines = [f"B={B}, T={T}, {r['tokens']:,} tokens, {r['cpus']} CPUs, load average {r['load_avg_start']:.2f} "
              f"before, {r['load_avg_end']:.2f} after (this benchmark included)", "",
-             "| loader | tokens/s | ours is x times |", "|---|---:|---:|"]
-    for key, name in (("memcpy", "memcpy ceiling"), ("ours", "TokenLoader (warm cache)"),
-                      ("ours_cold", "TokenLoader (cold cache)"), ("starter", "starter-style loop"),
-                      ("nanogpt", "nanoGPT get_batch")):
+             "| loader | tokens/s | / memcpy ceiling |", "|---|---:|---:|"]
+    for key, name in (("memcpy", "memcpy ceiling"), ("random_copy", "memcpy of B random windows"),
+                      ("ours", "TokenLoader sequential (warm cache)"),
+                      ("shuffled", "TokenLoader shuffled (warm cache)"),
+                      ("ours_cold", "TokenLoader sequential (cold cache)"),
+                      ("shuffled_cold", "TokenLoader shuffled (cold cache)"),
+                      ("shuffled_k1_cold", "TokenLoader shuffled, shuffle_shards=1 (cold cache)"),
+                      ("starter", "starter-style loop"), ("nanogpt", "nanoGPT get_batch")):
         tps = r[key]["tokens_per_s"]
-        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {ours / tps:.2f} |")
+        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {tps / ceiling:.2f} |")
+    ours, shuffled = r["ours"]["tokens_per_s"], r["shuffled"]["tokens_per_s"]
     first = max(r["first_batch_ms"].values())
-    checks = [("TokenLoader / memcpy", ours / ceiling, TARGETS["vs_memcpy"], ">="),
-              ("TokenLoader / starter", ours / r["starter"]["tokens_per_s"], TARGETS["vs_starter"], ">="),
-              ("first batch, ms (" + ", ".join(f"{k} {v:.1f}" for k, v in r["first_batch_ms"].items()) + ")",
+    checks = [("TokenLoader sequential / memcpy", ours / ceiling, TARGETS["vs_memcpy"], ">="),
+              ("TokenLoader shuffled / memcpy", shuffled / ceiling, TARGETS["vs_memcpy"], ">="),
+              ("TokenLoader shuffled / memcpy of random windows", shuffled / r["random_copy"]["tokens_per_s"],
+               TARGETS["vs_memcpy"], ">="),
+              ("TokenLoader sequential / starter", ours / r["starter"]["tokens_per_s"], TARGETS["vs_starter"], ">="),
+              ("TokenLoader shuffled, cold, tokens/s", r["shuffled_cold"]["tokens_per_s"],
+               TARGETS["shuffled_cold_tokens_per_s"], ">="),
+              ("first batch, ms, slowest of " + ", ".join(f"{k} {v:.1f}" for k, v in r["first_batch_ms"].items()),
                first, TARGETS["first_batch_ms"], "<"),
-              ("anon RSS growth over a full pass, MB", r["rss_anon_growth_mb"], TARGETS["rss_anon_mb"], "<")]
+              ("anon RSS growth over a full pass, sequential, MB", r["rss_anon_growth_mb"],
+               TARGETS["rss_anon_mb"], "<"),
+              ("anon RSS growth over a full pass, shuffled, MB", r["shuffled_rss_anon_growth_mb"],
+               TARGETS["rss_anon_mb"], "<")]
     lines += ["", "| check | value | target | ok |", "|---|---:|---:|---|"]
     for name, value, target, op in checks:
         ok = value >= target if op == ">=" else value < target
-        lines.append(f"| {name} | {value:.2f} | {op} {target:g} | {'yes' if ok else 'NO'} |")
+        shown = f"{value / 1e6:.1f}M" if target >= 1e6 else f"{value:.2f}"
+        lines.append(f"| {name} | {shown} | {op} {target:g} | {'yes' if ok else 'NO'} |")
     return "\n".join(lines)
 
 

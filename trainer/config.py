@@ -47,7 +47,9 @@ class DataConfig:
     format: str = "auto"         # "auto" | "header" | "raw"
     raw_dtype: str = "uint16"    # dtype of headerless files
     bos_aligned: bool = False    # start every sequence at a document boundary
-    seed: int = 0                # shuffles the order of the shards, per epoch
+    shuffle: bool = True         # windows in a seeded random order over all shards; false: each shard front to back
+    shuffle_shards: int = 0      # shuffle within this many shards at a time, each set read ahead whole; 0 = all
+    seed: int = 0                # seeds the order of the shards and of the windows, per epoch
     vocab_check: bool = True     # refuse token ids >= model.vocab_size
 
 
@@ -278,7 +280,7 @@ def validate(cfg: Config) -> None:
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s", "eval.tokens"]
     not_negative = ["train.max_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
-                    "eval.every_steps", "eval.batch_size", "eval.seq_len"]
+                    "eval.every_steps", "eval.batch_size", "eval.seq_len", "data.shuffle_shards"]
     for dotted in positive + not_negative:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
