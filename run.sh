@@ -88,7 +88,9 @@ cpu_track() {
   local config=${CONFIG:-configs/cpu.toml} run_id
   run_id=cpu-$(date +%Y%m%d-%H%M%S)
   echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
-  "$PY" -m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo
+  local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
+  # Derived data: a folder that an older version (or other settings) made is refused by prepare; remake it.
+  "$PY" "${demo[@]}" || { echo "[run.sh] making shards/demo again (--overwrite)"; "$PY" "${demo[@]}" --overwrite; }
   # One single-threaded process per core: on 2 cores, 2 x 1 thread ran ~5x the steps of 1 process x 2 threads
   # whenever anything else used the CPU (the intra-op threads spin waiting for each other).
   local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
