@@ -6,6 +6,7 @@
         train.py --config configs/hackathon_32gpu.toml
     python train.py --config configs/tiny.toml --train.budget_s=30 --model.n_layer=4 --log.run_id=x
     python train.py --config configs/tiny.toml --log.run_id=x --resume         # continue run x
+    python train.py --config configs/tiny.toml --log.run_id=x --train.max_steps=60 --extend-budget  # train x on
 
 The hackathon starter's flags (--data_dir --checkpoint_path --seq_len --batch_size --grad_accum_steps
 --max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps.
@@ -21,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from glob import glob
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,9 @@ from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers
 from trainer import distributed
-from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
+from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume
 from trainer.clock import Clock
-from trainer.config import Config, ConfigError, parse_args, to_toml
+from trainer.config import Config, ConfigError, check_resume, parse_args, to_toml
 from trainer.distributed import Dist
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
 from trainer.parallel import autocast, grad_sync, parallelize
@@ -154,10 +155,13 @@ def setup(cfg: Config, d: Dist) -> Run:
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
-    resumed = None if t.resume == "never" else load_resume(run_dir, d)
-    if resumed is None and t.resume == "must":
+    marker = None if t.resume == "never" else resume_marker(run_dir, d)
+    if marker is None and t.resume == "must":
         raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
                           f"nothing to resume; check log.run_id and log.dir")
+    # before anything in the run folder is written: a refused resume leaves it as it was
+    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    resumed = load_resume(run_dir, d, marker) if marker else None
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
                      dir=str(run_dir)) if cfg.log.wandb else None
@@ -183,11 +187,26 @@ def setup(cfg: Config, d: Dist) -> Run:
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
+        report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
               f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
+
+
+def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
+    """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
+    for change in changes:
+        run.log.print(f"resume: {change}")
+    t, step = run.cfg.train, run.progress.step
+    before = replace(t, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
+    if (before.budget_s, before.max_steps) != (t.budget_s, t.max_steps):
+        old = Clock(before)
+        old.load_state_dict(run.clock.state_dict())
+        run.log.print(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
+                      f"at LR multiplier {run.clock.lr_mult(step):.3f} instead of {old.lr_mult(step):.3f} (a decay "
+                      f"that had ended rises again); this is not the run the new budget gives from the start")
 
 
 def rng_state() -> dict:
@@ -341,7 +360,7 @@ def save(run: Run) -> None:
         # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
         # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
         del state["model"], state["optim"]
-    save_resume(run.run_dir, d, run.progress.step, state)
+    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict())
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 

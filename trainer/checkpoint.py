@@ -6,12 +6,14 @@ torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dic
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
 rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
-mid-save leaves the previous complete state in use.
+mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
+under: a resume compares the new config with it before anything in the run folder changes.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -40,35 +42,47 @@ def save_checkpoint(path: str | Path, config: dict, model_state: dict, step: int
         torch.save({"config": config, "model": model_state, "step": step}, tmp)
 
 
-def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any]) -> None:
-    """Save this rank's resume state for `step`; mark it complete once every rank has written (all ranks call)."""
+def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict) -> None:
+    """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
+    (all ranks call)."""
     root = run_dir / "resume"
     with atomic_path(root / f"step{step:07d}" / f"rank{d.rank}.pt") as tmp:
         torch.save(state, tmp)
     distributed.barrier()
     if d.master:
-        write_json(root / "done.json", {"dir": f"step{step:07d}", "step": step, "world_size": d.world_size})
+        write_json(root / "done.json", {"dir": f"step{step:07d}", "step": step, "world_size": d.world_size,
+                                        "config": config})
         for old in root.glob("step*"):
             if old.name != f"step{step:07d}":
                 shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
 
 
-def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
-    """This rank's last complete resume state in run_dir, or None if there is none."""
+def resume_marker(run_dir: Path, d: Dist) -> dict[str, Any] | None:
+    """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
+    "config" being the config the state was saved under; every rank gets the same."""
     done = run_dir / "resume" / "done.json"
+    marker = None
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    marker = distributed.broadcast(json.loads(done.read_text()) if d.master and done.exists() else None)
-    if marker is None:
-        return None
-    if marker["world_size"] != d.world_size:
-        raise ConfigError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
-                          f"{d.world_size}; resume with the same world size or start a new log.run_id")
+    if d.master and done.exists():
+        marker = json.loads(done.read_text())
+        if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
+            marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
+    marker = distributed.broadcast(marker)
+    if marker is not None and marker["world_size"] != d.world_size:
+        raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
+                          f"world size {d.world_size}; resume with the same world size or start a new log.run_id")
+    return marker
+
+
+def load_resume(run_dir: Path, d: Dist, marker: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of the resume state that `marker` (resume_marker's answer) names."""
     folder = run_dir / "resume" / marker["dir"]
     if not (folder / f"rank{d.rank}.pt").exists():
-        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from {done}: every "
-                          f"node must see the same log.dir (a shared filesystem); or start a new log.run_id")
+        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from "
+                          f"{run_dir / 'resume' / 'done.json'}: every node must see the same log.dir (a shared "
+                          f"filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
     if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)

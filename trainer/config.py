@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -102,6 +103,19 @@ CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"):
            ("train", "timing"): ("from_first_forward", "exclude_warmup"),
            ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
 STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
+# Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
+# fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
+# what the run's record measures. Every other key, including one added later, refuses the resume.
+RESUME_SAFE = frozenset({
+    "data.vocab_check",                      # a check of the data, not the data
+    "train.compile", "train.warmup_steps",   # the same math; warm-up steps are undone before the clock starts
+    "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s",
+    "eval.every_steps", "eval.every_s", "eval.batch_size",   # eval.batch_size: the same windows, regrouped
+    "log.dir", "log.run_id", "log.track", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
+})
+# How long the run trains: changed on resume only with --extend-budget (the README's "Resuming" says what it
+# does to the LR schedule)
+RESUME_BUDGET = frozenset({"train.budget_s", "train.max_steps"})
 
 
 class ConfigError(ValueError):
@@ -117,6 +131,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
+    extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
@@ -194,6 +209,8 @@ def _argparser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False)
     p.add_argument("--config", help="TOML file in configs/")
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
+    p.add_argument("--extend-budget", action="store_true",
+                   help="resume the run although train.budget_s or train.max_steps changed (see README)")
     starter = p.add_argument_group("GPU MODE hackathon starter flags (see trainer/config.py)")
     starter.add_argument("--data_dir")
     starter.add_argument("--checkpoint_path")
@@ -250,6 +267,7 @@ def parse_args(argv: list[str]) -> Config:
         cfg.train.max_steps = args.max_steps
     if args.resume:
         cfg.train.resume = "must"
+    cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
     validate(cfg)
@@ -297,6 +315,41 @@ def validate(cfg: Config) -> None:
                           f"raise model.block_size or lower train.seq_len")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
+
+
+def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[str]:
+    """Refuse to resume the state saved under `saved` with `cfg` if a key outside RESUME_SAFE changed (or one
+    of RESUME_BUDGET without cfg.extend_budget); return a line per allowed change.
+
+    A key the saved config lacks (added to the code since) counts as its default; a key the code no longer has
+    is ignored. `where` names the saved run in the error.
+    """
+    defaults, changes, refused = Config().to_dict(), [], []
+    for section, values in cfg.to_dict().items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, defaults[section][key])
+            if old == value:
+                continue
+            dotted = f"{section}.{key}"
+            change = f"{dotted}: saved {old!r}, now {value!r}"
+            if dotted in RESUME_SAFE or (dotted in RESUME_BUDGET and cfg.extend_budget):
+                changes.append(change)
+            else:
+                refused.append((dotted, old, change))
+    if refused:
+        lines = [f"  {change}" + (" (or pass --extend-budget to train the saved run longer)"
+                                  if dotted in RESUME_BUDGET else "") for dotted, _, change in refused]
+        saved_args = " ".join(shlex.quote(f"--{dotted}={_arg_text(old)}") for dotted, old, _ in refused)
+        raise ConfigError(f"{where}: the run's resume state was saved under another config, and these keys "
+                          f"decide the model, the data stream, the optimizer state or the schedule:\n" + "\n".join(lines) + "\n"
+                          f"Either start a new run (another --log.run_id) or resume with the saved values "
+                          f"({saved_args}); nothing in {where} was changed")
+    return changes
+
+
+def _arg_text(value: Any) -> str:
+    """`value` as --section.key=VALUE text that apply_override reads back equal."""
+    return value if isinstance(value, str) else json.dumps(value)  # JSON numbers, booleans, lists are TOML
 
 
 def _toml_value(value: Any) -> str:
