@@ -19,6 +19,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from atomic import atomic_path
+from atomic import NO_SPACE, existing_folder, write_text
 from data.loader import TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
@@ -168,8 +169,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
     log = RunLog(run_dir, d, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
     if d.master:
-        with atomic_path(run_dir / "config.toml") as tmp:
-            tmp.write_text(to_toml(config))
+        write_text(run_dir / "config.toml", to_toml(config))
     log.environment(d)
 
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
@@ -191,8 +191,31 @@ def setup(cfg: Config, d: Dist) -> Run:
     log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
               f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
+    warn_if_a_save_does_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
+
+
+def warn_if_a_save_does_not_fit(run: Run) -> None:
+    """Rank 0 warns before the first step where the free space is short of one save: checkpoint.pt holds the
+    model's state dict, the resume state that and at most two optimizer moments per parameter (AdamW's), and
+    the old files stay until the new ones are complete."""
+    if not run.d.master:
+        return
+    # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
+    model = sum(v.numel() * v.element_size() for v in run.raw.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in run.raw.parameters())
+    checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
+    needs: dict[int, list] = {}  # filesystem -> [folder, bytes]
+    for folder, size in ((existing_folder(checkpoint), model), (run.run_dir, model + moments)):
+        needs.setdefault(folder.stat().st_dev, [folder, 0])[1] += size
+    for folder, need in needs.values():
+        free = shutil.disk_usage(folder).free
+        if free < need:
+            run.log.print(f"warning: {folder} has {free:,} bytes free, but a save needs about {need:,} there "
+                          f"(checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
+                          f"{moments:,} of optimizer moments); the first save will fail: free space or move "
+                          f"log.dir / train.checkpoint_path")
 
 
 def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
@@ -476,3 +499,7 @@ if __name__ == "__main__":
         sys.exit(f"train.py: config error: {e}")
     except ShardError as e:
         sys.exit(f"train.py: data error: {e}")
+    except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
+        if e.errno not in NO_SPACE:
+            raise
+        sys.exit(f"train.py: disk full: {e}")

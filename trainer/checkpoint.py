@@ -15,11 +15,11 @@ import json
 import shutil
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
-import torch.distributed.tensor  # noqa: F401  registers DTensor, so weights_only loads of FSDP2 shards work
 from torch import nn
+from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
 from atomic import atomic_path, write_json
 from trainer import distributed
@@ -36,26 +36,54 @@ def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in raw.state_dict().items()}
 
 
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a nested dict/list/tuple (this rank's shard of a DTensor)."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+    elif isinstance(obj, torch.Tensor):
+        yield obj.to_local() if isinstance(obj, DTensor) else obj
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the distinct tensor storages in `obj`: what torch.save writes of it, but for a small index."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(obj)}.values())
+
+
+def _save(obj: Any, path: Path) -> None:
+    """torch.save `obj` to `path` atomically, through a Python file: a full disk then raises ENOSPC, which
+    atomic_path reports (torch's own file writer says only "unexpected pos ..." or "iostream error")."""
+    with atomic_path(path, size=tensor_bytes(obj)) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
 def save_checkpoint(path: str | Path, config: dict, model_state: dict, step: int) -> None:
     """Write checkpoint.pt atomically (call on rank 0 only)."""
-    with atomic_path(path) as tmp:
-        torch.save({"config": config, "model": model_state, "step": step}, tmp)
+    _save({"config": config, "model": model_state, "step": step}, Path(path))
 
 
 def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
     (all ranks call)."""
-    root = run_dir / "resume"
-    with atomic_path(root / f"step{step:07d}" / f"rank{d.rank}.pt") as tmp:
-        torch.save(state, tmp)
+    root, folder = run_dir / "resume", f"step{step:07d}"
+    if d.master and (root / "done.json").exists():
+        # what a save that failed on some rank left (its other ranks' files): space the new state needs
+        _remove_steps(root, keep={folder, json.loads((root / "done.json").read_text())["dir"]})
+    _save(state, root / folder / f"rank{d.rank}.pt")
     distributed.barrier()
     if d.master:
-        write_json(root / "done.json", {"dir": f"step{step:07d}", "step": step, "world_size": d.world_size,
-                                        "config": config})
-        for old in root.glob("step*"):
-            if old.name != f"step{step:07d}":
-                shutil.rmtree(old, ignore_errors=True)
+        write_json(root / "done.json", {"dir": folder, "step": step, "world_size": d.world_size, "config": config})
+        _remove_steps(root, keep={folder})
     distributed.barrier()
+
+
+def _remove_steps(root: Path, keep: set[str]) -> None:
+    """Delete the step folders under resume/ but those named in `keep`."""
+    for old in root.glob("step*"):
+        if old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def resume_marker(run_dir: Path, d: Dist) -> dict[str, Any] | None:
