@@ -9,7 +9,8 @@
     python train.py --config configs/tiny.toml --log.run_id=x --train.max_steps=60 --extend-budget  # train x on
 
 The hackathon starter's flags (--data_dir --checkpoint_path --seq_len --batch_size --grad_accum_steps
---max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps.
+--max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps,
+and the run's first lines say which were applied and which the config file overrode.
 """
 from __future__ import annotations
 
@@ -171,6 +172,8 @@ def setup(cfg: Config, d: Dist) -> Run:
     if d.master:
         write_text(run_dir / "config.toml", to_toml(config))
     log.environment(d)
+    if cfg.starter:
+        log.print(cfg.starter)
 
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     raw = get_model(config)

@@ -102,7 +102,12 @@ CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"):
            ("train", "dtype"): ("bfloat16", "float32"),
            ("train", "timing"): ("from_first_forward", "exclude_warmup"),
            ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
+# the hackathon starter's flags and the keys each sets (see the module docstring)
 STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
+STARTER_KEYS = {"data_dir": ("data.train", "data.format", "data.val"), "checkpoint_path": ("train.checkpoint_path",),
+                "seq_len": ("train.seq_len",), "batch_size": ("train.batch_size",),
+                "grad_accum_steps": ("train.grad_accum",), "max_steps": ("train.max_steps",),
+                "time_limit_min": ("train.budget_s", "train.schedule")}
 # Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
 # fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
 # what the run's record measures. Every other key, including one added later, refuses the resume.
@@ -131,6 +136,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
+    starter: str = ""            # which starter flags were applied and which overridden ("" = none given)
     extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -165,8 +171,8 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     setattr(getattr(cfg, section), key, _check_value(section, key, value, hints[key], where))
 
 
-def apply_file(cfg: Config, path: str | Path) -> None:
-    """Apply a TOML config file to `cfg`."""
+def apply_file(cfg: Config, path: str | Path) -> set[str]:
+    """Apply a TOML config file to `cfg`; return the keys it sets ("section.key")."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -183,6 +189,7 @@ def apply_file(cfg: Config, path: str | Path) -> None:
                               f"valid sections: {', '.join(SECTIONS)}")
         for key, value in table.items():
             _apply(cfg, section, key, value, str(path))
+    return {f"{section}.{key}" for section, table in doc.items() for key in table}
 
 
 def parse_value(text: str) -> Any:
@@ -246,15 +253,14 @@ def parse_args(argv: list[str]) -> Config:
     """Build the run's Config from command-line arguments (see the module docstring for precedence)."""
     args, rest = _argparser().parse_known_args(argv)
     overrides = _split_overrides(rest)
-    starter = any(getattr(args, a) is not None for a in
-                  ("data_dir", "checkpoint_path", "max_steps", "time_limit_min", *STARTER_SHAPE))
+    starter = [flag for flag in STARTER_KEYS if getattr(args, flag) is not None]
     path = args.config or (HACKATHON_CONFIG if starter and HACKATHON_CONFIG.exists() else None)
-    cfg = Config()
+    cfg, from_file = Config(), set()
     for flag, key in STARTER_SHAPE.items():
         if getattr(args, flag) is not None:
             _apply(cfg, "train", key, getattr(args, flag), f"--{flag}")
     if path is not None:
-        apply_file(cfg, path)
+        from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
     if args.data_dir is not None:
         cfg.data.train = str(Path(args.data_dir) / "chunk_*.bin")
@@ -271,7 +277,33 @@ def parse_args(argv: list[str]) -> Config:
     for key, value in overrides:
         apply_override(cfg, key, value)
     validate(cfg)
+    if starter:
+        cfg.starter = _starter_report(cfg, args, starter, path, from_file, {key for key, _ in overrides})
     return cfg
+
+
+def _starter_report(cfg: Config, args: argparse.Namespace, flags: list[str], path: str | Path | None,
+                    from_file: set[str], from_command_line: set[str]) -> str:
+    """One line: the starter flags given, each applied or overridden (and why), with the values they led to."""
+    applied, by_file, by_command_line = [], [], []
+    for flag in flags:
+        keys = STARTER_KEYS[flag]
+        values = ", ".join(f"{k} = {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])!r}" for k in keys)
+        said = f"--{flag} {getattr(args, flag)} ({values})"
+        if from_command_line & set(keys):
+            by_command_line.append(said)
+        elif flag in STARTER_SHAPE and keys[0] in from_file:
+            by_file.append(said)
+        else:
+            applied.append(said)
+    parts = [f"applied {', '.join(applied)}"] if applied else []
+    if by_file:
+        shown = Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path
+        parts.append(f"overridden by {shown}, whose tuned shape wins over the starter's generic one: "
+                     f"{', '.join(by_file)}")
+    if by_command_line:
+        parts.append(f"overridden by a --section.key=value on the command line: {', '.join(by_command_line)}")
+    return "hackathon starter flags: " + "; ".join(parts)
 
 
 def validate(cfg: Config) -> None:
