@@ -495,14 +495,26 @@ def finish(run: Run, status: str) -> None:
     run.log.close()
 
 
+def fail(message: str) -> None:
+    """Exit 1, with `message` on stderr from one rank only when several hit the same error."""
+    if distributed.first_to_report(message):
+        print(message, file=sys.stderr, flush=True)
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        # torchrun stops every rank once one exits: leave the first exit to the rank that prints, which may not
+        # have got that far yet (before the group exists, rank 0 may still be importing torch)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(10)
+    sys.exit(1)
+
+
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except ConfigError as e:
-        sys.exit(f"train.py: config error: {e}")
+        fail(f"train.py: config error: {e}")
     except ShardError as e:
-        sys.exit(f"train.py: data error: {e}")
+        fail(f"train.py: data error: {e}")
     except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
         if e.errno not in NO_SPACE:
             raise
-        sys.exit(f"train.py: disk full: {e}")
+        fail(f"train.py: disk full: {e}")

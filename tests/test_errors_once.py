@@ -1,0 +1,16 @@
+"""An error that every rank hits prints once, not once per rank (8 copies under 8 processes, 32 at the
+hackathon), both before the process group exists and after; real torchrun runs on gloo."""
+from tests.fault_setup import tiny_data, train_args
+from tests.helpers import torchrun
+
+
+def test_an_error_every_rank_hits_prints_once(tmp_path):
+    data = tiny_data(tmp_path / "data")
+    # from the command line, before the process group exists
+    proc = torchrun(train_args(data, tmp_path / "runs", "once", "--train.batch_sise=4"), check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count("train.py: config error: command line: unknown key train.batch_sise") == 1, proc.stderr
+    # from the data, found by every rank after the group has formed
+    proc = torchrun(train_args(data, tmp_path / "runs", "once", f"--data.train={data}/*_trian_*.bin"), check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.count(f"config error: data.train = '{data}/*_trian_*.bin' matches no file") == 1, proc.stderr
