@@ -37,6 +37,7 @@ from data.loader import TokenLoader, val_batches
 from data.shards import ShardError
 from model import get_model
 from model.optim import build_optimizers
+from plural import plural
 from trainer import distributed
 from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume
 from trainer.clock import Clock
@@ -192,7 +193,8 @@ def setup(cfg: Config, d: Dist) -> Run:
         run.saved_step = run.progress.step
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
-              f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
+              f"{plural(d.world_size, 'process', 'processes')}, {t.parallel if d.world_size > 1 else 'no wrapper'} | "
+              f"compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     warn_if_a_save_does_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
@@ -295,7 +297,7 @@ def warm_up(run: Run) -> None:
     restore(run, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
-    run.log.print(f"warm-up: {t.warmup_steps} steps in {time.perf_counter() - t0:.1f}s; state restored")
+    run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
 
 
 def validation(cfg: Config, d: Dist, val_files: list[str]):
@@ -355,7 +357,7 @@ def log_step(run: Run, loss: torch.Tensor, since: tuple[int, float]) -> None:
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = mfu_of(run, tok_s)
-    left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{t.max_steps - p.step} steps left"
+    left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{plural(t.max_steps - p.step, 'step')} left"
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
     run.log.metric({"type": "train", "step": p.step, "loss": loss, "lr_mult": group["lr"] / group["initial_lr"],
                     "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from data.shards import ShardError, open_shard
+from plural import plural
 
 BOS_SCAN_TOKENS = 1 << 16   # BOS positions are searched this many tokens at a time (memory stays bounded)
 READAHEAD_TOKENS = 1 << 24  # ask the kernel for this much of the file ahead of the stream (32 MiB of uint16)
@@ -115,12 +116,13 @@ def _names(regions: list[_Region]) -> str:
     return ", ".join(str(r.path) for r in regions[:3]) + (" ..." if len(regions) > 3 else "")
 
 
-def _split_tail(regions: list[_Region], n: int, what: str) -> tuple[list[_Region], _Region]:
+def _split_tail(regions: list[_Region], n: int) -> tuple[list[_Region], _Region]:
     """(regions without the last n tokens of the last file, a region of those n tokens)."""
     last = regions[-1]
     if not 0 < n < last.tokens_count():
-        raise ShardError(f"{last.path}: {what}={n} must be between 1 and the last file's {last.tokens_count()} "
-                         f"tokens; lower it (eval.tokens) or use a separate validation set")
+        raise ShardError(f"{last.path}: the held-out tail (data.val = 'holdout') of eval.tokens = {n} must be "
+                         f"between 1 and the last file's {last.tokens_count()} tokens; lower eval.tokens or use a "
+                         f"separate validation set")
     cut = last.hi - n
     head, tail = _Region(last.path, last.tokens, last.lo, cut), _Region(last.path, last.tokens, cut, last.hi)
     return regions[:-1] + [head], tail
@@ -181,8 +183,8 @@ class _Stream:
         if self.pos == self.region.lo:  # not a single window in this file, now or in any later epoch
             self._windowless.add(int(self.order[self.index]))
         if len(self._windowless) == len(self.regions):
-            raise ShardError(f"no window of {self.length} tokens starting with bos_id={self.bos_id} in any of "
-                             f"{len(self.regions)} files ({_names(self.regions)}); check bos_id (meta.json "
+            raise ShardError(f"no window of {self.length} tokens starting with bos_id={self.bos_id} in "
+                             f"{plural(len(self.regions), 'file')} ({_names(self.regions)}); check bos_id (meta.json "
                              f"eot_token) or turn off data.bos_aligned")
         self.index += 1
         if self.index == len(self.regions):
@@ -321,7 +323,7 @@ class TokenLoader:
         self.files = resolve_files(files)
         regions = _open_regions(self.files, fmt, raw_dtype)
         if holdout_tokens:
-            regions = _split_tail(regions, holdout_tokens, "holdout_tokens")[0]
+            regions = _split_tail(regions, holdout_tokens)[0]
         _check_fits(regions, seq_len + 1)
         self.batch_size, self.seq_len, self.rank, self.world_size = batch_size, seq_len, rank, world_size
         self.device = torch.device(device)
@@ -407,7 +409,7 @@ class TokenLoader:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
         for key, want in self._spec.items():
             if state.get(key) != want:
-                shown = f"{len(want)} files" if key == "files" else repr(want)
+                shown = plural(len(want), "file") if key == "files" else repr(want)
                 raise ValueError(f"loader state: {key} was {str(state.get(key))[:200]} but this loader has "
                                  f"{shown}; resume with the same data files, seed, seq_len, bos_id and holdout")
         self.close()
@@ -432,12 +434,12 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
                          f"{batch_size=}, {seq_len=}, {world_size=}, {rank=}")
     regions = _open_regions(resolve_files(files), fmt, raw_dtype)
     if tail_tokens:
-        regions = [_split_tail(regions, tail_tokens, "tail_tokens")[1]]
+        regions = [_split_tail(regions, tail_tokens)[1]]
     regions, length = _first_tokens(regions, num_tokens), seq_len + 1
     total = sum(r.tokens_count() // length for r in regions)
     if total == 0:
-        raise ShardError(f"num_tokens={num_tokens} holds no window of seq_len + 1 = {length} tokens; raise the "
-                         f"eval token count (eval.tokens) to at least {length}")
+        raise ShardError(f"eval.tokens = {num_tokens} holds no window of seq_len + 1 = {length} tokens; raise "
+                         f"eval.tokens to at least {length}")
     stream, per_step = _Stream(regions, length, None, None), world_size * batch_size
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -458,9 +460,9 @@ def _first_tokens(regions: list[_Region], num_tokens: int) -> list[_Region]:
     """The regions cut down to their first num_tokens tokens in order; fewer tokens is an error."""
     have = sum(r.tokens_count() for r in regions)
     if have < num_tokens:
-        raise ShardError(f"validation data ({_names(regions)}) holds {have} tokens in {len(regions)} files but "
-                         f"num_tokens={num_tokens} were asked for; lower the eval token count (eval.tokens) "
-                         f"to at most {have} or add validation data")
+        raise ShardError(f"validation data ({_names(regions)}) holds {plural(have, 'token')} in "
+                         f"{plural(len(regions), 'file')} but eval.tokens = {num_tokens}; lower eval.tokens to at "
+                         f"most {have} or add validation data")
     cut, left = [], num_tokens
     for r in regions:
         if left <= 0:

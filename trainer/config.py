@@ -372,10 +372,11 @@ def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> l
         lines = [f"  {change}" + (" (or pass --extend-budget to train the saved run longer)"
                                   if dotted in RESUME_BUDGET else "") for dotted, _, change in refused]
         saved_args = " ".join(shlex.quote(f"--{dotted}={_arg_text(old)}") for dotted, old, _ in refused)
-        raise ConfigError(f"{where}: the run's resume state was saved under another config, and these keys "
-                          f"decide the model, the data stream, the optimizer state or the schedule:\n" + "\n".join(lines) + "\n"
-                          f"Either start a new run (another --log.run_id) or resume with the saved values "
-                          f"({saved_args}); nothing in {where} was changed")
+        raise ConfigError("\n".join([
+            f"{where}: the run's resume state was saved under another config, and these keys decide the model, "
+            f"the data stream, the optimizer state or the schedule:", *lines,
+            f"Either start a new run (another --log.run_id) or resume with the saved values ({saved_args}); "
+            f"nothing in {where} was changed"]))
     return changes
 
 
