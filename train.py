@@ -14,37 +14,61 @@ and the run's first lines say which were applied and which the config file overr
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-import gc
-import json
-import math
 import os
-import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
-from glob import glob
-from pathlib import Path
-from typing import Any
 
-import torch
-from torch import nn
-
-from atomic import NO_SPACE, existing_folder, write_text
-from data.loader import TokenLoader, val_batches
-from data.shards import ShardError
-from model import get_model
-from model.optim import build_optimizers
-from plural import plural
-from trainer import distributed
-from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume
-from trainer.clock import Clock
 from trainer.config import Config, ConfigError, check_resume, parse_args, to_toml
-from trainer.distributed import Dist
-from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
-from trainer.parallel import autocast, grad_sync, parallelize
+
+
+def fail(message: str, first: bool) -> None:
+    """Exit 1; `message` goes to stderr only where `first` (the rank that reports it), so an error that every
+    rank hits prints once."""
+    if first:
+        print(message, file=sys.stderr, flush=True)
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        # torchrun stops every rank once one exits: leave the first exit to the rank that prints, which may not
+        # have got that far yet
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(10)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    # before the imports below (torch: 3-10 s on this 2-core machine): a config error is answered at once;
+    # every rank parses the same command line, so rank 0 says it
+    try:
+        CONFIG = parse_args(sys.argv[1:])
+    except ConfigError as e:
+        fail(f"train.py: config error: {e}", first=os.environ.get("RANK", "0") == "0")
+
+import contextlib  # noqa: E402  (the imports after the early parse above)
+import copy  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from glob import glob  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
+from data.loader import TokenLoader, val_batches  # noqa: E402
+from data.shards import ShardError  # noqa: E402
+from model import get_model  # noqa: E402
+from model.optim import build_optimizers  # noqa: E402
+from plural import plural  # noqa: E402
+from trainer import distributed  # noqa: E402
+from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
+from trainer.clock import Clock  # noqa: E402
+from trainer.distributed import Dist  # noqa: E402
+from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
+from trainer.parallel import autocast, grad_sync, parallelize  # noqa: E402
 
 
 @dataclass
@@ -90,9 +114,8 @@ class Run:
         return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
 
 
-def main(argv: list[str]) -> None:
-    """Parse the config, join the process group, train, and always leave the group."""
-    cfg = parse_args(argv)
+def main(cfg: Config) -> None:
+    """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
     d = distributed.init(cfg.train.dist_timeout_s)
     try:
         run = setup(cfg, d)
@@ -357,13 +380,13 @@ def log_step(run: Run, loss: torch.Tensor, since: tuple[int, float]) -> None:
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = mfu_of(run, tok_s)
-    left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{plural(t.max_steps - p.step, 'step')} left"
+    left = f"{t.budget_s - clock.elapsed():.1f}s" if t.budget_s else plural(t.max_steps - p.step, "step")
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
     run.log.metric({"type": "train", "step": p.step, "loss": loss, "lr_mult": group["lr"] / group["initial_lr"],
                     "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})
     run.log.print(f"step {p.step} | loss {loss:.4f} | {1000 * step_s:.1f} ms | {tok_s:,.0f} tok/s"
                   + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
-                  + f" | {clock.elapsed():.1f}s elapsed, {left}")
+                  + f" | {clock.elapsed():.1f}s elapsed, {left} left")
 
 
 def mfu_of(run: Run, tok_s: float) -> float | None:
@@ -497,26 +520,20 @@ def finish(run: Run, status: str) -> None:
     run.log.close()
 
 
-def fail(message: str) -> None:
-    """Exit 1, with `message` on stderr from one rank only when several hit the same error."""
-    if distributed.first_to_report(message):
-        print(message, file=sys.stderr, flush=True)
-    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        # torchrun stops every rank once one exits: leave the first exit to the rank that prints, which may not
-        # have got that far yet (before the group exists, rank 0 may still be importing torch)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        time.sleep(10)
-    sys.exit(1)
+def report(message: str) -> None:
+    """fail() with `message`, printed by the first rank to report it (after the early parse, errors may be one
+    rank's own)."""
+    fail(message, distributed.first_to_report(message))
 
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        main(CONFIG)
     except ConfigError as e:
-        fail(f"train.py: config error: {e}")
+        report(f"train.py: config error: {e}")
     except ShardError as e:
-        fail(f"train.py: data error: {e}")
+        report(f"train.py: data error: {e}")
     except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
         if e.errno not in NO_SPACE:
             raise
-        fail(f"train.py: disk full: {e}")
+        report(f"train.py: disk full: {e}")

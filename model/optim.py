@@ -6,37 +6,12 @@ All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn as nn
 
+from model.config import OptimConfig  # re-exported: `from model.optim import OptimConfig` keeps working
 from model.gpt import GPT
 from model.muon import Muon
-
-
-@dataclass
-class OptimConfig:
-    """The [optim] section."""
-    name: str = "adamw"  # "adamw": one AdamW for everything | "muon": Muon + AdamW groups (speedrun recipe)
-    lr: float = 6e-4  # adamw: learning rate of every parameter
-    weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
-    eps: float = 1e-8  # Adam epsilon (both recipes)
-    embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
-    head_lr: float = 0.008  # muon: Adam rate of the untied head
-    scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
-    muon_lr: float = 0.05  # muon: rate of the hidden matrices of the blocks
-    muon_momentum: float = 0.95  # muon: Nesterov momentum
-    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
-    ns_steps: int = 5  # muon: Newton-Schulz iterations
-    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
-
-    def __post_init__(self) -> None:
-        if self.name not in ("adamw", "muon"):
-            raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
-        if len(self.betas) != 2:
-            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
 
 
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:

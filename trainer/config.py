@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model.gpt import GPTConfig
-from model.optim import OptimConfig
+from model.config import GPTConfig, OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
