@@ -2,32 +2,87 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write that found no space left; the message names the file, the bytes it needed and the bytes free."""
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success fsync it and rename it over `path`.
 
-    On an exception the temporary file is removed and `path` keeps its previous content.
-    The temporary name is unique per process so concurrent writers never share one.
+    On an exception the temporary file and the folders made for it are removed and `path` keeps its previous
+    content. A full disk raises DiskFullError, which gives `size` (the bytes the file needs, if known) and the
+    bytes free. The temporary name is unique per process so concurrent writers never share one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    made = []  # the folders this write creates, deepest first
+    for folder in [path.parent, *path.parent.parents]:
+        if folder.exists():
+            break
+        made.append(folder)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        for folder in made:
+            with contextlib.suppress(OSError):  # not empty: another rank's file is in it
+                folder.rmdir()
+        code = _no_space(e)
+        if code is not None:
+            raise _disk_full(path, size, code) from e
+        raise
+
+
+def _no_space(e: BaseException | None) -> int | None:
+    """ENOSPC or EDQUOT if `e` or an exception it was raised while handling is one, else None.
+
+    torch.save's zip writer, when a write fails, still writes its end record on the way out, and that raises
+    a RuntimeError ("unexpected pos ...") which hides the OSError it was handling.
+    """
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e.errno
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _disk_full(path: Path, size: int | None, code: int) -> DiskFullError:
+    """The error for a write of `path` that hit `code` (ENOSPC/EDQUOT), measured after the partial file is gone."""
+    free = shutil.disk_usage(existing_folder(path)).free
+    need = f"it needs about {size:,} bytes, " if size is not None else ""
+    err = DiskFullError(f"{path}: {os.strerror(code).lower()} while writing it: {need}{free:,} bytes are free "
+                        f"there; free some space or write to another filesystem")
+    err.errno = code
+    return err
+
+
+def existing_folder(path: str | os.PathLike) -> Path:
+    """The nearest folder above `path` that exists: where a write of `path` will take its space from."""
+    return next(p for p in Path(path).absolute().parents if p.exists())
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8), atomically."""
+    data = text.encode()
+    with atomic_path(path, size=len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as pretty JSON, atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")

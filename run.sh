@@ -115,8 +115,18 @@ gpu_track() {
   NPROC=${NPROC:-$ngpu} launch --config "$config"
 }
 
+# A benchmark name that is not scripts/bench_NAME.py: list the ones there are (before any install).
+check_bench() {
+  [ -f "scripts/bench_$1.py" ] && return
+  local f known=""
+  for f in scripts/bench_*.py; do f=${f#scripts/bench_}; known+=" ${f%.py}"; done
+  echo "run.sh bench: no benchmark '$1'; the benchmarks are:$known (scripts/bench_NAME.py)" >&2
+  exit 2
+}
+
 cmd=${1:-main}
 [ $# -gt 0 ] && shift
+[ "$cmd" = bench ] && check_bench "${1:-loader}"
 case "$cmd" in
   help|-h|--help) usage; exit 0 ;;
   test|prepare|train|bench|leaderboard|plot|sample|main) setup_env ;;

@@ -6,43 +6,71 @@
         train.py --config configs/hackathon_32gpu.toml
     python train.py --config configs/tiny.toml --train.budget_s=30 --model.n_layer=4 --log.run_id=x
     python train.py --config configs/tiny.toml --log.run_id=x --resume         # continue run x
+    python train.py --config configs/tiny.toml --log.run_id=x --train.max_steps=60 --extend-budget  # train x on
 
 The hackathon starter's flags (--data_dir --checkpoint_path --seq_len --batch_size --grad_accum_steps
---max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps.
+--max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps,
+and the run's first lines say which were applied and which the config file overrode.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-import gc
-import json
-import math
 import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from glob import glob
-from pathlib import Path
-from typing import Any, NamedTuple
 
-import torch
-from torch import nn
+from trainer.config import Config, ConfigError, check_resume, parse_args, to_toml
 
-from atomic import atomic_path
-from data.loader import PAD_TARGET, TokenLoader, val_batches
-from data.shards import ShardError
-from model import get_model
-from model.optim import build_optimizers, warmup_momentum
-from scripts.plot import plot_or_warn
-from trainer import distributed
-from trainer.checkpoint import full_model_state, load_resume, save_checkpoint, save_resume
-from trainer.clock import Clock
-from trainer.config import Config, ConfigError, parse_args, to_toml
-from trainer.distributed import Dist, LateMax
-from trainer.memory import check_memory
-from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb
-from trainer.parallel import autocast, clip_grads, grad_sync, parallelize
+
+def fail(message: str, first: bool) -> None:
+    """Exit 1; `message` goes to stderr only where `first` (the rank that reports it), so an error that every
+    rank hits prints once."""
+    if first:
+        print(message, file=sys.stderr, flush=True)
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        # torchrun stops every rank once one exits: leave the first exit to the rank that prints, which may not
+        # have got that far yet
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(10)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    # before the imports below (torch: 3-10 s on this 2-core machine): a config error is answered at once;
+    # every rank parses the same command line, so rank 0 says it
+    try:
+        CONFIG = parse_args(sys.argv[1:])
+    except ConfigError as e:
+        fail(f"train.py: config error: {e}", first=os.environ.get("RANK", "0") == "0")
+
+import contextlib  # noqa: E402  (the imports after the early parse above)
+import copy  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from glob import glob  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
+from data.loader import PAD_TARGET, TokenLoader, val_batches  # noqa: E402
+from data.shards import ShardError  # noqa: E402
+from model import get_model  # noqa: E402
+from model.optim import build_optimizers, warmup_momentum  # noqa: E402
+from plural import plural  # noqa: E402
+from scripts.plot import plot_or_warn  # noqa: E402
+from trainer import distributed  # noqa: E402
+from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
+from trainer.clock import Clock  # noqa: E402
+from trainer.distributed import Dist, LateMax  # noqa: E402
+from trainer.memory import check_memory  # noqa: E402
+from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
+from trainer.parallel import autocast, clip_grads, grad_sync, parallelize  # noqa: E402
 
 
 @dataclass
@@ -92,9 +120,8 @@ class Run:
         return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
 
 
-def main(argv: list[str]) -> None:
-    """Parse the config, join the process group, train, and always leave the group."""
-    cfg = parse_args(argv)
+def main(cfg: Config) -> None:
+    """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
     d = distributed.init(cfg.train.dist_timeout_s)
     try:
         run = setup(cfg, d)
@@ -161,19 +188,23 @@ def setup(cfg: Config, d: Dist) -> Run:
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
-    resumed = None if t.resume == "never" else load_resume(run_dir, d)
-    if resumed is None and t.resume == "must":
+    marker = None if t.resume == "never" else resume_marker(run_dir, d)
+    if marker is None and t.resume == "must":
         raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
                           f"nothing to resume; check log.run_id and log.dir")
+    # before anything in the run folder is written: a refused resume leaves it as it was
+    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    resumed = load_resume(run_dir, d, marker) if marker else None
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
                      dir=str(run_dir)) if cfg.log.wandb else None
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
     log = RunLog(run_dir, d, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
     if d.master:
-        with atomic_path(run_dir / "config.toml") as tmp:
-            tmp.write_text(to_toml(config))
+        write_text(run_dir / "config.toml", to_toml(config))
     log.environment(d)
+    if cfg.starter:
+        log.print(cfg.starter)
 
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     raw = get_model(config)
@@ -191,11 +222,50 @@ def setup(cfg: Config, d: Dist) -> Run:
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
+        report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
-              f"{d.world_size} process(es), {t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
+              f"{plural(d.world_size, 'process', 'processes')}, {t.parallel if d.world_size > 1 else 'no wrapper'} | "
+              f"compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
+    warn_if_a_save_does_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
+
+
+def warn_if_a_save_does_not_fit(run: Run) -> None:
+    """Rank 0 warns before the first step where the free space is short of one save: checkpoint.pt holds the
+    model's state dict, the resume state that and at most two optimizer moments per parameter (AdamW's), and
+    the old files stay until the new ones are complete."""
+    if not run.d.master:
+        return
+    # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
+    model = sum(v.numel() * v.element_size() for v in run.raw.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in run.raw.parameters())
+    checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
+    needs: dict[int, list] = {}  # filesystem -> [folder, bytes]
+    for folder, size in ((existing_folder(checkpoint), model), (run.run_dir, model + moments)):
+        needs.setdefault(folder.stat().st_dev, [folder, 0])[1] += size
+    for folder, need in needs.values():
+        free = shutil.disk_usage(folder).free
+        if free < need:
+            run.log.print(f"warning: {folder} has {free:,} bytes free, but a save needs about {need:,} there "
+                          f"(checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
+                          f"{moments:,} of optimizer moments); the first save will fail: free space or move "
+                          f"log.dir / train.checkpoint_path")
+
+
+def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
+    """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
+    for change in changes:
+        run.log.print(f"resume: {change}")
+    t, step = run.cfg.train, run.progress.step
+    before = replace(t, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
+    if (before.budget_s, before.max_steps) != (t.budget_s, t.max_steps):
+        old = Clock(before)
+        old.load_state_dict(run.clock.state_dict())
+        run.log.print(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
+                      f"at LR multiplier {run.clock.lr_mult(step):.3f} instead of {old.lr_mult(step):.3f} (a decay "
+                      f"that had ended rises again); this is not the run the new budget gives from the start")
 
 
 def rng_state() -> dict:
@@ -269,7 +339,7 @@ def warm_up(run: Run) -> None:
     restore(run, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
-    run.log.print(f"warm-up: {t.warmup_steps} steps in {time.perf_counter() - t0:.1f}s; state restored")
+    run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
 
 
 def validation(cfg: Config, d: Dist, val_files: list[str]):
@@ -331,7 +401,7 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = mfu_of(run, tok_s)
-    left = f"{t.budget_s - clock.elapsed():.1f}s left" if t.budget_s else f"{t.max_steps - p.step} steps left"
+    left = f"{t.budget_s - clock.elapsed():.1f}s" if t.budget_s else plural(t.max_steps - p.step, "step")
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
     run.log.metric({"type": "train", "step": p.step, "loss": loss, "grad_norm": norm,
                     "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu,
@@ -339,7 +409,7 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
     run.log.print(f"step {p.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
                   f"{tok_s:,.0f} tok/s"
                   + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
-                  + f" | {clock.elapsed():.1f}s elapsed, {left}")
+                  + f" | {clock.elapsed():.1f}s elapsed, {left} left")
 
 
 def mfu_of(run: Run, tok_s: float) -> float | None:
@@ -364,7 +434,7 @@ def save(run: Run) -> None:
         # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
         # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
         del state["model"], state["optim"]
-    save_resume(run.run_dir, d, run.progress.step, state)
+    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict())
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
@@ -544,12 +614,22 @@ def finish(run: Run, status: str) -> None:
     run.log.close()
 
 
+def report(message: str) -> None:
+    """fail() with `message`, printed by the first rank to report it (after the early parse, errors may be one
+    rank's own)."""
+    fail(message, distributed.first_to_report(message))
+
+
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        main(CONFIG)
     except ConfigError as e:
-        sys.exit(f"train.py: config error: {e}")
+        report(f"train.py: config error: {e}")
     except ShardError as e:
-        sys.exit(f"train.py: data error: {e}")
+        report(f"train.py: data error: {e}")
     except Diverged:
         sys.exit(1)  # rank 0 has printed why
+    except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
+        if e.errno not in NO_SPACE:
+            raise
+        report(f"train.py: disk full: {e}")

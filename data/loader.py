@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from data.shards import ShardError, open_shard
+from plural import plural
 
 try:  # mincore(2): which pages of a map are in the page cache; no Python binding
     _MINCORE = ctypes.CDLL(None, use_errno=True).mincore
@@ -190,12 +191,13 @@ def _names(regions: list[_Region]) -> str:
     return ", ".join(str(r.path) for r in regions[:3]) + (" ..." if len(regions) > 3 else "")
 
 
-def _split_tail(regions: list[_Region], n: int, what: str) -> tuple[list[_Region], _Region]:
+def _split_tail(regions: list[_Region], n: int) -> tuple[list[_Region], _Region]:
     """(regions without the last n tokens of the last file, a region of those n tokens)."""
     last = regions[-1]
     if not 0 < n < last.tokens_count():
-        raise ShardError(f"{last.path}: {what}={n} must be between 1 and the last file's {last.tokens_count()} "
-                         f"tokens; lower it (eval.tokens) or use a separate validation set")
+        raise ShardError(f"{last.path}: the held-out tail (data.val = 'holdout') of eval.tokens = {n} must be "
+                         f"between 1 and the last file's {last.tokens_count()} tokens; lower eval.tokens or use a "
+                         f"separate validation set")
     cut = last.hi - n
     head, tail = _Region(last.path, last.tokens, last.lo, cut), _Region(last.path, last.tokens, cut, last.hi)
     return regions[:-1] + [head], tail
@@ -209,8 +211,9 @@ def _file_order(seed: int | None, epoch: int, files: int) -> np.ndarray:
 
 
 def _no_window(regions: list[_Region], length: int, bos_id: int | None) -> ShardError:
-    return ShardError(f"no window of {length} tokens starting with bos_id={bos_id} in any of {len(regions)} "
-                      f"files ({_names(regions)}); check bos_id (meta.json eot_token) or turn off data.bos_aligned")
+    return ShardError(f"no window of {length} tokens starting with bos_id={bos_id} in any of "
+                      f"{plural(len(regions), 'file')} ({_names(regions)}); check bos_id (meta.json eot_token) or "
+                      f"turn off data.bos_aligned")
 
 
 class _Stream:
@@ -640,7 +643,7 @@ class TokenLoader:
         self.files = resolve_files(files)
         regions = _open_regions(self.files, fmt, raw_dtype)
         if holdout_tokens:
-            regions = _split_tail(regions, holdout_tokens, "holdout_tokens")[0]
+            regions = _split_tail(regions, holdout_tokens)[0]
         _check_fits(regions, seq_len + 1)
         self.batch_size, self.seq_len, self.rank, self.world_size = batch_size, seq_len, rank, world_size
         self.device = torch.device(device)
@@ -731,7 +734,7 @@ class TokenLoader:
         for key, want in self._spec.items():
             had = state.get(key, LEGACY.get(key))
             if had != want:
-                shown = f"{len(want)} files" if key == "files" else repr(want)
+                shown = plural(len(want), "file") if key == "files" else repr(want)
                 raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "
                                  f"with the same data files, seed, seq_len, bos_id, holdout and shuffle settings")
         self.close()
@@ -762,7 +765,7 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
                          f"{batch_size=}, {seq_len=}, {world_size=}, {num_tokens=}, {rank=}")
     regions = _open_regions(resolve_files(files), fmt, raw_dtype)
     if tail_tokens:
-        tail = _split_tail(regions, tail_tokens, "tail_tokens")[1]  # starts after the file's first token
+        tail = _split_tail(regions, tail_tokens)[1]  # starts after the file's first token
         regions = [_Region(tail.path, tail.tokens, tail.lo - 1, tail.hi)]  # + the input of its first target
     regions = _first_tokens(regions, num_tokens)
     offsets = np.cumsum([0] + [r.tokens_count() for r in regions])  # where each region starts in the stream
@@ -798,9 +801,10 @@ def _first_tokens(regions: list[_Region], num_tokens: int) -> list[_Region]:
     the first); fewer is an error."""
     have, need = sum(r.tokens_count() for r in regions), num_tokens + 1
     if have < need:
-        raise ShardError(f"validation data ({_names(regions)}) holds {have} tokens in {len(regions)} files, but "
-                         f"num_tokens={num_tokens} targets need {need} (the first token is only an input); lower "
-                         f"the eval token count (eval.tokens) to at most {have - 1} or add validation data")
+        raise ShardError(f"validation data ({_names(regions)}) holds {plural(have, 'token')} in "
+                         f"{plural(len(regions), 'file')}, but eval.tokens = {num_tokens} targets need {need} (the "
+                         f"first token is only an input); lower eval.tokens to at most {have - 1} or add validation "
+                         f"data")
     cut, left = [], need
     for r in regions:
         if left <= 0:

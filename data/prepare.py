@@ -40,6 +40,7 @@ from atomic import write_json
 from data import sources
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+from plural import plural
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
 META = "meta.json"
@@ -119,7 +120,7 @@ def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
         files = sources.local_files(pattern)
         if pattern != args.files:
             print(f"prepare: --files {args.files} is a folder: reading its "
-                  f"{sources.plural(len(files), files[0].suffix + ' file')} ({pattern})", file=sys.stderr)
+                  f"{plural(len(files), files[0].suffix + ' file')} ({pattern})", file=sys.stderr)
         description = {"kind": "files", "pattern": pattern, "text_field": args.text_field, **_file_stats(files)}
         if sources.BUILDERS[files[0].suffix] is None:
             return description, sources.text_corpus(files, seed)
@@ -263,7 +264,7 @@ def prepare(args: argparse.Namespace) -> dict:
     meta = start_meta(args.out, settings, args.overwrite)
     meta.update(tokenizer=args.tokenizer, vocab_size=enc.n_vocab, eot_token=eot_token(enc), dtype=dtype.name)
     if meta["complete"]:
-        print(f"prepare: {args.out} is already complete ({sources.plural(meta['tokens'], 'token')}); "
+        print(f"prepare: {args.out} is already complete ({plural(meta['tokens'], 'token')}); "
               f"nothing to do", file=sys.stderr)
         return meta
     try:
@@ -335,7 +336,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
                            "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))
     if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
         # checked before the last write: a val shard alone would be a finished-looking folder with no train data
-        raise PrepareError(f"the corpus gave only {sources.plural(meta['tokens'] + buffered, 'token')}, none left "
+        raise PrepareError(f"the corpus gave only {plural(meta['tokens'] + buffered, 'token')}, none left "
                            f"for training after the val split (--val-tokens {args.val_tokens:,}); lower "
                            f"--val-tokens{' (with --overwrite)' * bool(meta['shards'])} or add documents")
     if buffered:
@@ -346,11 +347,11 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
     write_json(args.out / META, meta)
     rate = (meta["tokens"] - written) / max(time.time() - t0, 1e-9)
     skipped = f" ({empty:,} empty, skipped)" if empty else ""
-    print(f"prepare: {sources.plural(done, 'document')}{skipped}, {sources.plural(meta['tokens'], 'token')} in "
-          f"{sources.plural(len(meta['shards']), 'shard')} -> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
+    print(f"prepare: {plural(done, 'document')}{skipped}, {plural(meta['tokens'], 'token')} in "
+          f"{plural(len(meta['shards']), 'shard')} -> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
     if meta["binary_bytes"]:
         most = f"; the most in {worst[1]} ({worst[0]:.1%} of its bytes)" if worst[1] else ""
-        print(f"prepare: warning: {sources.plural(meta['binary_bytes'], 'byte')} not UTF-8 text (undecodable "
+        print(f"prepare: warning: {plural(meta['binary_bytes'], 'byte')} not UTF-8 text (undecodable "
               f"ones became U+FFFD){most}", file=sys.stderr)
     return meta
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from plural import plural
+
 # file suffix -> the `datasets` builder that reads it (None: read here, one document per file)
 BUILDERS = {".txt": None, ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 THIRD_PARTY = {"site-packages", "dist-packages"}
@@ -39,11 +41,6 @@ class Corpus:
     documents: Callable[[int], Iterator[str | bytes]]
     files: list[Path] | None = None
     shuffle_buffer: int | None = None
-
-
-def plural(n: int, noun: str) -> str:
-    """'1 file', '2 files', '1,000 files'."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def stdlib_files() -> list[Path]:

@@ -9,69 +9,18 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from model.config import GPTConfig  # re-exported: `from model.gpt import GPTConfig` keeps working
+
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 except ImportError:  # torch builds without FlexAttention fall back to SDPA
     flex_attention = None
-
-VOCAB_MULTIPLE = 128  # matmul-friendly padding of the embedding/head rows
-
-
-@dataclass
-class GPTConfig:
-    """Every model key; the defaults are the GPT-2 small baseline."""
-    vocab_size: int = 50257  # real vocabulary; tables are padded up to a multiple of 128
-    block_size: int = 1024  # longest sequence (size of the learned position table)
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block
-    n_embd: int = 768  # model width
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
-    bias: bool = True  # biases in Linear layers and LayerNorm
-    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
-    activation: str = "gelu"  # "gelu" (tanh approximation, as GPT-2) | "relu2" (ReLU squared)
-    rotary: bool = False  # rotary position embeddings instead of a learned position table
-    rope_base: float = 10000.0  # rotary base frequency
-    qk_norm: bool = False  # RMS-normalise queries and keys per head
-    tie_embeddings: bool = True  # head shares the token embedding matrix
-    zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
-    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
-    value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
-    unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
-    attention: str = "sdpa"  # "sdpa" | "flex" (CUDA only; elsewhere SDPA with the same mask)
-    window: int = 0  # > 0: a token attends to at most `window` tokens (itself included); 0 = full
-    doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
-    bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
-    init_std: float = 0.02  # std of the normal init of matrices and embeddings
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ValueError(f"model config: {msg}")
-        need(min(self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd) > 0,
-             "vocab_size, block_size, n_layer, n_head and n_embd must be positive")
-        need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
-        need(not self.rotary or self.head_dim % 2 == 0, f"rotary needs an even head size, got {self.head_dim}")
-        need(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r}; use 'layernorm' or 'rmsnorm'")
-        need(self.activation in ("gelu", "relu2"), f"activation={self.activation!r}; use 'gelu' or 'relu2'")
-        need(self.attention in ("sdpa", "flex"), f"attention={self.attention!r}; use 'sdpa' or 'flex'")
-        need(0 <= 2 * self.value_embeds <= self.n_layer,
-             f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
-        need(self.window >= 0 and self.logit_softcap >= 0, "window and logit_softcap must be >= 0")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def padded_vocab(self) -> int:
-        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 class Norm(nn.Module):

@@ -5,7 +5,8 @@
     python -m scripts.sample ckpt.pt --tokenizer gpt2 --top-k 50 --seed 1
 
 The tokenizer is --tokenizer, else the one named in the meta.json beside the training shards
-(the checkpoint config's data.train glob), as written by data.prepare.
+(the checkpoint config's data.train glob), as written by data.prepare. One whose vocabulary is not the
+model's is refused (its ids would mean other text than the model learned) unless --force is given.
 """
 from __future__ import annotations
 
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only")
     ap.add_argument("--seed", type=int, default=None, help="fixes the sample (default: a fresh one each run)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer name or .tiktoken path (default: from meta.json)")
+    ap.add_argument("--force", action="store_true",
+                    help="sample even with a tokenizer whose vocabulary size is not the model's")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
@@ -109,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, config = load_checkpoint(args.checkpoint, args.device)
         enc = get_tokenizer(tokenizer_name(config, args.tokenizer))
+        if enc.n_vocab != model.cfg.vocab_size and not args.force:
+            raise SampleError(f"tokenizer {enc.name!r} has {enc.n_vocab} ids but the model was trained on "
+                              f"{model.cfg.vocab_size}: another tokenizer's ids mean other text, so the sample "
+                              f"would be garbage; pass the model's tokenizer (the meta.json beside its training "
+                              f"shards names it), or --force to sample anyway")
         # A new document starts after <|endoftext|>, so an empty prompt conditions on that token alone.
         ids = enc.encode(args.prompt, allowed_special="all") if args.prompt else [eot_token(enc)]
         if max(ids) >= model.cfg.vocab_size:

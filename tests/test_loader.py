@@ -274,10 +274,10 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
         TokenLoader(str(tmp_path / "nothing*.bin"), B, T)
     with pytest.raises(ShardError, match=rf"longer than every file: the largest, {re.escape(str(paths[1]))}, has 20 "):
         TokenLoader(str(tmp_path / "*.bin"), B, 20)
-    with pytest.raises(ShardError, match=r"holds 30 tokens in 2 files, but num_tokens=30 targets need 31 .*lower "
-                                         r"the eval token count \(eval.tokens\) to at most 29"):
+    with pytest.raises(ShardError, match=r"holds 30 tokens in 2 files, but eval.tokens = 30 targets need 31 .*lower "
+                                         r"eval.tokens to at most 29"):
         val_batches(str(tmp_path / "*.bin"), B, 4, 30)
-    with pytest.raises(ShardError, match="holdout_tokens=20 must be between 1 and the last file's 20 tokens"):
+    with pytest.raises(ShardError, match=r"tail \(data.val = 'holdout'\) of eval.tokens = 20 must be between 1 and"):
         TokenLoader(str(tmp_path / "*.bin"), B, 4, holdout_tokens=20)
     with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
         next(TokenLoader(paths, B, 4, bos_id=5000, shuffle=False))

@@ -107,8 +107,23 @@ def test_a_tokenizer_larger_than_the_model_is_refused(checkpoint, tmp_path, caps
     ranks = [bytes([b]) for b in range(256)] + [b"he", b"ll"]
     rank_file = tmp_path / "big.tiktoken"
     rank_file.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
-    assert main([str(checkpoint), "--prompt", "hello", "--tokenizer", str(rank_file)]) == 2
+    assert main([str(checkpoint), "--prompt", "hello", "--tokenizer", str(rank_file), "--force"]) == 2
     assert "tokenizer 'big' gives id 257 but the model has only 257 ids" in capsys.readouterr().err
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused_unless_forced(tmp_path):
+    # a 32,000-id model (the hackathon's vocabulary) sampled through the 257-id byte tokenizer
+    config = {"data": {"train": str(tmp_path / "none_*.bin")}, "model": {**TINY, "vocab_size": 32000}}
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"config": config, "model": get_model(config).state_dict(), "step": 1}, path)
+    proc = sample_cli(path, "--tokenizer", "bytes", "--tokens", 4, check=False)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr == ("sample: tokenizer 'bytes' has 257 ids but the model was trained on 32000: another "
+                           "tokenizer's ids mean other text, so the sample would be garbage; pass the model's "
+                           "tokenizer (the meta.json beside its training shards names it), or --force to sample "
+                           "anyway\n")
+    out = sample_cli(path, "--tokenizer", "bytes", "--tokens", 4, "--prompt", "ab", "--force", "--seed", 0).stdout
+    assert out.startswith("ab") and len(out.encode()) > 3  # ids below 257 only: bytes the tokenizer can decode
 
 
 @pytest.mark.slow

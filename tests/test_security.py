@@ -9,7 +9,7 @@ import pytest
 import train
 from tests.fault_setup import tiny_data, train_args
 from tests.helpers import ROOT, run
-from trainer.config import ConfigError
+from trainer.config import ConfigError, parse_args
 
 SKIP_DIRS = {".venv", ".git", "__pycache__", ".pytest_cache", "runs", "shards", ".cache", "wandb"}
 SENTINEL = "s3ntinel-7f3a9c1e-do-not-leak"
@@ -94,9 +94,9 @@ def test_config_paths_are_only_paths(shards, tmp_path, monkeypatch):
     trap = tmp_path / "pwned"
     argv = ["--config", str(ROOT / "configs" / "tiny.toml"), f"--data.val={shards}/*_val_*.bin", "--log.dir=runs"]
     with pytest.raises(ConfigError, match=re.escape(f"data.train = '$(touch {trap})/*.bin' matches no file")):
-        train.main([*argv, f"--data.train=$(touch {trap})/*.bin", "--log.run_id=x"])
+        train.main(parse_args([*argv, f"--data.train=$(touch {trap})/*.bin", "--log.run_id=x"]))
     with pytest.raises(ConfigError, match=re.escape("log.run_id = '../escape' must be a plain folder name")):
-        train.main([*argv, f"--data.train={shards}/*_train_*.bin", "--log.run_id=../escape"])
+        train.main(parse_args([*argv, f"--data.train={shards}/*_train_*.bin", "--log.run_id=../escape"]))
     assert list(tmp_path.iterdir()) == [], "nothing may be created: not the trap, not a run folder"
 
 

@@ -130,7 +130,7 @@ def test_a_rank_that_cannot_see_the_resume_state_stops_with_the_fix(ddp_run, dem
     shutil.copytree(ddp_run, tmp_path / "ddp")
     done = json.loads((tmp_path / "ddp" / "resume" / "done.json").read_text())
     (tmp_path / "ddp" / "resume" / done["dir"] / "rank1.pt").unlink()
-    proc = torchrun(args(demo, tmp_path, "ddp", "--train.max_steps=40"), check=False)
+    proc = torchrun(args(demo, tmp_path, "ddp", "--train.max_steps=40", "--extend-budget"), check=False)
     assert proc.returncode != 0
     assert "rank1.pt is missing, though rank 0 resumes from" in proc.stderr and "shared filesystem" in proc.stderr
 

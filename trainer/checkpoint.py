@@ -6,18 +6,20 @@ torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dic
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
 rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
-mid-save leaves the previous complete state in use.
+mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
+under: a resume compares the new config with it before anything in the run folder changes.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
-import torch.distributed.tensor  # noqa: F401  registers DTensor, so weights_only loads of FSDP2 shards work
 from torch import nn
+from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
 from atomic import atomic_path, write_json
 from trainer import distributed
@@ -34,41 +36,81 @@ def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in raw.state_dict().items()}
 
 
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a nested dict/list/tuple (this rank's shard of a DTensor)."""
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+    elif isinstance(obj, torch.Tensor):
+        yield obj.to_local() if isinstance(obj, DTensor) else obj
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the distinct tensor storages in `obj`: what torch.save writes of it, but for a small index."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(obj)}.values())
+
+
+def _save(obj: Any, path: Path) -> None:
+    """torch.save `obj` to `path` atomically, through a Python file: a full disk then raises ENOSPC, which
+    atomic_path reports (torch's own file writer says only "unexpected pos ..." or "iostream error")."""
+    with atomic_path(path, size=tensor_bytes(obj)) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
 def save_checkpoint(path: str | Path, config: dict, model_state: dict, step: int) -> None:
     """Write checkpoint.pt atomically (call on rank 0 only)."""
-    with atomic_path(path) as tmp:
-        torch.save({"config": config, "model": model_state, "step": step}, tmp)
+    _save({"config": config, "model": model_state, "step": step}, Path(path))
 
 
-def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any]) -> None:
-    """Save this rank's resume state for `step`; mark it complete once every rank has written (all ranks call)."""
-    root = run_dir / "resume"
-    with atomic_path(root / f"step{step:07d}" / f"rank{d.rank}.pt") as tmp:
-        torch.save(state, tmp)
+def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict) -> None:
+    """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
+    (all ranks call)."""
+    root, folder = run_dir / "resume", f"step{step:07d}"
+    if d.master and (root / "done.json").exists():
+        # what a save that failed on some rank left (its other ranks' files): space the new state needs
+        _remove_steps(root, keep={folder, json.loads((root / "done.json").read_text())["dir"]})
+    _save(state, root / folder / f"rank{d.rank}.pt")
     distributed.barrier()
     if d.master:
-        write_json(root / "done.json", {"dir": f"step{step:07d}", "step": step, "world_size": d.world_size})
-        for old in root.glob("step*"):
-            if old.name != f"step{step:07d}":
-                shutil.rmtree(old, ignore_errors=True)
+        write_json(root / "done.json", {"dir": folder, "step": step, "world_size": d.world_size, "config": config})
+        _remove_steps(root, keep={folder})
     distributed.barrier()
 
 
-def load_resume(run_dir: Path, d: Dist) -> dict[str, Any] | None:
-    """This rank's last complete resume state in run_dir, or None if there is none."""
+def _remove_steps(root: Path, keep: set[str]) -> None:
+    """Delete the step folders under resume/ but those named in `keep`."""
+    for old in root.glob("step*"):
+        if old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_marker(run_dir: Path, d: Dist) -> dict[str, Any] | None:
+    """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
+    "config" being the config the state was saved under; every rank gets the same."""
     done = run_dir / "resume" / "done.json"
+    marker = None
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    marker = distributed.broadcast(json.loads(done.read_text()) if d.master and done.exists() else None)
-    if marker is None:
-        return None
-    if marker["world_size"] != d.world_size:
-        raise ConfigError(f"{done}: the run was saved with {marker['world_size']} processes, this one has "
-                          f"{d.world_size}; resume with the same world size or start a new log.run_id")
+    if d.master and done.exists():
+        marker = json.loads(done.read_text())
+        if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
+            marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
+    marker = distributed.broadcast(marker)
+    if marker is not None and marker["world_size"] != d.world_size:
+        raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
+                          f"world size {d.world_size}; resume with the same world size or start a new log.run_id")
+    return marker
+
+
+def load_resume(run_dir: Path, d: Dist, marker: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of the resume state that `marker` (resume_marker's answer) names."""
     folder = run_dir / "resume" / marker["dir"]
     if not (folder / f"rank{d.rank}.pt").exists():
-        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from {done}: every "
-                          f"node must see the same log.dir (a shared filesystem); or start a new log.run_id")
+        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from "
+                          f"{run_dir / 'resume' / 'done.json'}: every node must see the same log.dir (a shared "
+                          f"filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
     if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shlex
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -33,8 +34,7 @@ from typing import Any
 
 import tomli_w
 
-from model.gpt import GPTConfig
-from model.optim import OptimConfig
+from model.config import GPTConfig, OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
@@ -105,7 +105,25 @@ CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"):
            ("train", "dtype"): ("bfloat16", "float32"),
            ("train", "timing"): ("from_first_forward", "exclude_warmup"),
            ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
+# the hackathon starter's flags and the keys each sets (see the module docstring)
 STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
+STARTER_KEYS = {"data_dir": ("data.train", "data.format", "data.val"), "checkpoint_path": ("train.checkpoint_path",),
+                "seq_len": ("train.seq_len",), "batch_size": ("train.batch_size",),
+                "grad_accum_steps": ("train.grad_accum",), "max_steps": ("train.max_steps",),
+                "time_limit_min": ("train.budget_s", "train.schedule")}
+# Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
+# fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
+# what the run's record measures. Every other key, including one added later, refuses the resume.
+RESUME_SAFE = frozenset({
+    "data.vocab_check",                      # a check of the data, not the data
+    "train.compile", "train.warmup_steps",   # the same math; warm-up steps are undone before the clock starts
+    "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s",
+    "eval.every_steps", "eval.every_s", "eval.batch_size",   # eval.batch_size: the same windows, regrouped
+    "log.dir", "log.run_id", "log.track", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
+})
+# How long the run trains: changed on resume only with --extend-budget (the README's "Resuming" says what it
+# does to the LR schedule)
+RESUME_BUDGET = frozenset({"train.budget_s", "train.max_steps"})
 
 
 class ConfigError(ValueError):
@@ -121,6 +139,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
+    starter: str = ""            # which starter flags were applied and which overridden ("" = none given)
+    extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
@@ -154,8 +174,8 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     setattr(getattr(cfg, section), key, _check_value(section, key, value, hints[key], where))
 
 
-def apply_file(cfg: Config, path: str | Path) -> None:
-    """Apply a TOML config file to `cfg`."""
+def apply_file(cfg: Config, path: str | Path) -> set[str]:
+    """Apply a TOML config file to `cfg`; return the keys it sets ("section.key")."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -172,6 +192,7 @@ def apply_file(cfg: Config, path: str | Path) -> None:
                               f"valid sections: {', '.join(SECTIONS)}")
         for key, value in table.items():
             _apply(cfg, section, key, value, str(path))
+    return {f"{section}.{key}" for section, table in doc.items() for key in table}
 
 
 def parse_value(text: str) -> Any:
@@ -198,6 +219,8 @@ def _argparser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False)
     p.add_argument("--config", help="TOML file in configs/")
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
+    p.add_argument("--extend-budget", action="store_true",
+                   help="resume the run although train.budget_s or train.max_steps changed (see README)")
     starter = p.add_argument_group("GPU MODE hackathon starter flags (see trainer/config.py)")
     starter.add_argument("--data_dir")
     starter.add_argument("--checkpoint_path")
@@ -233,15 +256,14 @@ def parse_args(argv: list[str]) -> Config:
     """Build the run's Config from command-line arguments (see the module docstring for precedence)."""
     args, rest = _argparser().parse_known_args(argv)
     overrides = _split_overrides(rest)
-    starter = any(getattr(args, a) is not None for a in
-                  ("data_dir", "checkpoint_path", "max_steps", "time_limit_min", *STARTER_SHAPE))
+    starter = [flag for flag in STARTER_KEYS if getattr(args, flag) is not None]
     path = args.config or (HACKATHON_CONFIG if starter and HACKATHON_CONFIG.exists() else None)
-    cfg = Config()
+    cfg, from_file = Config(), set()
     for flag, key in STARTER_SHAPE.items():
         if getattr(args, flag) is not None:
             _apply(cfg, "train", key, getattr(args, flag), f"--{flag}")
     if path is not None:
-        apply_file(cfg, path)
+        from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
     if args.data_dir is not None:
         cfg.data.train = str(Path(args.data_dir) / "chunk_*.bin")
@@ -254,10 +276,37 @@ def parse_args(argv: list[str]) -> Config:
         cfg.train.max_steps = args.max_steps
     if args.resume:
         cfg.train.resume = "must"
+    cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
     validate(cfg)
+    if starter:
+        cfg.starter = _starter_report(cfg, args, starter, path, from_file, {key for key, _ in overrides})
     return cfg
+
+
+def _starter_report(cfg: Config, args: argparse.Namespace, flags: list[str], path: str | Path | None,
+                    from_file: set[str], from_command_line: set[str]) -> str:
+    """One line: the starter flags given, each applied or overridden (and why), with the values they led to."""
+    applied, by_file, by_command_line = [], [], []
+    for flag in flags:
+        keys = STARTER_KEYS[flag]
+        values = ", ".join(f"{k} = {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])!r}" for k in keys)
+        said = f"--{flag} {getattr(args, flag)} ({values})"
+        if from_command_line & set(keys):
+            by_command_line.append(said)
+        elif flag in STARTER_SHAPE and keys[0] in from_file:
+            by_file.append(said)
+        else:
+            applied.append(said)
+    parts = [f"applied {', '.join(applied)}"] if applied else []
+    if by_file:
+        shown = Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path
+        parts.append(f"overridden by {shown}, whose tuned shape wins over the starter's generic one: "
+                     f"{', '.join(by_file)}")
+    if by_command_line:
+        parts.append(f"overridden by a --section.key=value on the command line: {', '.join(by_command_line)}")
+    return "hackathon starter flags: " + "; ".join(parts)
 
 
 def validate(cfg: Config) -> None:
@@ -306,6 +355,42 @@ def validate(cfg: Config) -> None:
                           f"raise model.block_size or use model.rotary = true")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
+
+
+def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[str]:
+    """Refuse to resume the state saved under `saved` with `cfg` if a key outside RESUME_SAFE changed (or one
+    of RESUME_BUDGET without cfg.extend_budget); return a line per allowed change.
+
+    A key the saved config lacks (added to the code since) counts as its default; a key the code no longer has
+    is ignored. `where` names the saved run in the error.
+    """
+    defaults, changes, refused = Config().to_dict(), [], []
+    for section, values in cfg.to_dict().items():
+        for key, value in values.items():
+            old = saved.get(section, {}).get(key, defaults[section][key])
+            if old == value:
+                continue
+            dotted = f"{section}.{key}"
+            change = f"{dotted}: saved {old!r}, now {value!r}"
+            if dotted in RESUME_SAFE or (dotted in RESUME_BUDGET and cfg.extend_budget):
+                changes.append(change)
+            else:
+                refused.append((dotted, old, change))
+    if refused:
+        lines = [f"  {change}" + (" (or pass --extend-budget to train the saved run longer)"
+                                  if dotted in RESUME_BUDGET else "") for dotted, _, change in refused]
+        saved_args = " ".join(shlex.quote(f"--{dotted}={_arg_text(old)}") for dotted, old, _ in refused)
+        raise ConfigError("\n".join([
+            f"{where}: the run's resume state was saved under another config, and these keys decide the model, "
+            f"the data stream, the optimizer state or the schedule:", *lines,
+            f"Either start a new run (another --log.run_id) or resume with the saved values ({saved_args}); "
+            f"nothing in {where} was changed"]))
+    return changes
+
+
+def _arg_text(value: Any) -> str:
+    """`value` as --section.key=VALUE text that apply_override reads back equal."""
+    return value if isinstance(value, str) else json.dumps(value)  # JSON numbers, booleans, lists are TOML
 
 
 def to_toml(sections: dict[str, dict[str, Any]]) -> str:

@@ -6,6 +6,7 @@ without them we are a single process and no group is created.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ class Dist:
         return self.device.type == "cuda"
 
 
+_store: dist.Store | None = None  # this attempt's rendezvous store once the group exists (first_to_report)
+
+
 def init(timeout_s: float) -> Dist:
     """Join the process group if launched by torchrun (NCCL on GPU, gloo on CPU); pick this rank's device."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -42,10 +46,11 @@ def init(timeout_s: float) -> Dist:
     else:
         device = torch.device("cpu")
     if world > 1:
+        global _store
         # A finite timeout turns a lost peer into an error instead of a hang until SLURM's wall time.
         timeout = datetime.timedelta(seconds=timeout_s)
-        kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world,
-                                      store=_attempt_store(rank, world, timeout))
+        _store = _attempt_store(rank, world, timeout)
+        kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world, store=_store)
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device, **kwargs)
         else:
@@ -64,6 +69,22 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.S
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun already serves it
     store = dist.TCPStore(host, port, world, is_master=not agent_store and rank == 0, timeout=timeout)
     return dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def first_to_report(message: str) -> bool:
+    """True on the one rank that should print `message`, so an error every rank hits prints once.
+
+    Before the process group exists that is rank 0: every rank parses the same command line and files. After,
+    it is the first rank to claim the message in the rendezvous store (kept after close()), so an error of one
+    rank alone still prints; if the store is gone, every rank says it rather than none.
+    """
+    if _store is None:
+        return int(os.environ.get("RANK", 0)) == 0
+    try:
+        _store.set_timeout(datetime.timedelta(seconds=10))
+        return _store.add("report/" + hashlib.sha256(message.encode()).hexdigest(), 1) == 1
+    except RuntimeError:  # DistStoreError, DistNetworkError: the store's host (rank 0 without torchrun) has exited
+        return True
 
 
 def close() -> None:

@@ -1,0 +1,95 @@
+"""The model's and the optimizers' config sections as dataclasses, free of torch.
+
+trainer/config.py builds the run config from them, and train.py parses it before it imports torch (seconds
+on a cold start), so a config error is answered at once. model.gpt and model.optim re-export them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VOCAB_MULTIPLE = 128  # matmul-friendly padding of the embedding/head rows
+
+
+@dataclass
+class GPTConfig:
+    """Every model key; the defaults are the GPT-2 small baseline."""
+    vocab_size: int = 50257  # real vocabulary; tables are padded up to a multiple of 128
+    block_size: int = 1024  # longest sequence (size of the learned position table)
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # model width
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+    bias: bool = True  # biases in Linear layers and LayerNorm
+    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
+    activation: str = "gelu"  # "gelu" (tanh approximation, as GPT-2) | "relu2" (ReLU squared)
+    rotary: bool = False  # rotary position embeddings instead of a learned position table
+    rope_base: float = 10000.0  # rotary base frequency
+    qk_norm: bool = False  # RMS-normalise queries and keys per head
+    tie_embeddings: bool = True  # head shares the token embedding matrix
+    zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
+    value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
+    unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
+    attention: str = "sdpa"  # "sdpa" | "flex" (CUDA only; elsewhere SDPA with the same mask)
+    window: int = 0  # > 0: a token attends to at most `window` tokens (itself included); 0 = full
+    doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
+    bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
+    init_std: float = 0.02  # std of the normal init of matrices and embeddings
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"model config: {msg}")
+        need(min(self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd) > 0,
+             "vocab_size, block_size, n_layer, n_head and n_embd must be positive")
+        need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
+        need(not self.rotary or self.head_dim % 2 == 0, f"rotary needs an even head size, got {self.head_dim}")
+        need(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r}; use 'layernorm' or 'rmsnorm'")
+        need(self.activation in ("gelu", "relu2"), f"activation={self.activation!r}; use 'gelu' or 'relu2'")
+        need(self.attention in ("sdpa", "flex"), f"attention={self.attention!r}; use 'sdpa' or 'flex'")
+        need(0 <= 2 * self.value_embeds <= self.n_layer,
+             f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
+        need(self.window >= 0 and self.logit_softcap >= 0, "window and logit_softcap must be >= 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+@dataclass
+class OptimConfig:
+    """The [optim] section."""
+    name: str = "adamw"  # "adamw": one AdamW for everything | "muon": Muon + AdamW groups (speedrun recipe)
+    lr: float = 6e-4  # adamw: learning rate of every parameter
+    weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
+    eps: float = 1e-8  # Adam epsilon (both recipes)
+    grad_clip: float = 0.0  # > 0: scale the gradients down to this global norm before every step; 0 = off
+    embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
+    head_lr: float = 0.008  # muon: Adam rate of the untied head
+    scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
+    muon_lr: float = 0.05  # muon: rate of the hidden matrices of the blocks
+    muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_momentum_warmup_steps: int = 0  # muon: steps of the linear momentum warm-up (0 = none; records: 300)
+    muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
+    ns_steps: int = 5  # muon: Newton-Schulz iterations
+    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
+
+    def __post_init__(self) -> None:
+        if self.name not in ("adamw", "muon"):
+            raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
+        if self.muon_momentum_warmup_steps < 0:
+            raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
+                             ">= 0 (0 = no warm-up)")
+        if not 0 <= self.muon_momentum_start < 1:
+            raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
+                             "e.g. 0.85")

@@ -1,0 +1,114 @@
+"""A full disk: the failed write says so (path, bytes needed, bytes free) and leaves nothing half-written.
+
+The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from a 2 MB tmpfs that train.py
+fills for real, mounted in a private mount namespace (`unshare`; skipped where the machine forbids it).
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from atomic import DiskFullError, atomic_path, write_text
+from model import get_model
+from tests.fault_setup import tiny_data, train_args
+from tests.fault_writer import CONFIG
+from tests.helpers import run
+from trainer.checkpoint import save_checkpoint, save_resume, tensor_bytes
+from trainer.distributed import Dist
+
+
+def test_a_failed_write_removes_its_file_and_the_folders_it_made(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        with atomic_path(tmp_path / "resume" / "step0000001" / "rank0.pt") as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("the writer failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    # a folder another writer has put a file in stays
+    (tmp_path / "shared").mkdir()
+    with pytest.raises(RuntimeError):
+        with atomic_path(tmp_path / "shared" / "step1" / "rank0.pt") as tmp:
+            (tmp_path / "shared" / "step1" / "rank1.pt").write_bytes(b"done")
+            raise RuntimeError
+    assert [p.name for p in (tmp_path / "shared" / "step1").iterdir()] == ["rank1.pt"]
+
+
+def test_no_space_names_the_file_the_bytes_needed_and_free_and_keeps_the_old_one(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    model = get_model(CONFIG)
+    save_checkpoint(path, CONFIG, model.state_dict(), step=1)
+    good = path.read_bytes()
+    # the temporary file this process will write is /dev/full: every write fails with the kernel's ENOSPC
+    (tmp_path / f".checkpoint.pt.tmp{os.getpid()}").symlink_to("/dev/full")
+    with pytest.raises(DiskFullError) as e:
+        save_checkpoint(path, CONFIG, get_model(CONFIG).state_dict(), step=2)
+    need, free = tensor_bytes(model.state_dict()), shutil.disk_usage(tmp_path).free
+    message = str(e.value)
+    assert message.startswith(f"{path}: no space left on device while writing it: it needs about {need:,} bytes, ")
+    assert message.endswith("bytes are free there; free some space or write to another filesystem")
+    said_free = int(re.search(r"([\d,]+) bytes are free", message).group(1).replace(",", ""))
+    assert abs(said_free - free) < 50e6  # measured on the same filesystem a moment ago
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    (tmp_path / f".config.toml.tmp{os.getpid()}").symlink_to("/dev/full")
+    with pytest.raises(DiskFullError, match=r"config\.toml: no space left on device while writing it: it needs "
+                                            r"about 9 bytes"):
+        write_text(tmp_path / "config.toml", "[log]\né\n")  # 9 bytes in UTF-8
+
+
+def test_a_resume_save_first_frees_what_a_failed_save_left_and_keeps_the_complete_state(tmp_path):
+    root = tmp_path / "resume"
+    save_resume(tmp_path, Dist(), 5, {"step": 5}, {"train": {}})
+    done = (root / "done.json").read_text()
+    (root / "step0000007").mkdir()  # another rank's file from a save that failed on rank 0
+    (root / "step0000007" / "rank1.pt").write_bytes(b"x" * 1000)
+    (root / "step0000009").mkdir()
+    (root / "step0000009" / f".rank0.pt.tmp{os.getpid()}").symlink_to("/dev/full")
+    with pytest.raises(DiskFullError, match=r"step0000009/rank0\.pt: no space left on device"):
+        save_resume(tmp_path, Dist(), 9, {"step": 9}, {"train": {}})
+    assert sorted(p.name for p in root.iterdir()) == ["done.json", "step0000005", "step0000009"]
+    assert (root / "done.json").read_text() == done and list((root / "step0000009").iterdir()) == []
+
+
+def unshare_tmpfs_reason() -> str | None:
+    """Why a tmpfs cannot be mounted in a private mount namespace here, or None if it can."""
+    if shutil.which("unshare") is None:
+        return "no unshare command"
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare/mount refused: {probe.stderr.strip()[:200]}"
+
+
+NO_TMPFS = unshare_tmpfs_reason()
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
+    data = tiny_data(tmp_path / "data")
+    disk, after = tmp_path / "disk", tmp_path / "after"
+    disk.mkdir()
+    after.mkdir()
+    # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
+    argv = [sys.executable, *train_args(data, disk, "full", "--train.checkpoint_every_s=1e-9", "--log.every_steps=0")]
+    script = (f"mount -t tmpfs -o size=2m tmpfs {disk} && {shlex.join(argv)}; status=$?; "
+              f"cp -a {disk}/. {after}/; exit $status")  # the tmpfs goes with the namespace: copy it out
+    proc = run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but a save needs about ([\d,]+) there", proc.stdout)
+    assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    rank0 = disk / "full" / "resume" / "step0000001" / "rank0.pt"
+    assert re.fullmatch(rf"train\.py: disk full: {re.escape(str(rank0))}: no space left on device while writing "
+                        r"it: it needs about [\d,]+ bytes, [\d,]+ bytes are free there; free some space or write "
+                        r"to another filesystem", last), last
+    # no half-written file, no empty resume/step0000001/; the checkpoint written before it is whole
+    run_dir = after / "full"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    get_model(ckpt["config"]).load_state_dict(ckpt["model"])
+    assert ckpt["step"] == 1

@@ -1,0 +1,105 @@
+"""Resuming under a changed config: refused before anything is written, unless the keys are safe to change
+or the budget is extended on purpose. Real train.py runs on tiny shards; a real run folder is compared
+byte for byte."""
+import hashlib
+import json
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.fault_setup import tiny_data, train_args
+from tests.helpers import run
+from trainer.config import ConfigError, check_resume, parse_args
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, Path]:
+    """(data folder, run folder) of a completed 30-step tiny run."""
+    tmp = tmp_path_factory.mktemp("resume")
+    data = tiny_data(tmp / "data")
+    run([sys.executable, *train_args(data, tmp / "runs", "r1")])
+    return data, tmp / "runs" / "r1"
+
+
+def relaunch(data: Path, run_dir: Path, *extra: str, check: bool = True):
+    """train.py on `run_dir` again (same data and run id) with `extra` arguments."""
+    return run([sys.executable, *train_args(data, run_dir.parent, run_dir.name, *extra)], check=check)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file and folder below `folder`: its sha256, or "dir"."""
+    return {str(p.relative_to(folder)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))}
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the run folder under tmp_path/runs, with the same run id."""
+    return Path(shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name))
+
+
+def test_a_changed_model_data_or_optimizer_is_refused_and_nothing_changes(finished, tmp_path):
+    data, run_dir = finished
+    before = snapshot(run_dir)
+    proc = relaunch(data, run_dir, "--model.n_layer=3", "--optim.lr=0.01", "--data.seed=4", "--train.max_steps=40",
+                    check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    err = proc.stderr
+    assert f"config error: {run_dir}: the run's resume state was saved under another config" in err
+    for line in ("  data.seed: saved 0, now 4\n", "  model.n_layer: saved 2, now 3\n",
+                 "  optim.lr: saved 0.003, now 0.01\n",
+                 "  train.max_steps: saved 30, now 40 (or pass --extend-budget to train the saved run longer)\n"):
+        assert line in err, err
+    assert ("Either start a new run (another --log.run_id) or resume with the saved values (--data.seed=0 "
+            "--model.n_layer=2 --optim.lr=0.003 --train.max_steps=30)") in err
+    assert snapshot(run_dir) == before  # config.toml, log.txt, metrics.jsonl, checkpoint, resume state
+
+    # a state saved before done.json held its config: the run folder's config.toml is compared instead
+    old = copy_of(run_dir, tmp_path)
+    done = old / "resume" / "done.json"
+    done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "config"}))
+    before = snapshot(old)
+    proc = relaunch(data, old, "--model.n_layer=3", check=False)
+    assert proc.returncode == 1 and "  model.n_layer: saved 2, now 3\n" in proc.stderr, proc.stderr[-3000:]
+    assert snapshot(old) == before
+
+
+def test_safe_keys_are_taken_and_said_and_a_budget_only_extends_on_purpose(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    out = relaunch(data, run_dir, "--eval.every_steps=5", "--log.every_steps=2").stdout
+    said = [line for line in out.splitlines() if line.startswith("resume: ")]
+    assert said == ["resume: eval.every_steps: saved 0, now 5",
+                    f"resume: log.dir: saved '{finished[1].parent}', now '{run_dir.parent}'",  # the copy's folder
+                    "resume: log.every_steps: saved 1, now 2"]
+    assert "resumed at step 30" in out and "done: completed | step 30 |" in out
+    assert tomllib.loads((run_dir / "config.toml").read_text())["eval"]["every_steps"] == 5
+
+    out = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget").stdout
+    # tiny.toml decays over the last half of max_steps to 0.1: step 31 of 40 is back at 0.1 + 0.9 * 0.25 / 0.5
+    assert "resume: train.max_steps: saved 30, now 40\n" in out
+    assert ("resume: --extend-budget: the LR schedule now spans the new budget, so step 31 runs at LR multiplier "
+            "0.550 instead of 0.100") in out
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if r["type"] == "train"]
+    assert steps == list(range(1, 41))
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
+    # the state is now saved under the extended budget: the next resume compares with that
+    assert json.loads((run_dir / "resume" / "done.json").read_text())["config"]["train"]["max_steps"] == 40
+
+
+def test_keys_added_or_removed_since_the_save_are_not_differences():
+    cfg = parse_args(["--config", "configs/tiny.toml", "--data.train=x", "--train.max_steps=50"])
+    saved = cfg.to_dict()
+    del saved["model"]["rope_base"]           # added to the code after the save: compared as its default
+    saved["optim"]["retired_key"] = 1         # no longer in the code: nothing to compare it with
+    saved["train"]["max_steps"] = 30
+    with pytest.raises(ConfigError, match=r"train\.max_steps: saved 30, now 50 \(or pass --extend-budget"):
+        check_resume(saved, cfg, "runs/x")
+    cfg.extend_budget = True
+    assert check_resume(saved, cfg, "runs/x") == ["train.max_steps: saved 30, now 50"]
+    saved["model"]["rope_base"] = 5.0         # a saved value that is not the default is a difference
+    with pytest.raises(ConfigError, match=r"model\.rope_base: saved 5\.0, now 10000\.0"):
+        check_resume(saved, cfg, "runs/x")

@@ -1,0 +1,26 @@
+"""Messages count in words a person would write: "1 file", not "1 files"; the config's key names, not the code's."""
+import pytest
+
+from data.loader import TokenLoader, val_batches
+from data.shards import ShardError
+from plural import plural
+from tests.helpers import make_shards
+
+
+def test_plural():
+    assert [plural(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]
+    assert plural(1, "process", "processes") == "1 process" and plural(8, "process", "processes") == "8 processes"
+
+
+def test_eval_errors_name_eval_tokens_and_count_one_file_as_one(tmp_path):
+    [val] = make_shards(tmp_path, [10], vocab=100)
+    with pytest.raises(ShardError, match=r"holds 10 tokens in 1 file but eval\.tokens = 11; lower eval\.tokens to at "
+                                         r"most 10"):
+        val_batches(str(val), 2, 4, 11)
+    with pytest.raises(ShardError, match=r"eval\.tokens = 3 holds no window of seq_len \+ 1 = 5 tokens; raise "
+                                         r"eval\.tokens to at least 5"):
+        val_batches(str(val), 2, 4, 3)
+    with pytest.raises(ShardError, match=r"held-out tail \(data\.val = 'holdout'\) of eval\.tokens = 10 must be "):
+        TokenLoader(str(val), 2, 4, holdout_tokens=10)
+    with pytest.raises(ShardError, match=r"starting with bos_id=500 in 1 file \("):
+        next(TokenLoader(str(val), 2, 4, bos_id=500))
