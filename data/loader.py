@@ -211,7 +211,7 @@ def _file_order(seed: int | None, epoch: int, files: int) -> np.ndarray:
 
 
 def _no_window(regions: list[_Region], length: int, bos_id: int | None) -> ShardError:
-    return ShardError(f"no window of {length} tokens starting with bos_id={bos_id} in any of "
+    return ShardError(f"no window of {length} tokens starting with bos_id={bos_id} in "
                       f"{plural(len(regions), 'file')} ({_names(regions)}); check bos_id (meta.json eot_token) or "
                       f"turn off data.bos_aligned")
 

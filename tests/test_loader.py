@@ -279,9 +279,9 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
         val_batches(str(tmp_path / "*.bin"), B, 4, 30)
     with pytest.raises(ShardError, match=r"tail \(data.val = 'holdout'\) of eval.tokens = 20 must be between 1 and"):
         TokenLoader(str(tmp_path / "*.bin"), B, 4, holdout_tokens=20)
-    with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
+    with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in 2 files"):
         next(TokenLoader(paths, B, 4, bos_id=5000, shuffle=False))
-    with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in any of 2 files"):
+    with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in 2 files"):
         next(TokenLoader(paths, B, 4, bos_id=5000))
     with pytest.raises(ValueError, match=r"shuffle_shards must be >= 0 \(0: shuffle over all files\), got -1"):
         TokenLoader(paths, B, 4, shuffle_shards=-1)
