@@ -102,13 +102,14 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but a save needs about ([\d,]+) there", proc.stdout)
     assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    rank0 = disk / "full" / "resume" / "step0000001" / "rank0.pt"
+    # the first save is due after step 1 and, read a step late like every flag, comes after step 2
+    rank0 = disk / "full" / "resume" / "step0000002" / "rank0.pt"
     assert re.fullmatch(rf"train\.py: disk full: {re.escape(str(rank0))}: no space left on device while writing "
                         r"it: it needs about [\d,]+ bytes, [\d,]+ bytes are free there; free some space or write "
                         r"to another filesystem", last), last
-    # no half-written file, no empty resume/step0000001/; the checkpoint written before it is whole
+    # no half-written file, no empty resume/step0000002/; the checkpoint written before it is whole
     run_dir = after / "full"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
-    assert ckpt["step"] == 1
+    assert ckpt["step"] == 2
