@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shuffle-buffer", type=int, default=sources.SHUFFLE_BUFFER,
                    help="rows held to shuffle a streamed dataset")
     p.add_argument("--allow-binary", action="store_true",
-                   help=f"keep files of which over {BINARY_SHARE:.0%} of the bytes are not UTF-8 text "
+                   help=f"keep files of which over {BINARY_SHARE:.0%}% of the bytes are not UTF-8 text "
                         f"(undecodable bytes become U+FFFD)")
     p.add_argument("--tokenizer", help="bytes | gpt2 | any tiktoken name | a .tiktoken file "
                                        "(default: bytes for the demo corpus, else gpt2)")
