@@ -144,7 +144,7 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
     flex = {"shape": {"head_dim": 128, "seq_len": 2048, "window": 1024, "doc_causal": True},
             "flex": {"out": 0.004, "dq": 0.005, "dk": 0.005, "dv": 0.005},
             "sdpa": {"out": 0.003, "dq": 0.004, "dk": 0.004, "dv": 0.004}, "compile_s": 30.0, "ms": {}}
-    flex["tolerance"] = {k: 2 * v + kernel_check.BF16_STEP for k, v in flex["sdpa"].items()}
+    flex["tolerance"] = {k: kernel_check.tolerance(v) for k, v in flex["sdpa"].items()}
     flex["ok"] = {k: flex["flex"][k] <= flex["tolerance"][k] for k in flex["sdpa"]}
 
     def verdicts(kernels: dict) -> list[str]:
@@ -251,7 +251,7 @@ def test_flex_tolerance_catches_a_mask_one_token_off():
     sdpa = kernel_check.attention_errors(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(idx, window, True, 50256)),
         q, k, v, dy, ref, grads=True)
-    tolerance = 2 * sdpa["out"] + kernel_check.BF16_STEP
+    tolerance = kernel_check.tolerance(sdpa["out"])
     for w, within in ((window, True), (window + 1, False)):
         mask = create_block_mask(flex_mask_mod(idx, w, True, 50256), B, None, T, T, device="cpu")
         err = kernel_check.attention_errors(lambda q, k, v: flex_attention(q, k, v, block_mask=mask),
