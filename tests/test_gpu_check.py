@@ -128,6 +128,9 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
     assert verdicts_of(probe_result(**{"phases.mfu": 0.2}), cpu=True)["MFU"].startswith("n/a")
     assert verdicts_of(probe_result(eval_oom="CUDA out of memory", eval_oom_shape=[1, 262144])
                        )["eval at its configured shape fits"] == "FAIL"
+    # a result the verdicts did not foresee is a FAIL line, not a crash that loses the single GPU run's JSON
+    [odd] = gpu_check.judged({"check": "speedrun", "status": "ok", "probe": {"warm_up": 3}}, gpu_check.GPU, False)
+    assert odd["verdict"] == "FAIL" and odd["what"] == "verdicts"
 
 
 def test_a_hackathon_compile_over_its_share_of_the_clock_is_slow():
@@ -151,10 +154,13 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
         return [v["verdict"] for v in gpu_check.kernel_verdicts({"status": "ok", "kernels": kernels}, cpu=False)]
 
     assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex}) == ["PASS"] * 6
-    assert verdicts({"ring_speedrun": {**ring, "mismatches": 3}})[1] == "FAIL"
+    assert verdicts({"ring_speedrun": {**ring, "mismatches": 3}, "ring_hackathon": ring, "flex": flex})[1] == "FAIL"
     loose = {**flex, "ok": {**flex["ok"], "dk": False}}
-    assert verdicts({"flex": loose}) == ["PASS", "PASS", "FAIL", "PASS"]
-    assert verdicts({"flex": {"error": "OutOfResources: shared memory"}})[1] == "FAIL"
+    assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring, "flex": loose})[3:] == ["PASS", "FAIL", "PASS"]
+    assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring,
+                     "flex": {"error": "OutOfResources: shared memory"}})[3] == "FAIL"
+    # a check stopped before a part: that part is a FAIL line, not a missing one
+    assert verdicts({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL"]
 
 
 def test_compile_counts_see_a_graph_break_and_a_recompile():
