@@ -27,12 +27,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from atomic import write_json
 from data.loader import TokenLoader
 from model.gpt import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
 from trainer.config import parse_args as parse_train_args
 
+ROOT = Path(__file__).resolve().parents[1]
 RING_BATCHES = 200
+FLEX_MAX_T = 4096
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
 
 
@@ -93,10 +98,12 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     m = cfg.model
     if flex_attention is None:
         return {"status": "n/a: this torch build has no FlexAttention"}
-    B, T = (1, 256) if cpu else (2, cfg.train.seq_len)
+    # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
+    # 49,152-token sequences would need 230 GB
+    B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
     H, D, window = (2 if cpu else m.n_head), m.head_dim, min(m.window, T // 4) if cpu else m.window
     gen = torch.Generator().manual_seed(0)
-    idx = documents(B, T, m.bos_id, max(2, T // 600), gen).to(device)
+    idx = documents(B, T, m.bos_id, max(2, T // 600), gen).to(device)  # FineWeb: ~1,000 tokens a document
     q, k, v, dy = (torch.randn(B, H, T, D, generator=gen).to(device, torch.bfloat16) for _ in range(4))
     mask = attention_mask(idx, window, m.doc_causal, m.bos_id)
     ref = reference(q, k, v, dy, mask)
@@ -185,8 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("kernel_check: no CUDA device; use --cpu")
     device = torch.device("cpu" if args.cpu else "cuda")
-    speedrun = parse_train_args(["--config", "configs/speedrun_8xh100.toml"])
-    hackathon = parse_train_args(["--config", "configs/hackathon_32gpu.toml"])
+    speedrun, hackathon = (parse_train_args(["--config", str(ROOT / "configs" / f"{name}.toml")])
+                           for name in ("speedrun_8xh100", "hackathon_32gpu"))
     res: dict = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(0)}
     small = (2, 128) if args.cpu else None
     for name, cfg, files in (("ring_speedrun", speedrun, args.data / "random" / "random_train_*.bin"),

@@ -37,6 +37,9 @@ from typing import Any, Callable
 
 import torch
 
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import train as trainpy
 from atomic import write_json
 from data.shards import ShardError

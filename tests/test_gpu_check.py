@@ -276,9 +276,9 @@ def test_record_folder_is_named_by_date_and_gpu_and_never_taken_by_a_rehearsal()
 
 
 def test_eval_tokens_give_whole_batches_of_the_eval_shape():
-    argv, _ = gpu_check.check_args("speedrun", Path("/w"), gpu_check.GPU)
-    t = parse_train_args(argv).train
-    assert gpu_check.eval_tokens(argv, 4) == 4 * t.batch_size * (t.seq_len + 1)
+    # windows of T + 1 tokens: the rehearsal evaluates 2 x 128 tokens a batch, the hackathon 32 x 1,024
+    assert gpu_check.eval_tokens(gpu_check.check_args("speedrun", Path("/w"), gpu_check.CPU)[0], 2) == 2 * 2 * 129
+    assert gpu_check.eval_tokens(gpu_check.check_args("hackathon", Path("/w"), gpu_check.GPU)[0], 4) == 4 * 32 * 1025
 
 
 def test_random_documents_look_like_fineweb_shards():
