@@ -101,7 +101,8 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
     # 49,152-token sequences would need 230 GB
     B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
-    H, D, window = (2 if cpu else m.n_head), m.head_dim, min(m.window, T // 4) if cpu else m.window
+    # None for no window: model/gpt.py reads a window of 0 as "none" and, since issue #12, None
+    H, D, window = (2 if cpu else m.n_head), m.head_dim, (min(m.window, T // 4) if cpu else m.window) or None
     gen = torch.Generator().manual_seed(0)
     idx = documents(B, T, m.bos_id, max(2, T // 600), gen).to(device)  # FineWeb: ~1,000 tokens a document
     q, k, v, dy = (torch.randn(B, H, T, D, generator=gen).to(device, torch.bfloat16) for _ in range(4))
