@@ -1,0 +1,218 @@
+"""The kernels the recipes lean on, checked on the device that will run them (a part of scripts/gpu_check.sh).
+
+    python -m scripts.kernel_check --out OUT.json --data DIR          # CUDA: the speedrun's attention in bf16
+    python -m scripts.kernel_check --out OUT.json --data DIR --cpu    # tiny sizes, as far as a CPU goes
+
+flex  FlexAttention with the speedrun's mask (causal, its window, the document mask), compiled as the compiled
+      model runs it, against SDPA given the same mask as a dense boolean tensor (model/gpt.py's attention_mask),
+      in bf16: the output and the q, k and v gradients. An error is the largest deviation from a float64
+      reference over the reference's largest magnitude; flex passes where its error is at most twice SDPA's
+      own bf16 error plus one bf16 step (2^-8). Also: the seconds to compile flex's forward and backward (head
+      size 128, a document mask) and its milliseconds per forward + backward against SDPA's.
+      On CPU FlexAttention has no backward: flex is checked forward only, eager, and the gradient comparison
+      runs with SDPA in its place (the code path, not the kernel).
+ring  200 batches through TokenLoader's pinned CUDA ring equal the CPU path's, byte for byte, at the speedrun's
+      and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls holds
+      their copies back: a ring slot refilled before its copy ran would show. On CPU: a ring of another size.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atomic import write_json
+from data.loader import TokenLoader
+from model.gpt import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
+from trainer.config import parse_args as parse_train_args
+
+ROOT = Path(__file__).resolve().parents[1]
+RING_BATCHES = 200
+FLEX_MAX_T = 4096
+BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
+
+
+def documents(batch: int, seq_len: int, bos_id: int, docs: int, gen: torch.Generator) -> torch.Tensor:
+    """Token rows opening with bos_id, with docs - 1 more at random places: several documents a row."""
+    idx = torch.randint(0, bos_id, (batch, seq_len), generator=gen)
+    idx[:, 0] = bos_id
+    for row in idx:
+        row[torch.randperm(seq_len - 1, generator=gen)[:docs - 1] + 1] = bos_id
+    return idx
+
+
+def rel_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |a - ref| / max |ref|, in float64."""
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def tolerance(sdpa_error: float) -> float:
+    """The most a bf16 kernel may deviate where SDPA in bf16 deviates sdpa_error: twice that, plus one bf16 step."""
+    return 2 * sdpa_error + BF16_STEP
+
+
+def attention_errors(attend: Callable, q, k, v, dy, ref: dict, grads: bool) -> dict:
+    """Errors of attend(q, k, v)'s output (and q, k, v gradients) against the reference's."""
+    q, k, v = (t.detach().clone().requires_grad_(grads) for t in (q, k, v))
+    y = attend(q, k, v)
+    out = {"out": rel_error(y, ref["out"])}
+    if grads:
+        y.backward(dy)
+        out.update({f"d{name}": rel_error(t.grad, ref[f"d{name}"]) for name, t in zip("qkv", (q, k, v))})
+    return out
+
+
+def reference(q, k, v, dy, mask) -> dict:
+    """SDPA in float64 (the math kernel) with the dense mask: the output and the q, k, v gradients."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    y.backward(dy.double())
+    return {"out": y.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def seconds_per_call(fn: Callable, cuda: bool, repeat: int = 5) -> float:
+    """Median wall seconds of fn() (synchronised on CUDA)."""
+    times = []
+    for _ in range(repeat):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
+    """FlexAttention against SDPA at the speedrun's head size, window and document mask (module docstring)."""
+    m = cfg.model
+    if flex_attention is None:
+        return {"status": "n/a: this torch build has no FlexAttention"}
+    # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
+    # 49,152-token sequences would need 230 GB
+    B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
+    # None for no window: model/gpt.py reads a window of 0 as "none" and, since issue #12, None
+    H, D, window = (2 if cpu else m.n_head), m.head_dim, (min(m.window, T // 4) if cpu else m.window) or None
+    gen = torch.Generator().manual_seed(0)
+    idx = documents(B, T, m.bos_id, max(2, T // 600), gen).to(device)  # FineWeb: ~1,000 tokens a document
+    q, k, v, dy = (torch.randn(B, H, T, D, generator=gen).to(device, torch.bfloat16) for _ in range(4))
+    mask = attention_mask(idx, window, m.doc_causal, m.bos_id)
+    ref = reference(q, k, v, dy, mask)
+    res = {"shape": {"batch": B, "heads": H, "seq_len": T, "head_dim": D, "window": window,
+                     "doc_causal": m.doc_causal, "documents": int((idx == m.bos_id).sum())}}
+    t0 = time.perf_counter()
+    if cpu:
+        # the model's rule (its mask_mod), evaluated densely: flex_block_mask compiled its builder, which took
+        # 15-60 s on this project's 2 CPU cores
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        block_mask = create_block_mask(flex_mask_mod(idx, window, m.doc_causal, m.bos_id), B, None, T, T,
+                                       device=device)
+    else:
+        block_mask = flex_block_mask(idx, window, m.doc_causal, m.bos_id)
+    res["block_mask_s"] = time.perf_counter() - t0
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    res["sdpa"] = attention_errors(sdpa, q, k, v, dy, ref, grads=True)
+    if cpu:  # no flex backward on CPU: the forward, eager; gradients through the same code with SDPA in its place
+        res["flex"] = attention_errors(lambda q, k, v: flex_attention(q, k, v, block_mask=block_mask),
+                                       q, k, v, dy, ref, grads=False)
+        res["flex"].update({g: res["sdpa"][g] for g in ("dq", "dk", "dv")})
+        res["grads_by"] = "sdpa: FlexAttention has no backward on CPU"
+    else:
+        flex = torch.compile(flex_attention)  # as inside the compiled model: eager flex is a slow reference
+
+        def attend(q, k, v):
+            return flex(q, k, v, block_mask=block_mask)
+
+        t0 = time.perf_counter()
+        res["flex"] = attention_errors(attend, q, k, v, dy, ref, grads=True)
+        torch.cuda.synchronize()
+        res["compile_s"] = time.perf_counter() - t0
+        res["grads_by"] = "flex"
+
+        def forward_backward(attend: Callable) -> None:
+            leaves = (t.detach().requires_grad_() for t in (q, k, v))
+            attend(*leaves).backward(dy)
+
+        res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), cuda=True)
+                     for name, fn in (("flex", attend), ("sdpa", sdpa))}
+    res["tolerance"] = {name: tolerance(err) for name, err in res["sdpa"].items()}
+    res["ok"] = {name: res["flex"][name] <= res["tolerance"][name] for name in res["sdpa"]}
+    return res
+
+
+def hold_back_copies(device: torch.device) -> None:
+    """Queue ~0.5 s of matmuls on the current stream (CUDA): the ring's copies queued after them must wait."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    for _ in range(300):  # ~1.1 TFLOP each: ~1.5 ms on an H100
+        torch.mm(a, a, out=out)
+
+
+def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | None, device: torch.device,
+               n: int = RING_BATCHES, keep: Callable | None = None) -> dict:
+    """n batches of a TokenLoader on `device` (CPU: with another ring size) against the CPU loader's; `data` is
+    the config's [data] section (format, raw dtype). `keep(batch)` is what is held of each batch: a CPU batch
+    is a view of the ring, valid until the next one, so by default those are copied; a device batch is not."""
+    cuda = device.type == "cuda"
+    keep = keep or ((lambda b: b) if cuda else (lambda b: tuple(t.clone() for t in b)))
+    kw = dict(bos_id=bos_id, fmt=data.format, raw_dtype=data.raw_dtype, seed=0)
+    with TokenLoader(files, batch_size, seq_len, device="cpu", **kw) as want, \
+            TokenLoader(files, batch_size, seq_len, device=device, prefetch=4 if cuda else 1, **kw) as got:
+        hold_back_copies(device)
+        held = [keep(next(got)) for _ in range(n)]
+        bad = [i for i, batch in enumerate(held) if not all(torch.equal(a.cpu(), b) for a, b in zip(batch, next(want)))]
+        same_state = got.state_dict() == want.state_dict()
+    return {"batches": n, "shape": [batch_size, seq_len], "bos_aligned": bos_id is not None, "mismatches": len(bad),
+            "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
+            "compared": "pinned CUDA ring vs CPU" if cuda else "CPU ring (prefetch 1) vs CPU ring (prefetch 4)"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run both checks and write their results to --out (rewritten after each)."""
+    p = argparse.ArgumentParser(prog="python -m scripts.kernel_check", description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--data", type=Path, required=True, help="gpu_check's data folder (random/ and raw/)")
+    p.add_argument("--cpu", action="store_true", help="tiny sizes on CPU")
+    args = p.parse_args(argv)
+    if not args.cpu and not torch.cuda.is_available():
+        sys.exit("kernel_check: no CUDA device; use --cpu")
+    device = torch.device("cpu" if args.cpu else "cuda")
+    speedrun, hackathon = (parse_train_args(["--config", str(ROOT / "configs" / f"{name}.toml")])
+                           for name in ("speedrun_8xh100", "hackathon_32gpu"))
+    res: dict = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(0)}
+    small = (2, 128) if args.cpu else None
+    for name, cfg, files in (("ring_speedrun", speedrun, args.data / "random" / "random_train_*.bin"),
+                             ("ring_hackathon", hackathon, args.data / "raw" / "chunk_*.bin")):
+        B, T = small or (cfg.train.batch_size, cfg.train.seq_len)
+        bos_id = cfg.model.bos_id if cfg.data.bos_aligned else None
+        res[name] = guarded(ring_check, str(files), B, T, cfg.data, bos_id, device)
+        write_json(args.out, res)
+    res["flex"] = guarded(flex_check, speedrun, device, args.cpu)
+    write_json(args.out, res)
+
+
+def guarded(check: Callable, *args) -> dict:
+    """check(*args), or {"error": what it raised}: one broken kernel must not hide the other results."""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 - reported as the check's verdict
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""train.py with a probe attached from outside: where a step's time goes, compile health, memory.
+
+    python -m scripts.train_probe --probe-out OUT.json --config configs/speedrun_8xh100.toml [train.py arguments]
+
+It runs train.main itself, so the step it times is the real one (train_step, the flag exchange, the log line),
+not a copy, and train.py knows nothing of it: the probe wraps train.py's functions (setup, warm_up, train,
+evaluate and the flag exchange), registers step hooks on the optimizers and puts a pass-through in front of the
+loader. Each of them marks a point of the step: a CUDA event on a GPU (read after the window, so nothing waits
+for it), time.perf_counter() on CPU, where every op has finished when its call returns. The time from one mark
+to the next is charged to the phase the first one opens:
+
+    data               the loader's next(), per micro-batch (the host waits for the background thread)
+    forward+backward   from a batch in hand to the next batch or the first optimizer step (grad norm included)
+    adamw, muon, ...   each optimizer's step(), named by its class
+    other              between those: zero_grad and the step's other host work
+    flags              the stop/eval/save exchange (train.py's stop_flags, or start_flags and collect_flags)
+    idle               from the exchange to the next step's first batch: the log line, the loop's bookkeeping,
+                       the next step's set_lr. A GPU that the host keeps fed passes the two events back to
+                       back, so this is the time the GPU waits on the host.
+
+Over PROBE_STEPS steps after PROBE_SKIP: each phase's median and mean GPU milliseconds (and host ones), the
+step's, tokens/s and MFU on the GPU's timeline, and memory. Compile health comes from dynamo's own books: graph
+breaks (torch._dynamo.utils.counters), recompiles (its guard failures) and frames compiled, for the warm-up, the
+timed loop and two evals run back to back; the second eval must compile nothing, and the difference of their
+times is the eval's compile time. OUT.json is rewritten after every stage, so a run stopped by a timeout leaves
+what it had measured.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import train as trainpy
+from atomic import write_json
+from data.shards import ShardError
+from trainer.config import ConfigError
+from trainer.metrics import peak_mem_gb
+
+PROBE_SKIP = 3     # timed steps left out first: the first ones after warm-up's restore may still allocate
+PROBE_STEPS = 30   # steps timed
+# the exchange as train.py names it: one synchronous stop_flags, or a late read in two calls (issue #11)
+FLAG_FUNCTIONS = ("stop_flags", "start_flags", "collect_flags")
+GB = 1e9
+
+
+class Marks:
+    """Points of the work in the order the device runs it: CUDA events on a GPU, perf_counter on CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def now(self) -> Any:
+        """A mark here; records an event on CUDA and waits for nothing."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a: Any, b: Any) -> float:
+        """Device seconds from mark a to mark b (on CUDA once both have passed: after a synchronize)."""
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+
+def compile_state() -> dict:
+    """Dynamo's running totals: graph breaks by reason, guard failures (recompiles) by code, frames compiled."""
+    from torch._dynamo.utils import counters, guard_failures
+
+    return {"breaks": dict(counters["graph_break"]), "frames": counters["frames"]["ok"],
+            "failures": {code: list(reasons) for code, reasons in guard_failures.items()}}
+
+
+def compile_delta(before: dict, after: dict) -> dict:
+    """What dynamo did between two compile_state() snapshots: graph breaks, recompiles (with their first
+    reasons) and frames compiled."""
+    breaks = {reason: n - before["breaks"].get(reason, 0) for reason, n in after["breaks"].items()
+              if n > before["breaks"].get(reason, 0)}
+    recompiles = [reason for code, reasons in after["failures"].items()
+                  for reason in reasons[len(before["failures"].get(code, [])):]]
+    return {"graph_breaks": sum(breaks.values()), "recompiles": len(recompiles),
+            "frames_compiled": after["frames"] - before["frames"],
+            "break_reasons": [" ".join(reason.split())[:300] for reason in breaks][:5],
+            "recompile_reasons": [" ".join(str(reason).split())[:300] for reason in recompiles][:5]}
+
+
+def phase_summary(timeline: list[tuple[int, str, Any, float]], marks: Marks) -> dict:
+    """Per-phase and per-step times of the steps that a later mark closes (the last step seen is left out)."""
+    device: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    host: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for (step, phase, mark, clock), (_, _, next_mark, next_clock) in zip(timeline, timeline[1:]):
+        device[step][phase] += marks.seconds(mark, next_mark)
+        host[step][phase] += next_clock - clock
+    steps = sorted(device)[:-1] if timeline and timeline[-1][1] != "end" else sorted(device)
+    if not steps:
+        return {"steps": 0}
+    phases = sorted({phase for s in steps for phase in device[s]})
+    totals = [sum(device[s].values()) for s in steps]
+    mean_total = statistics.fmean(totals)
+
+    def ms(values: list[float]) -> float:
+        return round(1000 * statistics.fmean(values), 4)
+
+    table = {}
+    for phase in phases:
+        values = [device[s].get(phase, 0.0) for s in steps]
+        table[phase] = {"device_ms": round(1000 * statistics.median(values), 4), "device_ms_mean": ms(values),
+                        "host_ms_mean": ms([host[s].get(phase, 0.0) for s in steps]),
+                        "share": statistics.fmean(values) / mean_total if mean_total > 0 else None}
+    return {"steps": len(steps), "first_step": steps[0], "phases": table,
+            "step_ms": round(1000 * statistics.median(totals), 4), "step_ms_mean": ms(totals),
+            "host_step_ms_mean": ms([sum(host[s].values()) for s in steps]), "window_s": sum(totals)}
+
+
+class Probe:
+    """The marks, snapshots and results of one probed train.py run (see the module docstring)."""
+
+    def __init__(self, out: Path, skip: int = PROBE_SKIP, steps: int = PROBE_STEPS):
+        self.out, self.skip, self.steps = out, skip, steps
+        self.result: dict[str, Any] = {"stage": "start", "window": {"skip": skip, "steps": steps}}
+        self.timeline: list[tuple[int, str, Any, float]] = []  # (step, phase it opens, device mark, host time)
+        self.marks = Marks(False)
+        self.run = None
+        self.in_loop = False     # inside train.train
+        self.recording = False   # inside train.train, before the window closed
+        self.step = -1           # the timed loop's step being run
+        self.new_step = True     # the next batch opens a step (set by the last optimizer's step)
+        self.evals = 0
+
+    # --- installing -------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Wrap train.py's functions; its main then runs as usual, with the probe attached."""
+        for name, hook in (("setup", self.on_setup), ("warm_up", self.on_warm_up), ("train", self.on_train),
+                           ("evaluate", self.on_evaluate)):
+            self._wrap(name, hook, required=True)
+        found = [name for name in FLAG_FUNCTIONS if self._wrap(name, self.on_flags, required=False)]
+        self.result["flag_functions"] = found or f"n/a: train.py has none of {FLAG_FUNCTIONS}"
+
+    @staticmethod
+    def _wrap(name: str, hook: Callable, required: bool) -> bool:
+        real = getattr(trainpy, name, None)
+        if real is None:
+            if required:
+                raise SystemExit(f"train_probe: train.py has no function {name}(); update scripts/train_probe.py")
+            return False
+        setattr(trainpy, name, lambda *args, **kwargs: hook(real, *args, **kwargs))
+        return True
+
+    def save(self, stage: str) -> None:
+        """Rewrite OUT.json with everything measured so far (rank 0)."""
+        self.result["stage"] = stage
+        if self.run is None or self.run.d.master:
+            write_json(self.out, self.result)
+
+    # --- marks ------------------------------------------------------------------------------------------------
+    def mark(self, phase: str) -> None:
+        if self.recording and self.step >= self.skip:
+            self.timeline.append((self.step, phase, self.marks.now(), time.perf_counter()))
+
+    def before_batch(self) -> None:
+        if self.in_loop and self.new_step:
+            self.new_step = False
+            self.step += 1
+            if self.recording and self.step == self.skip + self.steps:
+                self.mark("end")
+                self.close_window()
+        self.mark("data")
+
+    def after_batch(self) -> None:
+        self.mark("forward+backward")
+
+    def on_flags(self, real: Callable, *args, **kwargs):
+        self.mark("flags")
+        out = real(*args, **kwargs)
+        self.mark("idle")
+        return out
+
+    # --- the stages of a run ----------------------------------------------------------------------------------
+    def on_setup(self, real: Callable, cfg, d):
+        run = real(cfg, d)
+        self.run, self.marks = run, Marks(d.cuda)
+        run.loader = Batches(run.loader, self)
+        for opt in run.optimizers:
+            name = type(opt).__name__.lower()
+            opt.register_step_pre_hook(lambda *_, name=name: self.mark(name))
+            opt.register_step_post_hook(lambda o, *_: self._after_optimizer(o))
+        t, m = cfg.train, run.raw
+        self.result["shape"] = {
+            "batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
+            "world_size": d.world_size, "tokens_per_step": run.tokens_per_step, "params": m.num_params(),
+            "param_gb": sum(p.numel() * p.element_size() for p in m.parameters()) / GB,
+            "flops_per_token": m.flops_per_token(t.seq_len), "compile": t.compile, "eval_batch": self.eval_shape(cfg)}
+        self.result["device"] = {"name": torch.cuda.get_device_name(d.device) if d.cuda else "cpu",
+                                 "total_gb": torch.cuda.get_device_properties(d.device).total_memory / GB
+                                 if d.cuda else None}
+        self._reset_peak()
+        self.save("setup")
+        return run
+
+    def _after_optimizer(self, opt) -> None:
+        self.mark("other")
+        if opt is self.run.optimizers[-1]:
+            self.new_step = True
+
+    def on_warm_up(self, real: Callable, run) -> None:
+        before, t0 = compile_state(), time.perf_counter()
+        real(run)
+        self._sync()
+        self.result["warm_up"] = {"seconds": time.perf_counter() - t0, "steps": run.cfg.train.warmup_steps,
+                                  **compile_delta(before, compile_state()), **self._memory("peak")}
+        self.save("warm_up")
+
+    def on_train(self, real: Callable, run) -> str:
+        self._sync()
+        self.result["memory_static"] = self._memory("static")
+        self._reset_peak()
+        before = compile_state()
+        self.in_loop = self.recording = self.new_step = True
+        self.step = -1
+        try:
+            return real(run)
+        finally:
+            self.in_loop = False
+            if self.recording:  # the loop ended before the window did: summarise the steps it holds
+                self.close_window()
+            self.result["train_loop"] = {"steps": self.step + 1, **compile_delta(before, compile_state())}
+            self.save("train")
+
+    def close_window(self) -> None:
+        """Stop marking, wait for the device once, and turn the marks into phase times."""
+        self.recording = False
+        self._sync()
+        run, summary = self.run, phase_summary(self.timeline, self.marks)
+        if summary["steps"]:
+            tok_s = run.tokens_per_step * summary["steps"] / summary["window_s"]
+            summary.update(tok_s=tok_s, mfu=trainpy.mfu_of(run, tok_s))
+        self.result["phases"] = {**summary, **self._memory("peak")}
+        self.timeline.clear()
+        self.save("window")
+
+    def on_evaluate(self, real: Callable, run) -> float:
+        self.evals += 1
+        if self.evals > 1:
+            return real(run)
+        try:
+            first = self._timed_eval(real, run)
+        except torch.cuda.OutOfMemoryError as e:
+            # An eval longer than training's (eval.seq_len) that does not fit: say so, and score at the training
+            # shape instead, so that the loss checks still get their number.
+            if not self._train_shape_eval(run.cfg):
+                raise
+            self.result["eval_oom"] = " ".join(str(e).split())[:500]
+            torch.cuda.empty_cache()
+            first = self._timed_eval(real, run)
+        second = self._timed_eval(real, run)
+        self.result["eval"] = {"first": first, "second": second, "shape": self.eval_shape(run.cfg),
+                               "compile_s": max(first["seconds"] - second["seconds"], 0.0)}
+        self.save("eval")
+        return first["val_loss"]
+
+    @staticmethod
+    def eval_shape(cfg) -> list[int]:
+        """[rows, tokens] of an eval batch (eval.seq_len where the config has it)."""
+        return [cfg.eval.batch_size or cfg.train.batch_size, getattr(cfg.eval, "seq_len", 0) or cfg.train.seq_len]
+
+    def _train_shape_eval(self, cfg) -> bool:
+        """Point the eval at the training batch shape; False if it is that shape already."""
+        self.result["eval_oom_shape"] = self.eval_shape(cfg)
+        if self.eval_shape(cfg) == [cfg.train.batch_size, cfg.train.seq_len]:
+            return False
+        cfg.eval.batch_size = 0
+        if hasattr(cfg.eval, "seq_len"):
+            cfg.eval.seq_len = 0
+        return True
+
+    def _timed_eval(self, real: Callable, run) -> dict:
+        self._reset_peak()
+        before, t0 = compile_state(), time.perf_counter()
+        val = real(run)  # ends with .item(): the device has finished
+        return {"seconds": time.perf_counter() - t0, "val_loss": val, **compile_delta(before, compile_state()),
+                **self._memory("peak")}
+
+    # --- devices ----------------------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.marks.cuda:
+            torch.cuda.synchronize()
+
+    def _reset_peak(self) -> None:
+        if self.marks.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def _memory(self, kind: str) -> dict:
+        """Allocated memory now ("static") or its peak since the last reset, and the reserved peak (GB); on CPU
+        the process's peak RSS."""
+        if not self.marks.cuda:  # the process's peak RSS is all a CPU tells
+            return {"static_gb": None} if kind == "static" else {"peak_gb": peak_mem_gb(self.run.d)}
+        if kind == "static":
+            return {"static_gb": torch.cuda.memory_allocated() / GB}
+        return {"peak_gb": torch.cuda.max_memory_allocated() / GB,
+                "peak_reserved_gb": torch.cuda.max_memory_reserved() / GB}
+
+
+class Batches:
+    """run.loader's stand-in: the same object for everything (state_dict, close, ...), with a mark before and
+    after each batch."""
+
+    def __init__(self, loader, probe: Probe):
+        self._loader, self._probe, self._it = loader, probe, None
+
+    def __iter__(self) -> Batches:
+        self._it = iter(self._loader)
+        return self
+
+    def __next__(self):
+        self._probe.before_batch()
+        batch = next(self._it)
+        self._probe.after_batch()
+        return batch
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+def main(argv: list[str]) -> None:
+    """Run train.py's main on the arguments that are not the probe's."""
+    p = argparse.ArgumentParser(prog="python -m scripts.train_probe", description=__doc__.split("\n")[0],
+                                epilog="every other argument goes to train.py", allow_abbrev=False)
+    p.add_argument("--probe-out", type=Path, required=True, help="the probe's JSON")
+    p.add_argument("--probe-skip", type=int, default=PROBE_SKIP, help="timed steps before the window")
+    p.add_argument("--probe-steps", type=int, default=PROBE_STEPS, help="steps in the window")
+    args, train_argv = p.parse_known_args(argv)
+    probe = Probe(args.probe_out, args.probe_skip, args.probe_steps)
+    probe.install()
+    try:
+        trainpy.main(train_argv)
+    except (ConfigError, ShardError) as e:
+        sys.exit(f"train.py: {e}")
+    probe.save("done")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
