@@ -217,7 +217,7 @@ def eval_tokens(argv: list[str], batches: int) -> int:
     being eval.seq_len where the config has that key (issue #12's long eval), else train.seq_len."""
     cfg = parse_train_args(argv)
     t, e = cfg.train, cfg.eval
-    return batches * (e.batch_size or t.batch_size) * ((getattr(e, "seq_len", 0) or t.seq_len) + 1)
+    return batches * (e.batch_size or t.batch_size) * ((e.seq_len or t.seq_len) + 1)
 
 
 def read_json(path: Path) -> dict:

@@ -13,7 +13,7 @@ to the next is charged to the phase the first one opens:
     forward+backward   from a batch in hand to the next batch or the first optimizer step (grad norm included)
     adamw, muon, ...   each optimizer's step(), named by its class
     other              between those: zero_grad and the step's other host work
-    flags              the stop/eval/save exchange (train.py's stop_flags, or start_flags and collect_flags)
+    flags              the stop/eval/save exchange (train.py's start_flags and collect_flags)
     idle               from the exchange to the next step's first batch: the log line, the loop's bookkeeping,
                        the next step's set_lr. A GPU that the host keeps fed passes the two events back to
                        back, so this is the time the GPU waits on the host.
@@ -48,8 +48,7 @@ from trainer.metrics import peak_mem_gb
 
 PROBE_SKIP = 3     # timed steps left out first: the first ones after warm-up's restore may still allocate
 PROBE_STEPS = 30   # steps timed
-# the exchange as train.py names it: one synchronous stop_flags, or a late read in two calls (issue #11)
-FLAG_FUNCTIONS = ("stop_flags", "start_flags", "collect_flags")
+FLAG_FUNCTIONS = ("start_flags", "collect_flags")  # the exchange, read a step late (train.py's train)
 GB = 1e9
 
 
@@ -139,21 +138,17 @@ class Probe:
     # --- installing -------------------------------------------------------------------------------------------
     def install(self) -> None:
         """Wrap train.py's functions; its main then runs as usual, with the probe attached."""
-        for name, hook in (("setup", self.on_setup), ("warm_up", self.on_warm_up), ("train", self.on_train),
-                           ("evaluate", self.on_evaluate)):
-            self._wrap(name, hook, required=True)
-        found = [name for name in FLAG_FUNCTIONS if self._wrap(name, self.on_flags, required=False)]
-        self.result["flag_functions"] = found or f"n/a: train.py has none of {FLAG_FUNCTIONS}"
+        hooks = [("setup", self.on_setup), ("warm_up", self.on_warm_up), ("train", self.on_train),
+                 ("evaluate", self.on_evaluate), *((name, self.on_flags) for name in FLAG_FUNCTIONS)]
+        for name, hook in hooks:
+            self._wrap(name, hook)
 
     @staticmethod
-    def _wrap(name: str, hook: Callable, required: bool) -> bool:
+    def _wrap(name: str, hook: Callable) -> None:
         real = getattr(trainpy, name, None)
         if real is None:
-            if required:
-                raise SystemExit(f"train_probe: train.py has no function {name}(); update scripts/train_probe.py")
-            return False
+            raise SystemExit(f"train_probe: train.py has no function {name}(); update scripts/train_probe.py")
         setattr(trainpy, name, lambda *args, **kwargs: hook(real, *args, **kwargs))
-        return True
 
     def save(self, stage: str) -> None:
         """Rewrite OUT.json with everything measured so far (rank 0)."""
@@ -269,17 +264,15 @@ class Probe:
 
     @staticmethod
     def eval_shape(cfg) -> list[int]:
-        """[rows, tokens] of an eval batch (eval.seq_len where the config has it)."""
-        return [cfg.eval.batch_size or cfg.train.batch_size, getattr(cfg.eval, "seq_len", 0) or cfg.train.seq_len]
+        """[rows, tokens] of an eval batch."""
+        return [cfg.eval.batch_size or cfg.train.batch_size, cfg.eval.seq_len or cfg.train.seq_len]
 
     def _train_shape_eval(self, cfg) -> bool:
         """Point the eval at the training batch shape; False if it is that shape already."""
         self.result["eval_oom_shape"] = self.eval_shape(cfg)
         if self.eval_shape(cfg) == [cfg.train.batch_size, cfg.train.seq_len]:
             return False
-        cfg.eval.batch_size = 0
-        if hasattr(cfg.eval, "seq_len"):
-            cfg.eval.seq_len = 0
+        cfg.eval.batch_size = cfg.eval.seq_len = 0
         return True
 
     def _timed_eval(self, real: Callable, run) -> dict:
@@ -341,7 +334,7 @@ def main(argv: list[str]) -> None:
     probe = Probe(args.probe_out, args.probe_skip, args.probe_steps)
     probe.install()
     try:
-        trainpy.main(train_argv)
+        trainpy.main(trainpy.parse_args(train_argv))
     except (ConfigError, ShardError) as e:
         sys.exit(f"train.py: {e}")
     probe.save("done")
