@@ -232,14 +232,27 @@ def encode_documents(docs: Iterable[str | bytes], tokenizer: str, dtype: np.dtyp
             yield from _encode(batch)
         return
     # A bounded queue of tasks instead of Pool.imap: imap's feeder thread would read the whole corpus ahead.
-    with multiprocessing.Pool(workers, _init_worker, (tokenizer, dtype.str)) as pool:
-        pending: deque = deque()
+    pool, pending = multiprocessing.Pool(workers, _init_worker, (tokenizer, dtype.str)), deque()
+    try:
         for batch in batches:
             pending.append(pool.apply_async(_encode, (batch,)))
             if len(pending) >= 4 * workers:
                 yield from pending.popleft().get()
         while pending:
             yield from pending.popleft().get()
+    finally:
+        # Not Pool.terminate (what `with` does): a worker killed while it sends a big result leaves the pool's
+        # reader thread waiting for the rest of the message for ever (a --max-docs run that stopped reading early
+        # hung here for 10 minutes). The tasks in flight are a few batches: let them finish (a task that a dead
+        # worker took never does: then terminate after all).
+        deadline = time.monotonic() + 60
+        for task in pending:
+            task.wait(max(0.0, deadline - time.monotonic()))
+        if all(task.ready() for task in pending):
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
 
 
 def shard_file(meta: dict) -> tuple[str, int]:
