@@ -309,6 +309,7 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     accum, d = run.cfg.train.grad_accum, run.d
     total, wait = torch.zeros((), device=d.device), 0.0
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
+    run.raw.set_progress(run.clock.progress(run.progress.step))  # the attention window follows the LR's clock
     for micro in range(accum):
         t = time.perf_counter()
         x, y = next(batches)

@@ -24,14 +24,21 @@ class GPTConfig:
     activation: str = "gelu"  # "gelu" (tanh approximation, as GPT-2) | "relu2" (ReLU squared)
     rotary: bool = False  # rotary position embeddings instead of a learned position table
     rope_base: float = 10000.0  # rotary base frequency
+    rope_truncate: bool = False  # rotate half of each head: head_dim/4 frequencies 1 .. 1/rope_base, the rest unrotated
     qk_norm: bool = False  # RMS-normalise queries and keys per head
+    attn_scale: float = 0.0  # attention logit scale; 0 = 1/sqrt(head_dim)
+    norm_gain: bool = True  # learned gains in the norms
+    embed_norm: bool = False  # RMS-normalise the embedding (no gain) before the first block
+    x0_mix: bool = False  # each block starts from a * x + b * x0 (x0: the embedding), a, b learned per block
     tie_embeddings: bool = True  # head shares the token embedding matrix
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
     attention: str = "sdpa"  # "sdpa" | "flex" (CUDA only; elsewhere SDPA with the same mask)
-    window: int = 0  # > 0: a token attends to at most `window` tokens (itself included); 0 = full
+    window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
+    window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
+    window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
@@ -49,11 +56,25 @@ class GPTConfig:
         need(self.attention in ("sdpa", "flex"), f"attention={self.attention!r}; use 'sdpa' or 'flex'")
         need(0 <= 2 * self.value_embeds <= self.n_layer,
              f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
-        need(self.window >= 0 and self.logit_softcap >= 0, "window and logit_softcap must be >= 0")
+        need(min(self.window, self.window_start, self.logit_softcap, self.attn_scale) >= 0,
+             "window, window_start, logit_softcap and attn_scale must be >= 0")
+        need(not self.rope_truncate or (self.rotary and self.head_dim % 4 == 0),
+             f"rope_truncate needs rotary = true and a head size divisible by 4, got {self.head_dim}")
+        need(self.window_start <= self.window and (self.window or not self.window_start),
+             f"window_start={self.window_start} must be at most window={self.window} (and window > 0)")
+        need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
+             f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
+             f"e.g. 'LSSSLSSLSSSL'")
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def layer_windows(self) -> str:
+        """L or S for each layer: window_pattern repeated (or cut) to n_layer, so n_layer can change alone."""
+        pattern = self.window_pattern or "L"
+        return "".join(pattern[i % len(pattern)] for i in range(self.n_layer))
 
     @property
     def padded_vocab(self) -> int:

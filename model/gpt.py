@@ -24,38 +24,56 @@ except ImportError:  # torch builds without FlexAttention fall back to SDPA
 
 
 class Norm(nn.Module):
-    """LayerNorm (GPT-2) or RMSNorm, with a learned gain."""
+    """LayerNorm (GPT-2) or RMSNorm, with a learned gain unless norm_gain is off."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.rms = cfg.norm == "rmsnorm"
-        self.weight = nn.Parameter(torch.empty(cfg.n_embd))
+        self.weight = nn.Parameter(torch.empty(cfg.n_embd)) if cfg.norm_gain else None
         self.bias = nn.Parameter(torch.empty(cfg.n_embd)) if cfg.bias and not self.rms else None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.rms:
-            return F.rms_norm(x, self.weight.shape, self.weight)
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias)
+            return F.rms_norm(x, (x.size(-1),), self.weight)
+        return F.layer_norm(x, (x.size(-1),), self.weight, self.bias)
 
 
-def rotary(x: Tensor, base: float) -> Tensor:
+def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) -> Tensor:
+    """Angle per position of each (first half, second half) pair of a head: head_dim/2 frequencies."""
+    if truncate:
+        # The records' half-truncated rotary: head_dim/4 frequencies from 1 down to 1/base (both ends
+        # included), and the other pairs keep frequency 0, so half of each head carries no position.
+        quarter = head_dim // 4
+        rotated = base ** -torch.linspace(0, 1, quarter, device=device, dtype=torch.float32)
+        return torch.cat((rotated, rotated.new_zeros(head_dim // 2 - quarter)))
+    return base ** -(torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+
+
+def rotary(x: Tensor, base: float, truncate: bool = False) -> Tensor:
     """Rotate each (first half, second half) pair of x [B, H, T, D] by its position's angles."""
     T, D = x.shape[-2:]
     # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
-    inv_freq = base ** -(torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32),
+                         rotary_frequencies(D, base, truncate, x.device))
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
 
-def attention_mask(idx: Tensor, window: int, doc_causal: bool, bos_id: int) -> Tensor:
-    """Boolean [B, 1, T, T] mask, True where query q may attend to key k: causal, windowed, same document."""
+def short_window(window: int) -> int:
+    """The window of the layers marked S in window_pattern: half the long one (the records), at least 1."""
+    return max(window // 2, 1)
+
+
+def attention_mask(idx: Tensor, window: Tensor | None, doc_causal: bool, bos_id: int) -> Tensor:
+    """Boolean [B, 1, T, T] mask, True where query q may attend to key k: causal, windowed, same document.
+
+    `window` is a tensor (None = no window), so a new window size is a new value, not a new graph."""
     T = idx.size(1)
     pos = torch.arange(T, device=idx.device)
     delta = pos[:, None] - pos[None, :]
     mask = delta >= 0
-    if window:
+    if window is not None:
         mask = mask & (delta < window)
     mask = mask.expand(idx.size(0), 1, T, T)
     if doc_causal:
@@ -65,13 +83,13 @@ def attention_mask(idx: Tensor, window: int, doc_causal: bool, bos_id: int) -> T
     return mask
 
 
-def flex_mask_mod(idx: Tensor, window: int, doc_causal: bool, bos_id: int) -> Callable:
+def flex_mask_mod(idx: Tensor, window: Tensor | None, doc_causal: bool, bos_id: int) -> Callable:
     """The FlexAttention mask_mod(b, h, q, k) of the same rule as `attention_mask`."""
     doc = torch.cumsum(idx == bos_id, dim=1)
 
     def allowed(b, h, q, k):
         ok = q >= k
-        if window:
+        if window is not None:
             ok = ok & (q - k < window)
         if doc_causal:
             ok = ok & (doc[b, q] == doc[b, k])
@@ -79,12 +97,51 @@ def flex_mask_mod(idx: Tensor, window: int, doc_causal: bool, bos_id: int) -> Ca
     return allowed
 
 
-def flex_block_mask(idx: Tensor, window: int, doc_causal: bool, bos_id: int) -> BlockMask:
-    """The FlexAttention BlockMask equivalent to `attention_mask` (CUDA)."""
+FLEX_BLOCK = 128  # FlexAttention's default tile of queries and of keys
+
+
+def _ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """[B, n, n] bool -> (count [B, 1, n], indices [B, 1, n, n]): each query block's key blocks listed first."""
+    counts = blocks.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
+    return counts[:, None].contiguous(), indices[:, None].contiguous()
+
+
+def flex_block_mask(idx: Tensor, window: Tensor | None, doc_causal: bool, bos_id: int,
+                    block: int = FLEX_BLOCK) -> BlockMask:
+    """The FlexAttention BlockMask of `attention_mask`'s rule, from per-tile bounds.
+
+    A tile pairs a block of queries with a block of keys. It is skipped when no pair in it is allowed, runs
+    without the mask when every pair is, and applies mask_mod otherwise. Deciding that from each tile's first
+    and last position and document costs O((T / block)^2): no [T, T] mask exists even for a 48K-token
+    sequence, eager or compiled, and nothing here is a Python number taken from a tensor, so torch.compile
+    traces it without a graph break (create_block_mask(_compile=True) breaks the graph from torch 2.10 on).
+    """
     B, T = idx.shape
-    mask_mod = flex_mask_mod(idx, window, doc_causal, bos_id)
-    # _compile=True builds the block mask without materialising the dense [B, T, T] mask (GBs at long T).
-    return create_block_mask(mask_mod, B if doc_causal else None, None, T, T, device=idx.device, _compile=True)
+    first = torch.arange(0, T, block, device=idx.device)
+    last = (first + block - 1).clamp(max=T - 1)
+    # q - k over the pairs of query block i and key block j spans [lo, hi]
+    lo, hi = first[:, None] - last[None, :], last[:, None] - first[None, :]
+    some, every = hi >= 0, lo >= 0
+    if window is not None:
+        some, every = some & (lo < window), every & (hi < window)
+    some, every = some[None], every[None]
+    if doc_causal:
+        doc = torch.cumsum(idx == bos_id, dim=1)
+        # document numbers only grow along a row, so a block holds exactly the documents from its first
+        # position's to its last's: two blocks share a document if those ranges overlap, and all their pairs
+        # do if both ranges are the same single document
+        d_first, d_last = doc[:, first], doc[:, last]
+        q_first, q_last, k_first, k_last = d_first[:, :, None], d_last[:, :, None], d_first[:, None], d_last[:, None]
+        some = some & (q_first <= k_last) & (q_last >= k_first)
+        every = every & (q_first == k_last) & (q_last == k_first)
+    return BlockMask.from_kv_blocks(*_ordered(some & ~every), *_ordered(every), BLOCK_SIZE=block,
+                                    mask_mod=flex_mask_mod(idx, window, doc_causal, bos_id), seq_lengths=(T, T))
+
+
+def flex_available(device: torch.device) -> bool:
+    """FlexAttention can train here: it is in this torch build and the device is CUDA (CPU has no backward)."""
+    return flex_attention is not None and device.type == "cuda"
 
 
 _warned_fallback = False
@@ -92,7 +149,8 @@ _warned_fallback = False
 
 def _warn_flex_fallback(reason: str) -> None:
     global _warned_fallback
-    if not _warned_fallback:
+    # Not while torch.compile traces: dynamo cannot trace warnings.warn, so it would break the graph there.
+    if not _warned_fallback and not torch.compiler.is_compiling():
         _warned_fallback = True
         warnings.warn(f"attention='flex' {reason}: using SDPA with an equivalent explicit mask", stacklevel=3)
 
@@ -117,16 +175,17 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
         if cfg.rotary:
-            q, k = rotary(q, cfg.rope_base), rotary(k, cfg.rope_base)
+            q, k = rotary(q, cfg.rope_base, cfg.rope_truncate), rotary(k, cfg.rope_base, cfg.rope_truncate)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        scale = cfg.attn_scale or None  # None: 1/sqrt(head_dim)
         if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         elif isinstance(mask, Tensor):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
-            y = flex_attention(q, k, v, block_mask=mask)
+            y = flex_attention(q, k, v, block_mask=mask, scale=scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -146,14 +205,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0."""
 
     def __init__(self, cfg: GPTConfig, has_ve: bool):
         super().__init__()
+        self.x0_lambda = nn.Parameter(torch.empty(2)) if cfg.x0_mix else None
         self.norm1, self.attn = Norm(cfg), Attention(cfg, has_ve)
         self.norm2, self.mlp = Norm(cfg), MLP(cfg)
 
-    def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask) -> Tensor:
+        if self.x0_lambda is not None:
+            x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         x = x + self.attn(self.norm1(x), ve, mask)
         return x + self.mlp(self.norm2(x))
 
@@ -175,22 +237,29 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        # The (long, short) window as a tensor the forward reads: a new size is a new value of a graph input,
+        # never a recompile. Not saved: it follows training progress (set_progress).
+        self.register_buffer("windows", torch.zeros(2, dtype=torch.long), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Initialise every parameter (also after `to_empty` from the meta device), GPT-2 style.
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
-        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each (as modded-nanogpt starts it).
+        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each and x0 mix (1, 0) (as
+        modded-nanogpt starts them); the window is the final one (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=cfg.init_std)
-            if isinstance(m, Norm):
+            if isinstance(m, Norm) and m.weight is not None:
                 nn.init.ones_(m.weight)
             if isinstance(m, Attention) and m.ve_lambda is not None:
                 nn.init.constant_(m.ve_lambda, 0.5)
+            if isinstance(m, Block) and m.x0_lambda is not None:
+                with torch.no_grad():
+                    m.x0_lambda.copy_(torch.tensor([1.0, 0.0]))
             if isinstance(m, (nn.Linear, Norm)) and m.bias is not None:
                 nn.init.zeros_(m.bias)
         if self.skip_weights is not None:
@@ -203,20 +272,44 @@ class GPT(nn.Module):
                 nn.init.zeros_(w)
             else:
                 nn.init.normal_(w, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+        self._use_window(self.window_at(1.0))
 
-    def _mask(self, idx: Tensor):
-        """None (plain causal), an explicit boolean mask, or a FlexAttention BlockMask."""
+    def window_at(self, progress: float) -> int:
+        """The window of the L layers at `progress` in [0, 1] of training: window_start growing linearly to
+        window (the records: 128 -> 1,792), or window throughout."""
         cfg = self.cfg
+        if not cfg.window_start:
+            return cfg.window
+        return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
+
+    def set_progress(self, progress: float) -> None:
+        """Use the window of `progress` (train.py: the LR schedule's; an eval of the finished run: 1)."""
+        window = self.window_at(progress)
+        if window != self.window:
+            self._use_window(window)
+
+    def _use_window(self, window: int) -> None:
+        # fill_ passes the number as a kernel argument: no host-device sync
+        self.windows[0].fill_(window)
+        self.windows[1].fill_(short_window(window))
+        self.window = window
+
+    def _masks(self, idx: Tensor) -> list:
+        """Per layer: None (plain causal), an explicit boolean mask, or a FlexAttention BlockMask."""
+        cfg = self.cfg
+        pattern = cfg.layer_windows
         if not (cfg.window or cfg.doc_causal):
-            return None
+            return [None] * cfg.n_layer
+        build = attention_mask
         if cfg.attention == "flex":
-            if flex_attention is None:
-                _warn_flex_fallback("is not in this torch build")
-            elif idx.device.type != "cuda":
-                _warn_flex_fallback(f"has no backward on {idx.device.type}")
+            if flex_available(idx.device):
+                build = flex_block_mask
             else:
-                return flex_block_mask(idx, cfg.window, cfg.doc_causal, cfg.bos_id)
-        return attention_mask(idx, cfg.window, cfg.doc_causal, cfg.bos_id)
+                _warn_flex_fallback("is not in this torch build" if flex_attention is None
+                                    else f"has no backward on {idx.device.type}")
+        windows = {"L": self.windows[0], "S": self.windows[1]} if cfg.window else {"L": None}
+        masks = {kind: build(idx, windows[kind], cfg.doc_causal, cfg.bos_id) for kind in dict.fromkeys(pattern)}
+        return [masks[kind] for kind in pattern]
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
         """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (None, mean cross-entropy over
@@ -231,14 +324,17 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
+        if cfg.embed_norm:
+            x = F.rms_norm(x, (x.size(-1),))
+        x0 = x
         ves = [ve(idx) for ve in self.value_embeds]
         ves = ves + [None] * (cfg.n_layer - 2 * len(ves)) + ves
-        mask = self._mask(idx)
+        masks = self._masks(idx)
         half, skips = cfg.n_layer // 2, []
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
                 x = x + self.skip_weights[i - (cfg.n_layer - half)] * skips.pop()
-            x = block(x, ves[i], mask)
+            x = block(x, x0, ves[i], masks[i])
             if self.skip_weights is not None and i < half:
                 skips.append(x)
         return self.head_loss(x, targets)
@@ -260,12 +356,27 @@ class GPT(nn.Module):
         """Number of distinct parameters (a tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 x matmul weights + 12 x n_layer x n_embd x seq_len for attention (PaLM)."""
+    def flops_per_token(self, seq_len: int, window: int | None = None) -> float:
+        """Training FLOPs per token of a seq_len-token sequence: 6 per matmul weight, plus 12 x n_embd per layer
+        for each key a query attends to (QK^T and AV, forward and backward; PaLM's count, made causal).
+
+        A token at position p attends to min(p + 1, w) keys, w being its layer's window at `window` (default:
+        the current one; S layers half of it). Document boundaries are ignored: with doc_causal it is an
+        upper bound, the FLOPs of the window alone.
+        """
         cfg = self.cfg
         lookup_only = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
         matmul = self.num_params() - lookup_only + (self.lm_head.weight.numel() if cfg.tie_embeddings else 0)
-        return 6.0 * matmul + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+        long = self.window if window is None else window
+        layers = [long if kind == "L" else short_window(long) for kind in cfg.layer_windows]
+        keys = sum(mean_keys(seq_len, w) for w in layers)
+        return 6.0 * matmul + 12.0 * cfg.n_embd * keys
+
+
+def mean_keys(seq_len: int, window: int) -> float:
+    """Keys per query, averaged over the positions of a causal sequence: min(p + 1, window); window 0 = none."""
+    w = seq_len if window <= 0 else min(window, seq_len)
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
 
 
 def config_from_dict(section: dict) -> GPTConfig:

@@ -2,6 +2,7 @@
 
     python -m scripts.bench_recipe [--budget 120] [--data shards/demo] [--json bench.json]
     python -m scripts.bench_recipe --budget 30 --override train.batch_size=4 --override eval.tokens=8192
+    python -m scripts.bench_recipe --budget 60 --ab model.attn_scale=0.12   # configs/cpu.toml without / with
 
 Trains configs/baseline_cpu.toml and configs/cpu.toml through train.py (subprocesses, no special path) on
 the same shards (prepared with `python -m data.prepare --demo` if absent), at the same parameter count
@@ -46,12 +47,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=float, default=6.0, help="seconds of training between evals")
     p.add_argument("--override", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="passed to both runs as --SECTION.KEY=VALUE (repeatable)")
+    p.add_argument("--ab", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="A/B of one piece instead: both runs train configs/cpu.toml, the second with these overrides")
     p.add_argument("--runs", type=Path, default=Path("runs"), help="log.dir of the two runs")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if args.budget <= 0 or args.eval_every <= 0:
         p.error("--budget and --eval-every must be > 0")
     args.data, args.runs = args.data.resolve(), args.runs.resolve()  # the runs start in the repository root
+    args.recipes = {"baseline": RECIPES["modern"], "modern": f"{RECIPES['modern']} + {' '.join(args.ab)}"} \
+        if args.ab else RECIPES
     return args
 
 
@@ -68,10 +73,11 @@ def ensure_data(folder: Path) -> None:
 
 def train_args(args: argparse.Namespace, recipe: str, run_id: str) -> list[str]:
     """train.py's arguments for one recipe: its config on the benchmark's data, budget and eval cadence."""
-    return ["--config", RECIPES[recipe], f"--data.train={args.data}/*_train_*.bin",
+    return ["--config", RECIPES["modern"] if args.ab else RECIPES[recipe], f"--data.train={args.data}/*_train_*.bin",
             f"--data.val={args.data}/*_val_*.bin", f"--train.budget_s={args.budget}",
             "--train.timing=exclude_warmup", "--train.warmup_steps=1", f"--eval.every_s={args.eval_every}",
-            f"--log.dir={args.runs}", f"--log.run_id={run_id}", *(f"--{o}" for o in args.override)]
+            f"--log.dir={args.runs}", f"--log.run_id={run_id}",
+            *(f"--{o}" for o in args.override + (args.ab if recipe == "modern" else []))]
 
 
 def param_count(argv: list[str]) -> tuple[int, int]:
@@ -107,7 +113,7 @@ def train_all(args: argparse.Namespace, argvs: dict[str, list[str]], run_ids: di
     for recipe, proc in procs.items():
         if proc.wait() != 0:
             out = args.runs / f"{run_ids[recipe]}.out"
-            raise SystemExit(f"bench: the {recipe} run ({RECIPES[recipe]}) exited {proc.returncode}; "
+            raise SystemExit(f"bench: the {recipe} run ({args.recipes[recipe]}) exited {proc.returncode}; "
                              f"its output ({out}) ends with:\n{out.read_text()[-4000:]}")
 
 
@@ -128,7 +134,7 @@ def results(args: argparse.Namespace, run_ids: dict[str, str], params: dict[str,
     keys = ("run_id", "final_val_loss", "final_val_bpb", "steps", "tokens_seen", "tokens_per_s", "train_time_s")
     return {"budget_s": args.budget, "eval_every_s": args.eval_every, "overrides": args.override,
             "load_avg_1m": os.getloadavg()[0], "cpu_count": os.cpu_count(),
-            "recipes": {r: {"config": RECIPES[r], "params": params[r], **{k: summaries[r][k] for k in keys}}
+            "recipes": {r: {"config": args.recipes[r], "params": params[r], **{k: summaries[r][k] for k in keys}}
                         for r in RECIPES},
             "modern_time_to_baseline_final_s": reached,
             "ratio_to_budget": None if reached is None else reached / args.budget}

@@ -7,7 +7,7 @@
 FLOPs per token count what a training step must compute: 6 x the weights of every matmul (forward and backward)
 plus 12 x n_layer x n_embd x the keys a query attends on average, causal and windowed. With doc_causal they
 assume no document boundary inside a window: an upper bound, since FineWeb's documents (~1,000 tokens on
-average) often end sooner. (GPT.flops_per_token still counts full non-causal attention at train.seq_len.)
+average) often end sooner. Every layer is counted at model.window, the window at the end of training.
 The tokens to reach 3.28 are those of the modded-nanogpt record of this shape; our recipe still lacks some of
 its pieces (issue #12), so it may need more.
 """

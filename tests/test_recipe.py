@@ -102,6 +102,14 @@ def test_cpu_baseline_is_nanogpts_cpu_recipe():
     assert t.lr_warmup_frac * t.max_steps == 100 and t.lr_warmup_frac + t.lr_decay_frac == 1 and t.lr_final_frac == 0.1
 
 
+def test_ab_trains_cpu_toml_without_and_with_the_piece():
+    args = bench_recipe.parse_args(["--ab", "model.attn_scale=0.12", "--override", "eval.tokens=8192"])
+    base, piece = (bench_recipe.train_args(args, r, r) for r in ("baseline", "modern"))
+    assert base[:2] == piece[:2] == ["--config", "configs/cpu.toml"]
+    assert piece == base[:-2] + ["--log.run_id=modern", "--eval.tokens=8192", "--model.attn_scale=0.12"]
+    assert args.recipes["modern"] == "configs/cpu.toml + model.attn_scale=0.12"
+
+
 SMALL_DEMO = ["--max-tokens", "200000", "--val-tokens", "20000", "--shard-tokens", "100000", "--workers", "1"]
 
 
