@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +49,7 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
 
 from atomic import atomic_path, write_json
 from data.shards import write_shard
-from trainer.config import SECTIONS, parse_args as parse_train_args
+from trainer.config import parse_args as parse_train_args
 from trainer.metrics import PEAK_BF16_FLOPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,15 +67,6 @@ IDLE_MAX = 0.03  # of a step: the GPU waiting on the host between steps
 HACKATHON_COMPILE_MAX_S = 60.0  # 10% of its 600 s clock, on which compile counts
 MEMORY_MAX = 0.90  # of the device's memory, reserved at the peak: above it a longer eval or a new shape OOMs
 FIT_MARGIN = 0.90  # the share of device memory a re-tuned batch may plan for
-
-
-def where_known(overrides: list[str]) -> list[str]:
-    """The `--section.key=value` overrides whose key this version of the config has: keys issue #12 added
-    (eval.seq_len, model.window_pattern) need undoing at the rehearsal's sizes, and mean nothing before it."""
-    def known(override: str) -> bool:
-        section, key = override[2:].split("=", 1)[0].split(".")
-        return key in {f.name for f in dataclasses.fields(SECTIONS[section])}
-    return [o for o in overrides if known(o)]
 
 
 @dataclass
@@ -114,10 +104,7 @@ CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
             # compile is off: inductor on CPU takes minutes per shape, and these sizes test the plumbing.
             overrides=["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.value_embeds=1",
                        "--model.block_size=128", "--train.seq_len=128", "--train.batch_size=2",
-                       "--eval.batch_size=0",
-                       # evals of the training shape, not the speedrun's 262,144-token sequences; 2 layers, so
-                       # no per-layer window pattern of 12
-                       *where_known(["--eval.seq_len=0", "--model.window_pattern="]),
+                       "--eval.batch_size=0", "--eval.seq_len=0",  # not the speedrun's 262,144-token sequences
                        "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"],
             # a rehearsal on a GPU machine still runs on the CPU; one thread, as the CPU track runs (run.sh): two
             # spinning threads on a busy 2-core machine made a step of the text check 1.5 s instead of 0.1 s

@@ -4,23 +4,21 @@
     python -m scripts.predict_speedrun --mfu 0.35                     # at another assumed MFU
     python -m scripts.predict_speedrun --measured runs/gpu_check.json  # + what scripts/gpu_check.sh measured
 
-FLOPs per token count what a training step must compute: 6 x the weights of every matmul (forward and backward)
-plus 12 x n_layer x n_embd x the keys a query attends on average, causal and windowed. With doc_causal they
-assume no document boundary inside a window: an upper bound, since FineWeb's documents (~1,000 tokens on
-average) often end sooner. Every layer is counted at model.window, the window at the end of training.
-The tokens to reach 3.28 are those of the modded-nanogpt record of this shape; our recipe still lacks some of
-its pieces (issue #12), so it may need more.
+FLOPs per token are GPT.flops_per_token (6 per matmul weight, plus the causal, windowed attention; with doc_causal
+an upper bound, since no document boundary is assumed inside a window), averaged over the run as its window grows.
+The tokens to reach 3.28 are those of the modded-nanogpt record of this shape; ours may need more (its recipe
+differs in details: model/gpt.py says where).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,19 +39,14 @@ RECORD = {"name": "2025-07-12_BosAlign", "steps": 1750, "tokens_per_step": 8 * 4
 CURRENT = "< 75 s, < 400M tokens"
 
 
-def mean_keys(seq_len: int, window: int) -> float:
-    """Keys a query attends on average in a causal sequence of seq_len, at most `window` (0 = all) back."""
-    w = window or seq_len
-    return sum(min(p + 1, w) for p in range(seq_len)) / seq_len
-
-
-def flops_per_token(cfg: Config) -> tuple[float, int, float]:
-    """(training FLOPs per token, matmul weights, mean keys per query) of cfg's model at train.seq_len."""
+def flops_per_token(cfg: Config) -> tuple[float, float]:
+    """(training FLOPs per token at train.seq_len, averaged over the run's window schedule; its attention share):
+    GPT.flops_per_token at each of 101 evenly spaced points of training progress (the window grows linearly)."""
     with torch.device("meta"):  # the shapes without allocating the weights
         model = get_model(cfg.to_dict())
-    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    m, keys = cfg.model, mean_keys(cfg.train.seq_len, cfg.model.window)
-    return 6.0 * matmul + 12.0 * m.n_layer * m.n_embd * keys, matmul, keys
+    flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
+    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - 12.0 * cfg.model.n_layer * cfg.model.n_embd
+    return flops, 1 - matmul_only / flops
 
 
 def measured(path: Path | None) -> dict | None:
@@ -69,7 +62,8 @@ def measured(path: Path | None) -> dict | None:
 def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     """The README's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
-    flops, matmul, keys = flops_per_token(cfg)
+    flops, attention = flops_per_token(cfg)
+    m = cfg.model
     peak = PEAK_BF16_FLOPS["H100"]
     tokens = RECORD["steps"] * RECORD["tokens_per_step"]
     tok_s = mfu * GPUS * peak / flops
@@ -81,8 +75,9 @@ def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
         got_time = f"{tokens / got:.0f} s"
     record_mfu = tokens / RECORD["train_s"] * flops / (GPUS * peak)
     rows = [
-        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "", f"6 x {matmul / 1e6:.1f}M matmul weights + "
-         f"attention at {keys:.0f} keys per query (causal, window {cfg.model.window}, seq_len {cfg.train.seq_len})"),
+        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "", f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, "
+         f"mean over the window schedule {m.window_start or m.window} -> {m.window} (causal; short layers half): "
+         f"attention {attention:.0%} of it"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
          f"record {RECORD['name']}: {RECORD['steps']:,} steps x {RECORD['tokens_per_step']:,} tokens"),
         ("MFU", f"{mfu:.0%} (assumed)", got_mfu,

@@ -22,7 +22,3 @@ def test_the_readme_table_and_the_budgets_come_from_the_script(tmp_path):
     with pytest.raises(SystemExit, match="no speedrun check with a tokens/s figure"):
         predict_speedrun.measured(tmp_path / "check.json")
 
-
-def test_attention_counts_the_keys_a_causal_windowed_query_sees():
-    assert predict_speedrun.mean_keys(4, 0) == (1 + 2 + 3 + 4) / 4
-    assert predict_speedrun.mean_keys(4, 2) == (1 + 2 + 2 + 2) / 4

@@ -27,7 +27,10 @@ def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
         # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
         # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
         model.compile()
-    return model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None)
+    # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
+    # rank 0 before every forward, DDP's default, would be a collective for nothing.
+    return model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None,
+                                               broadcast_buffers=False)
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
