@@ -282,6 +282,12 @@ class _Stream:
             states.append(self.state())
         return runs, states
 
+    def gather(self, runs: list[tuple[_Region, int, int]], out: np.ndarray, vocab_size: int | None) -> None:
+        """Copy the planned windows into the rows of out, refusing token ids >= vocab_size (None: no check)."""
+        if vocab_size is not None:
+            _check_vocab(runs, self.length, vocab_size)
+        _gather(runs, self.length, out)
+
     def read_ahead(self) -> None:
         """Hint the pages ahead of the cursor (after a group is out: the first one should not wait for it)."""
         self.region.read_ahead(self.pos)
@@ -361,6 +367,8 @@ class _Shuffled:
         self.ahead = max(HINT_SLOTS, HINT_BATCHES * self.per_step)  # slots planned and hinted ahead
         for region in regions:
             region.random_access()
+        self.views = [_windows(r.array, length) for r in regions]
+        self._picked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._swept: collections.deque = collections.deque(maxlen=4)  # blocks whose files were read ahead
         self.seek((0, 0, 0))
@@ -412,26 +420,35 @@ class _Shuffled:
         self._ahead = np.concatenate([self._ahead, new], axis=1)
         return new.shape[1]
 
-    def plan(self, batches: int) -> tuple[list[tuple[_Region, int, int]], list[tuple[int, int, int]]]:
-        """This rank's windows of the next `batches` global batches, as runs, and the stream state after each."""
+    def plan(self, batches: int) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int, int]]]:
+        """This rank's windows of the next `batches` global batches, as (region index, first token) arrays in
+        row order, and the stream state after each batch."""
         if self.bos_id is not None:
             return self._plan_bos(batches)
         need = batches * self.per_step
         self._evaluate(need)
-        mine = (np.arange(batches)[:, None] * self.per_step + self.rank * self.batch_size
-                + np.arange(self.batch_size)).ravel()
+        mine, last = self._picks(batches)
         epoch, index, pos, region, start = self._ahead
-        runs = [(self.regions[r], s, 1) for r, s in zip(region[mine].tolist(), start[mine].tolist())]
-        last = np.arange(1, batches + 1) * self.per_step - 1
         states = list(zip(epoch[last].tolist(), index[last].tolist(), (pos[last] + 1).tolist()))
+        windows = region[mine], start[mine]
         self._ahead = self._ahead[:, need:]
         self._taken += need
         self._cursor = states[-1]
-        return runs, states
+        return windows, states
 
-    def _plan_bos(self, batches: int) -> tuple[list[tuple[_Region, int, int]], list[tuple[int, int, int]]]:
+    def _picks(self, batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """Among the next `batches` global batches' windows: this rank's, and the last one of each batch. Kept
+        per count (1 or a group), since making them costs a third of plan()."""
+        if batches not in self._picked:
+            mine = (np.arange(batches)[:, None] * self.per_step + self.rank * self.batch_size
+                    + np.arange(self.batch_size)).ravel()
+            self._picked[batches] = mine, np.arange(1, batches + 1) * self.per_step - 1
+        return self._picked[batches]
+
+    def _plan_bos(self, batches: int) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int, int]]]:
         """plan() with bos_id: every slot of the global batches is looked at to know which have a window."""
-        runs: list[tuple[_Region, int, int]] = []
+        which: list[int] = []
+        starts: list[int] = []
         states: list[tuple[int, int, int]] = []
         mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         total = int(self.counts.sum())
@@ -449,7 +466,8 @@ class _Shuffled:
                     continue
                 self._dry = 0
                 if self._taken % self.per_step in mine:
-                    runs.append((region, start, 1))
+                    which.append(r)
+                    starts.append(start)
                 self._taken += 1
                 if self._taken % self.per_step == 0:
                     states.append((epoch, index, pos + 1))
@@ -457,12 +475,39 @@ class _Shuffled:
                         break
             self._ahead = self._ahead[:, used:]
         self._cursor = states[-1]
-        return runs, states
+        return (np.array(which, dtype=np.int64), np.array(starts, dtype=np.int64)), states
+
+    def gather(self, windows: tuple[np.ndarray, np.ndarray], out: np.ndarray, vocab_size: int | None) -> None:
+        """Copy window i (of region which[i], from token starts[i]) into out[i], refusing token ids >= vocab_size
+        (None: no check): one fancy index per file, since a slice-copy per 2 KiB window costs more in numpy's
+        per-call overhead than in copying."""
+        which, starts = windows
+        order = np.argsort(which, kind="stable")  # the rows of each file, in row order
+        by_file = which[order]
+        cuts = [0, *(np.flatnonzero(by_file[1:] != by_file[:-1]) + 1).tolist(), len(order)]
+        files = [(int(by_file[b]), order[b:e], starts[order[b:e]]) for b, e in zip(cuts, cuts[1:])]
+        for f, _, first in files:
+            # The first token of every window, read before the copies: the cache and TLB misses of all the
+            # windows then overlap instead of coming one window at a time (a fifth of the gather here).
+            self.regions[f].array[first]
+        for f, rows, first in files:
+            got = self.views[f][first]
+            if vocab_size is not None and got.max() >= vocab_size:  # in the file's dtype: a quarter of the bytes
+                _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
+                             self.length, vocab_size)  # names the first bad token in row order
+            out[rows] = got
 
     def read_ahead(self) -> None:
         """Evaluate the order `ahead` slots ahead and hint the new windows' pages (with bos_id: the slots, and
         every rank's, since which hold a window is not known yet); with blocks, read their files ahead."""
         added = self._evaluate(self.ahead)
+        if added:  # not in most groups: the order is evaluated a chunk at a time
+            self._hint(added)
+        if self.sweep:
+            self._read_blocks()
+
+    def _hint(self, added: int) -> None:
+        """Hint the pages of the last `added` slots evaluated, unless a sample of them is in the page cache."""
         _, _, _, region, start = self._ahead[:, self._ahead.shape[1] - added:]
         if self.bos_id is None:
             counter = self._taken + self._ahead.shape[1] - added + np.arange(added)
@@ -475,8 +520,6 @@ class _Shuffled:
         if not all(self.regions[r].cached(s, s + span) for r, s in sample):
             for r, s in zip(region.tolist(), start.tolist()):
                 self.regions[r].hint(s, s + span)
-        if self.sweep:
-            self._read_blocks()
 
     def _read_blocks(self) -> None:
         """Once the order reaches a block, read the files of that block and of the next one ahead, in order."""
@@ -488,6 +531,13 @@ class _Shuffled:
                       for f in self._block(*key).files]
             threading.Thread(target=_read_ahead_files, args=(ranges,), daemon=True,
                              name="TokenLoader read-ahead").start()
+
+
+def _windows(tokens: np.ndarray, length: int) -> np.ndarray:
+    """A read-only view, no copy, whose row s is tokens [s, s + length): a fancy index of it gathers windows."""
+    if len(tokens) < length:  # too short for a window (sliding_window_view refuses it)
+        return tokens[:0].reshape(0, length)
+    return np.lib.stride_tricks.sliding_window_view(tokens, length)
 
 
 def _read_ahead_files(ranges: list[tuple[Path, int, int]]) -> None:
@@ -567,13 +617,11 @@ def _groups(stream: _Stream | _Shuffled, group: int, vocab_size: int | None, rin
     """The producer: fill the next ring slot with this rank's next `group` batches (the first time: one, so
     start-up and resume do not wait for a whole group); yield (slot, the stream state after each batch)."""
     for step in itertools.count():
-        runs, states = stream.plan(group if step else 1)
-        if vocab_size is not None:
-            _check_vocab(runs, stream.length, vocab_size)
+        windows, states = stream.plan(group if step else 1)
         slot = step % len(ring)
         if events:
             events[slot].synchronize()  # the device copies of this slot's previous batches have finished
-        _gather(runs, stream.length, ring[slot])
+        stream.gather(windows, ring[slot], vocab_size)
         yield slot, states
         stream.read_ahead()
 

@@ -185,6 +185,30 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
     assert fast == global_stream()
 
 
+@pytest.mark.parametrize("world,bos_id,holdout", [(1, None, 0), (3, None, 37), (1, BOS, 0), (3, BOS, 37)])
+def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, holdout, monkeypatch):
+    """The shuffled stream copies a group's windows with one fancy index per file; a copy per window gives the
+    same batches: rows in the planned order, from every file, at file ends and at the holdout cut."""
+    coded_shards(tmp_path, [40 * L + 7, 10, 25 * L + 3, 31 * L], bos_seed=0)
+    steps = 2 * 96 // (world * B) + 3  # past two epoch ends (96 slots an epoch)
+
+    def batches() -> list[torch.Tensor]:
+        got = []
+        for r in range(world):
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=6, bos_id=bos_id,
+                             holdout_tokens=holdout) as loader:
+                got += [torch.cat([x, y[:, -1:]], dim=1).clone() for x, y in (next(loader) for _ in range(steps))]
+        return got
+
+    def window_by_window(self, windows, out, vocab_size):
+        for row, (r, start) in enumerate(zip(*(w.tolist() for w in windows))):
+            out[row] = self.regions[r].array[start:start + self.length]
+    fancy = batches()
+    monkeypatch.setattr(data.loader._Shuffled, "gather", window_by_window)
+    assert all(torch.equal(a, b) for a, b in zip(fancy, batches(), strict=True))
+    assert {int(row[row != BOS][0]) // STRIDE for b in fancy for row in b} == {0, 2, 3}  # every file with slots
+
+
 @pytest.mark.parametrize("shuffle,shards", [(False, 0), (True, 0), (True, 1)])
 @pytest.mark.parametrize("bos_id,consumed", [(None, 0), (None, 5), (None, 37), (7, 3), (7, 29)])
 def test_resume_continues_exactly(tmp_path, bos_id, consumed, shuffle, shards):
