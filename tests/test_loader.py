@@ -185,11 +185,14 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
     assert fast == global_stream()
 
 
-@pytest.mark.parametrize("world,bos_id,holdout", [(1, None, 0), (3, None, 37), (1, BOS, 0), (3, BOS, 37)])
-def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, holdout, monkeypatch):
-    """The shuffled stream copies a group's windows with one fancy index per file; a copy per window gives the
-    same batches: rows in the planned order, from every file, at file ends and at the holdout cut."""
-    coded_shards(tmp_path, [40 * L + 7, 10, 25 * L + 3, 31 * L], bos_seed=0)
+@pytest.mark.parametrize("world,bos_id,holdout,mixed", [(1, None, 0, False), (3, None, 37, True), (1, BOS, 0, False),
+                                                       (3, BOS, 37, False)])
+def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, holdout, mixed, monkeypatch):
+    """The shuffled stream copies a group's windows from all files with one fancy index (per dtype); a copy per
+    window gives the same batches: rows in the planned order, from every file, at file ends and the holdout cut."""
+    tokens = coded_shards(tmp_path, [40 * L + 7, 10, 25 * L + 3, 31 * L], bos_seed=None if mixed else 0)
+    if mixed:  # file 0's codes fit in uint16: a second span
+        write_shard(tmp_path / "coded_train_000000.bin", tokens[0], dtype=np.uint16)
     steps = 2 * 96 // (world * B) + 3  # past two epoch ends (96 slots an epoch)
 
     def batches() -> list[torch.Tensor]:
@@ -197,6 +200,7 @@ def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, hol
         for r in range(world):
             with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=6, bos_id=bos_id,
                              holdout_tokens=holdout) as loader:
+                assert len(loader._stream.spans) == 1 + mixed
                 got += [torch.cat([x, y[:, -1:]], dim=1).clone() for x, y in (next(loader) for _ in range(steps))]
         return got
 
