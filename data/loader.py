@@ -84,6 +84,7 @@ ORDER_TAG = 0x5EED0D        # in the order's key: SeedSequence([s, e]) == SeedSe
 HINT_BATCHES = 32           # the shuffled stream hints the windows of this many global batches ahead,
 HINT_SLOTS = 2048           # and at least this many slots,
 HINT_SAMPLE = 8             # unless this many of the new ones, evenly spaced, are all in the page cache already
+BOS_SCAN_SLOTS = 1024       # the shuffled stream looks for the bos_id of this many slots at a time (2 MiB of uint16)
 
 
 def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -129,12 +130,6 @@ class _Region:
                 return int(found[i])
             pos = stop
         return None
-
-    def first_bos(self, start: int, length: int, bos_id: int) -> int | None:
-        """The first bos_id in the slot [start, start + length) if a window of `length` from it fits, else None."""
-        slot = self.array[start:start + length] == bos_id
-        at = start + int(slot.argmax())
-        return at if slot[at - start] and at + length <= self.hi else None
 
     def read_ahead(self, pos: int) -> None:
         """Hint the kernel to page in the file ahead of `pos`, so the copies do not wait on page faults."""
@@ -368,6 +363,7 @@ class _Shuffled:
         for region in regions:
             region.random_access()
         self.spans, self.span_of, self.offset_of = _spans(regions, length)
+        self.ends = np.array([r.hi for r in regions], dtype=np.int64)
         self._picked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._swept: collections.deque = collections.deque(maxlen=4)  # blocks whose files were read ahead
@@ -446,42 +442,59 @@ class _Shuffled:
         return self._picked[batches]
 
     def _plan_bos(self, batches: int) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int, int]]]:
-        """plan() with bos_id: every slot of the global batches is looked at to know which have a window."""
-        which: list[int] = []
-        starts: list[int] = []
-        states: list[tuple[int, int, int]] = []
-        mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        total = int(self.counts.sum())
-        while len(states) < batches:
-            self._evaluate(self.per_step)
-            used = 0
-            for epoch, index, pos, r, slot in zip(*self._ahead[:, :self.per_step * 2].tolist()):
-                used += 1
-                region = self.regions[r]
-                start = region.first_bos(slot, self.length, self.bos_id)
-                if start is None:
-                    self._dry += 1
-                    if self._dry > total:  # a whole epoch's slots without one
-                        raise _no_window(self.regions, self.length, self.bos_id)
-                    continue
-                self._dry = 0
-                if self._taken % self.per_step in mine:
-                    which.append(r)
-                    starts.append(start)
-                self._taken += 1
-                if self._taken % self.per_step == 0:
-                    states.append((epoch, index, pos + 1))
-                    if len(states) == batches:
-                        break
-            self._ahead = self._ahead[:, used:]
+        """plan() with bos_id: every slot of the global batches is looked at to know which have a window, a
+        vector of slots at a time (a slot each cost ~7 us of Python)."""
+        which, starts, states = [], [], []
+        need, total = batches * self.per_step, int(self.counts.sum())  # plan() starts at a global batch's start
+        while need:
+            scan = min(need, BOS_SCAN_SLOTS)  # a slot has one window at most: none is looked at in vain
+            self._evaluate(scan)
+            epoch, index, pos, region, slot = self._ahead[:, :scan]
+            found = self._first_bos(region, slot)
+            has = np.flatnonzero(found >= 0)  # the slots with a window
+            dry = np.diff(np.concatenate([[-1 - self._dry], has, [scan]])) - 1  # slots without one in a row
+            if dry.max() > total:  # a whole epoch's slots without one
+                raise _no_window(self.regions, self.length, self.bos_id)
+            self._dry = int(dry[-1])
+            number = self._taken + np.arange(len(has))  # of each window in the stream
+            mine = has[number % self.per_step // self.batch_size == self.rank]
+            which.append(region[mine])
+            starts.append(found[mine])
+            last = has[(number + 1) % self.per_step == 0]  # completes a global batch
+            states += zip(epoch[last].tolist(), index[last].tolist(), (pos[last] + 1).tolist())
+            self._ahead = self._ahead[:, scan:]
+            self._taken += len(has)
+            need -= len(has)
         self._cursor = states[-1]
-        return (np.array(which, dtype=np.int64), np.array(starts, dtype=np.int64)), states
+        return (np.concatenate(which), np.concatenate(starts)), states
+
+    def _first_bos(self, region: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Where the window of each slot (region index, first token) starts: at its first bos_id, if a window
+        from there fits in the region; -1 where none does."""
+        found = np.full(len(slot), -1, dtype=np.int64)
+        for rows, tokens in self._read(region, slot):
+            hit = tokens == self.bos_id
+            first = hit.argmax(axis=1)
+            start = slot[rows] + first
+            fits = hit[np.arange(len(first)), first] & (start + self.length <= self.ends[region[rows]])
+            found[rows] = np.where(fits, start, -1)
+        return found
 
     def gather(self, windows: tuple[np.ndarray, np.ndarray], out: np.ndarray, vocab_size: int | None) -> None:
         """Copy window i (of region which[i], from token starts[i]) into out[i], refusing token ids >= vocab_size
-        (None: no check): one fancy index for all the files (see _Span)."""
+        (None: no check)."""
         which, starts = windows
-        at, out = self.offset_of[which] + starts, out[:len(which)]
+        out = out[:len(which)]
+        for rows, got in self._read(which, starts):
+            if vocab_size is not None and got.max() >= vocab_size:  # in the file's dtype: a quarter of the bytes
+                _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
+                             self.length, vocab_size)  # names the first bad token in row order
+            out[rows] = got
+
+    def _read(self, which: np.ndarray, starts: np.ndarray) -> Iterator[tuple[slice | np.ndarray, np.ndarray]]:
+        """(rows, their windows) for the windows (region which[i], from token starts[i]), in the files' dtype: one
+        fancy index for all the files (see _Span), or one per span where the files' dtypes differ."""
+        at = self.offset_of[which] + starts
         if len(self.spans) == 1:
             parts = [(self.spans[0], slice(None))]
         else:
@@ -491,11 +504,7 @@ class _Shuffled:
             # The first token of every window, read before the copy: the cache and TLB misses of all the windows
             # then overlap instead of coming one window at a time (a fifth of the gather here).
             span.tokens[at[rows]]
-            got = span.windows[at[rows]]
-            if vocab_size is not None and got.max() >= vocab_size:  # in the file's dtype: a quarter of the bytes
-                _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
-                             self.length, vocab_size)  # names the first bad token in row order
-            out[rows] = got
+            yield rows, span.windows[at[rows]]
 
     def read_ahead(self) -> None:
         """Evaluate the order `ahead` slots ahead and hint the new windows' pages (with bos_id: the slots, and

@@ -185,6 +185,30 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
     assert fast == global_stream()
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_bos_slots_looked_at_a_few_at_a_time_give_the_same_stream(tmp_path, world, monkeypatch):
+    """The shuffled BOS stream looks for the bos_id of a vector of slots at a time; vectors of 3 slots, which
+    split the global batches and the runs of slots without a document start, give the same batches and states."""
+    tokens = coded_shards(tmp_path, [60 * L, 30 * L + 9], bos_seed=1)
+    tokens[1][tokens[1] == BOS] = 7  # file 1: no document start (long runs of slots without a window)
+    write_shard(tmp_path / "coded_train_000001.bin", tokens[1], dtype=np.uint32)
+
+    def run() -> list:
+        got = []
+        for r in range(world):
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=2, bos_id=BOS) as loader:
+                got += [(torch.cat([x, y[:, -1:]], dim=1).clone(), loader.state_dict())
+                        for x, y in (next(loader) for _ in range(50))]
+        return got
+    whole = run()
+    monkeypatch.setattr(data.loader, "BOS_SCAN_SLOTS", 3)
+    assert all(torch.equal(a, c) and b == d for (a, b), (c, d) in zip(whole, run(), strict=True))
+    tokens[0][tokens[0] == BOS] = 7  # no document start left: an error, though no vector holds a whole epoch
+    write_shard(tmp_path / "coded_train_000000.bin", tokens[0], dtype=np.uint32)
+    with pytest.raises(ShardError, match="no window of 16 tokens starting with bos_id"):
+        TokenLoader(str(tmp_path / "*.bin"), B, T, bos_id=BOS)._stream.plan(1)  # here: a bug would hang, not fail
+
+
 @pytest.mark.parametrize("world,bos_id,holdout,mixed", [(1, None, 0, False), (3, None, 37, True), (1, BOS, 0, False),
                                                        (3, BOS, 37, False)])
 def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, holdout, mixed, monkeypatch):
