@@ -198,8 +198,8 @@ def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big:
     epoch = total // (B * (T + 1))
     with TokenLoader(paths, B, T, shuffle=False) as ours, TokenLoader(paths, B, T) as shuffled:
         # One whole pass in each order: measures memory, warms the page cache, and maps every page into the
-        # loaders' own maps (the first touch of a page in a map is a fault, ~7 us each on this VM; it is paid
-        # once per process and page, so it is kept out of the warm rates).
+        # loaders' own maps (a new map faults on the first touch of each part of it, ~7 us a fault on this
+        # VM: paid once per process, so it is kept out of the warm rates).
         result["rss_anon_growth_mb"] = pass_rss_growth_mb(ours, epoch)
         result["shuffled_rss_anon_growth_mb"] = pass_rss_growth_mb(shuffled, epoch)
         result.update(rates({"memcpy": memcpy_loader(arrays), "random_copy": random_copy_loader(arrays),
