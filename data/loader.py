@@ -22,7 +22,8 @@ skipped. So windows start at document starts, at most one a slot, and run on thr
 that one as in the sequential stream; tokens no window covers (the rest of a document longer than a
 window, a document that starts after another in the same slot and outlasts its window) are skipped; and a
 token may be read twice in an epoch, at the end of one slot's window and in the next slot's, never more.
-A slot's bos_id is looked for only when the background thread gets to the slot, in the slot alone.
+A slot's bos_id is looked for only when the background thread gets to the slot, in the slot alone (a
+vector of slots at a time).
 
 The sequential stream (shuffle=False). Each epoch visits the files front to back. With bos_id=None a
 window starts where the previous one ended; with bos_id set, at the next bos_id at or after that point, so
@@ -37,6 +38,15 @@ window[1:]. The state is the stream position before the next global batch: the s
 run may even resume with another world size or batch size and still never repeat a window within the
 epoch. With bos_id set every rank looks for the bos_id of all the global batch's slots (to know where the
 other ranks' windows are), so every node reads the pages of the whole global batch.
+
+The copies (both streams). The background thread fills a ring buffer with a group of batches at a time,
+casting the tokens to int64 on the way. Sequential: a group's windows lie back to back in a file, one copy
+per run of them. Shuffled: the files of one dtype are seen through one strided view, no copy, whose row s is
+the window from token s of the lowest map (every map lies at a fixed offset from it, see _Span), so one
+fancy index gathers all of a group's windows, from every file, in row order; one slice-copy per 2 KiB
+window cost more in numpy's per-call overhead than in copying, and one fancy index per file as much when
+there are ~100 files. The first token of every window is read just before, so that their cache misses
+overlap.
 
 Nothing is read at construction beyond the file headers. The background thread asks the kernel for the
 pages ahead of the copies (MADV_WILLNEED): in the sequential stream the next READAHEAD_TOKENS of the file;
@@ -85,6 +95,7 @@ ORDER_TAG = 0x5EED0D        # in the order's key: SeedSequence([s, e]) == SeedSe
 HINT_BATCHES = 32           # the shuffled stream hints the windows of this many global batches ahead,
 HINT_SLOTS = 2048           # and at least this many slots,
 HINT_SAMPLE = 8             # unless this many of the new ones, evenly spaced, are all in the page cache already
+BOS_SCAN_SLOTS = 1024       # the shuffled stream looks for the bos_id of this many slots at a time (2 MiB of uint16)
 
 
 def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -130,12 +141,6 @@ class _Region:
                 return int(found[i])
             pos = stop
         return None
-
-    def first_bos(self, start: int, length: int, bos_id: int) -> int | None:
-        """The first bos_id in the slot [start, start + length) if a window of `length` from it fits, else None."""
-        slot = self.array[start:start + length] == bos_id
-        at = start + int(slot.argmax())
-        return at if slot[at - start] and at + length <= self.hi else None
 
     def read_ahead(self, pos: int) -> None:
         """Hint the kernel to page in the file ahead of `pos`, so the copies do not wait on page faults."""
@@ -285,6 +290,12 @@ class _Stream:
             states.append(self.state())
         return runs, states
 
+    def gather(self, runs: list[tuple[_Region, int, int]], out: np.ndarray, vocab_size: int | None) -> None:
+        """Copy the planned windows into the rows of out, refusing token ids >= vocab_size (None: no check)."""
+        if vocab_size is not None:
+            _check_vocab(runs, self.length, vocab_size)
+        _gather(runs, self.length, out)
+
     def read_ahead(self) -> None:
         """Hint the pages ahead of the cursor (after a group is out: the first one should not wait for it)."""
         self.region.read_ahead(self.pos)
@@ -364,6 +375,9 @@ class _Shuffled:
         self.ahead = max(HINT_SLOTS, HINT_BATCHES * self.per_step)  # slots planned and hinted ahead
         for region in regions:
             region.random_access()
+        self.spans, self.span_of, self.offset_of = _spans(regions, length)
+        self.ends = np.array([r.hi for r in regions], dtype=np.int64)
+        self._picked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._swept: collections.deque = collections.deque(maxlen=4)  # blocks whose files were read ahead
         self.seek((0, 0, 0))
@@ -415,57 +429,107 @@ class _Shuffled:
         self._ahead = np.concatenate([self._ahead, new], axis=1)
         return new.shape[1]
 
-    def plan(self, batches: int) -> tuple[list[tuple[_Region, int, int]], list[tuple[int, int, int]]]:
-        """This rank's windows of the next `batches` global batches, as runs, and the stream state after each."""
+    def plan(self, batches: int) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int, int]]]:
+        """This rank's windows of the next `batches` global batches, as (region index, first token) arrays in
+        row order, and the stream state after each batch."""
         if self.bos_id is not None:
             return self._plan_bos(batches)
         need = batches * self.per_step
         self._evaluate(need)
-        mine = (np.arange(batches)[:, None] * self.per_step + self.rank * self.batch_size
-                + np.arange(self.batch_size)).ravel()
+        mine, last = self._picks(batches)
         epoch, index, pos, region, start = self._ahead
-        runs = [(self.regions[r], s, 1) for r, s in zip(region[mine].tolist(), start[mine].tolist())]
-        last = np.arange(1, batches + 1) * self.per_step - 1
         states = list(zip(epoch[last].tolist(), index[last].tolist(), (pos[last] + 1).tolist()))
+        windows = region[mine], start[mine]
         self._ahead = self._ahead[:, need:]
         self._taken += need
         self._cursor = states[-1]
-        return runs, states
+        return windows, states
 
-    def _plan_bos(self, batches: int) -> tuple[list[tuple[_Region, int, int]], list[tuple[int, int, int]]]:
-        """plan() with bos_id: every slot of the global batches is looked at to know which have a window."""
-        runs: list[tuple[_Region, int, int]] = []
-        states: list[tuple[int, int, int]] = []
-        mine = range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        total = int(self.counts.sum())
-        while len(states) < batches:
-            self._evaluate(self.per_step)
-            used = 0
-            for epoch, index, pos, r, slot in zip(*self._ahead[:, :self.per_step * 2].tolist()):
-                used += 1
-                region = self.regions[r]
-                start = region.first_bos(slot, self.length, self.bos_id)
-                if start is None:
-                    self._dry += 1
-                    if self._dry > total:  # a whole epoch's slots without one
-                        raise _no_window(self.regions, self.length, self.bos_id)
-                    continue
-                self._dry = 0
-                if self._taken % self.per_step in mine:
-                    runs.append((region, start, 1))
-                self._taken += 1
-                if self._taken % self.per_step == 0:
-                    states.append((epoch, index, pos + 1))
-                    if len(states) == batches:
-                        break
-            self._ahead = self._ahead[:, used:]
+    def _picks(self, batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """Among the next `batches` global batches' windows: this rank's, and the last one of each batch. Kept
+        per count (1 or a group), since making them costs a third of plan()."""
+        if batches not in self._picked:
+            mine = (np.arange(batches)[:, None] * self.per_step + self.rank * self.batch_size
+                    + np.arange(self.batch_size)).ravel()
+            self._picked[batches] = mine, np.arange(1, batches + 1) * self.per_step - 1
+        return self._picked[batches]
+
+    def _plan_bos(self, batches: int) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int, int]]]:
+        """plan() with bos_id: every slot of the global batches is looked at to know which have a window, a
+        vector of slots at a time (a slot each cost ~7 us of Python)."""
+        which, starts, states = [], [], []
+        need, total = batches * self.per_step, int(self.counts.sum())  # plan() starts at a global batch's start
+        while need:
+            scan = min(need, BOS_SCAN_SLOTS)  # a slot has one window at most: none is looked at in vain
+            self._evaluate(scan)
+            epoch, index, pos, region, slot = self._ahead[:, :scan]
+            found = self._first_bos(region, slot)
+            has = np.flatnonzero(found >= 0)  # the slots with a window
+            dry = np.diff(np.concatenate([[-1 - self._dry], has, [scan]])) - 1  # slots without one in a row
+            if dry.max() > total:  # a whole epoch's slots without one
+                raise _no_window(self.regions, self.length, self.bos_id)
+            self._dry = int(dry[-1])
+            number = self._taken + np.arange(len(has))  # of each window in the stream
+            mine = has[number % self.per_step // self.batch_size == self.rank]
+            which.append(region[mine])
+            starts.append(found[mine])
+            last = has[(number + 1) % self.per_step == 0]  # completes a global batch
+            states += zip(epoch[last].tolist(), index[last].tolist(), (pos[last] + 1).tolist())
+            self._ahead = self._ahead[:, scan:]
+            self._taken += len(has)
+            need -= len(has)
         self._cursor = states[-1]
-        return runs, states
+        return (np.concatenate(which), np.concatenate(starts)), states
+
+    def _first_bos(self, region: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Where the window of each slot (region index, first token) starts: at its first bos_id, if a window
+        from there fits in the region; -1 where none does."""
+        found = np.full(len(slot), -1, dtype=np.int64)
+        for rows, tokens in self._read(region, slot):
+            hit = tokens == self.bos_id
+            first = hit.argmax(axis=1)
+            start = slot[rows] + first
+            fits = hit[np.arange(len(first)), first] & (start + self.length <= self.ends[region[rows]])
+            found[rows] = np.where(fits, start, -1)
+        return found
+
+    def gather(self, windows: tuple[np.ndarray, np.ndarray], out: np.ndarray, vocab_size: int | None) -> None:
+        """Copy window i (of region which[i], from token starts[i]) into out[i], refusing token ids >= vocab_size
+        (None: no check)."""
+        which, starts = windows
+        out = out[:len(which)]
+        for rows, got in self._read(which, starts):
+            if vocab_size is not None and got.max() >= vocab_size:  # in the file's dtype: a quarter of the bytes
+                _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
+                             self.length, vocab_size)  # names the first bad token in row order
+            out[rows] = got
+
+    def _read(self, which: np.ndarray, starts: np.ndarray) -> Iterator[tuple[slice | np.ndarray, np.ndarray]]:
+        """(rows, their windows) for the windows (region which[i], from token starts[i]), in the files' dtype: one
+        fancy index for all the files (see _Span), or one per span where the files' dtypes differ."""
+        at = self.offset_of[which] + starts
+        if len(self.spans) == 1:
+            parts = [(self.spans[0], slice(None))]
+        else:
+            kind = self.span_of[which]
+            parts = [(self.spans[k], np.flatnonzero(kind == k)) for k in np.unique(kind).tolist()]
+        for span, rows in parts:
+            # The first token of every window, read before the copy: the cache and TLB misses of all the windows
+            # then overlap instead of coming one window at a time (a fifth of the gather here).
+            span.tokens[at[rows]]
+            yield rows, span.windows[at[rows]]
 
     def read_ahead(self) -> None:
         """Evaluate the order `ahead` slots ahead and hint the new windows' pages (with bos_id: the slots, and
         every rank's, since which hold a window is not known yet); with blocks, read their files ahead."""
         added = self._evaluate(self.ahead)
+        if added:  # not in most groups: the order is evaluated a chunk at a time
+            self._hint(added)
+        if self.sweep:
+            self._read_blocks()
+
+    def _hint(self, added: int) -> None:
+        """Hint the pages of the last `added` slots evaluated, unless a sample of them is in the page cache."""
         _, _, _, region, start = self._ahead[:, self._ahead.shape[1] - added:]
         if self.bos_id is None:
             counter = self._taken + self._ahead.shape[1] - added + np.arange(added)
@@ -478,8 +542,6 @@ class _Shuffled:
         if not all(self.regions[r].cached(s, s + span) for r, s in sample):
             for r, s in zip(region.tolist(), start.tolist()):
                 self.regions[r].hint(s, s + span)
-        if self.sweep:
-            self._read_blocks()
 
     def _read_blocks(self) -> None:
         """Once the order reaches a block, read the files of that block and of the next one ahead, in order."""
@@ -491,6 +553,41 @@ class _Shuffled:
                       for f in self._block(*key).files]
             threading.Thread(target=_read_ahead_files, args=(ranges,), daemon=True,
                              name="TokenLoader read-ahead").start()
+
+
+class _Span:
+    """Every window of several memory-mapped files of one dtype as the rows of one read-only view, no copy.
+
+    numpy reads memory by address and strides, so a view that starts at the lowest map and steps one token at
+    a time reaches every other map's tokens at a fixed offset: one fancy index gathers a group's windows from
+    all the files. One per file costs ~1.5 us a call, as much as copying a 2 KiB window, and with 100 files a
+    group holds ~2 windows of each: that was slower than a slice per window (29 vs 50 us a batch here). The
+    view spans memory between the maps that is not the files': only windows of the regions, which lie inside
+    their maps, are ever indexed (a wrong index would crash, not raise IndexError), and the maps it does not
+    hold a reference to are kept alive by the regions of the same stream.
+    """
+
+    def __init__(self, arrays: list[np.ndarray], length: int):
+        address = [a.ctypes.data for a in arrays]
+        low, item = min(address), arrays[0].itemsize
+        base = arrays[address.index(low)]
+        self.offsets = [(a - low) // item for a in address]  # where each array's token 0 is in the view
+        size = (max(a + x.nbytes for a, x in zip(address, arrays)) - low) // item
+        self.tokens = np.lib.stride_tricks.as_strided(base, (size,), (item,), writeable=False)
+        self.windows = np.lib.stride_tricks.as_strided(base, (max(size - length + 1, 0), length), (item, item),
+                                                       writeable=False)
+
+
+def _spans(regions: list[_Region], length: int) -> tuple[list[_Span], np.ndarray, np.ndarray]:
+    """Spans over the regions' files (one, unless their dtypes differ), each region's span and its offset there."""
+    kinds: dict[tuple[str, int], list[int]] = {}
+    for i, r in enumerate(regions):  # a span steps whole tokens: same dtype, same address modulo its size
+        kinds.setdefault((r.array.dtype.str, r.array.ctypes.data % r.array.itemsize), []).append(i)
+    spans, span_of, offset_of = [], np.zeros(len(regions), dtype=np.int64), np.zeros(len(regions), dtype=np.int64)
+    for k, members in enumerate(kinds.values()):
+        spans.append(_Span([regions[i].array for i in members], length))
+        span_of[members], offset_of[members] = k, spans[-1].offsets
+    return spans, span_of, offset_of
 
 
 def _read_ahead_files(ranges: list[tuple[Path, int, int]]) -> None:
@@ -570,13 +667,11 @@ def _groups(stream: _Stream | _Shuffled, group: int, vocab_size: int | None, rin
     """The producer: fill the next ring slot with this rank's next `group` batches (the first time: one, so
     start-up and resume do not wait for a whole group); yield (slot, the stream state after each batch)."""
     for step in itertools.count():
-        runs, states = stream.plan(group if step else 1)
-        if vocab_size is not None:
-            _check_vocab(runs, stream.length, vocab_size)
+        windows, states = stream.plan(group if step else 1)
         slot = step % len(ring)
         if events:
             events[slot].synchronize()  # the device copies of this slot's previous batches have finished
-        _gather(runs, stream.length, ring[slot])
+        stream.gather(windows, ring[slot], vocab_size)
         yield slot, states
         stream.read_ahead()
 

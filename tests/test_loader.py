@@ -185,6 +185,58 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
     assert fast == global_stream()
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_bos_slots_looked_at_a_few_at_a_time_give_the_same_stream(tmp_path, world, monkeypatch):
+    """The shuffled BOS stream looks for the bos_id of a vector of slots at a time; vectors of 3 slots, which
+    split the global batches and the runs of slots without a document start, give the same batches and states."""
+    tokens = coded_shards(tmp_path, [60 * L, 30 * L + 9], bos_seed=1)
+    tokens[1][tokens[1] == BOS] = 7  # file 1: no document start (long runs of slots without a window)
+    write_shard(tmp_path / "coded_train_000001.bin", tokens[1], dtype=np.uint32)
+
+    def run() -> list:
+        got = []
+        for r in range(world):
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=2, bos_id=BOS) as loader:
+                got += [(torch.cat([x, y[:, -1:]], dim=1).clone(), loader.state_dict())
+                        for x, y in (next(loader) for _ in range(50))]
+        return got
+    whole = run()
+    monkeypatch.setattr(data.loader, "BOS_SCAN_SLOTS", 3)
+    assert all(torch.equal(a, c) and b == d for (a, b), (c, d) in zip(whole, run(), strict=True))
+    tokens[0][tokens[0] == BOS] = 7  # no document start left: an error, though no vector holds a whole epoch
+    write_shard(tmp_path / "coded_train_000000.bin", tokens[0], dtype=np.uint32)
+    with pytest.raises(ShardError, match="no window of 16 tokens starting with bos_id"):
+        TokenLoader(str(tmp_path / "*.bin"), B, T, bos_id=BOS)._stream.plan(1)  # here: a bug would hang, not fail
+
+
+@pytest.mark.parametrize("world,bos_id,holdout,mixed", [(1, None, 0, False), (3, None, 37, True), (1, BOS, 0, False),
+                                                       (3, BOS, 37, False)])
+def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, holdout, mixed, monkeypatch):
+    """The shuffled stream copies a group's windows from all files with one fancy index (per dtype); a copy per
+    window gives the same batches: rows in the planned order, from every file, at file ends and the holdout cut."""
+    tokens = coded_shards(tmp_path, [40 * L + 7, 10, 25 * L + 3, 31 * L], bos_seed=None if mixed else 0)
+    if mixed:  # file 0's codes fit in uint16: a second span
+        write_shard(tmp_path / "coded_train_000000.bin", tokens[0], dtype=np.uint16)
+    steps = 2 * 96 // (world * B) + 3  # past two epoch ends (96 slots an epoch)
+
+    def batches() -> list[torch.Tensor]:
+        got = []
+        for r in range(world):
+            with TokenLoader(str(tmp_path / "*.bin"), B, T, rank=r, world_size=world, seed=6, bos_id=bos_id,
+                             holdout_tokens=holdout) as loader:
+                assert len(loader._stream.spans) == 1 + mixed
+                got += [torch.cat([x, y[:, -1:]], dim=1).clone() for x, y in (next(loader) for _ in range(steps))]
+        return got
+
+    def window_by_window(self, windows, out, vocab_size):
+        for row, (r, start) in enumerate(zip(*(w.tolist() for w in windows))):
+            out[row] = self.regions[r].array[start:start + self.length]
+    fancy = batches()
+    monkeypatch.setattr(data.loader._Shuffled, "gather", window_by_window)
+    assert all(torch.equal(a, b) for a, b in zip(fancy, batches(), strict=True))
+    assert {int(row[row != BOS][0]) // STRIDE for b in fancy for row in b} == {0, 2, 3}  # every file with slots
+
+
 @pytest.mark.parametrize("shuffle,shards", [(False, 0), (True, 0), (True, 1)])
 @pytest.mark.parametrize("bos_id,consumed", [(None, 0), (None, 5), (None, 37), (7, 3), (7, 29)])
 def test_resume_continues_exactly(tmp_path, bos_id, consumed, shuffle, shards):
