@@ -237,6 +237,17 @@ def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, hol
     assert {int(row[row != BOS][0]) // STRIDE for b in fancy for row in b} == {0, 2, 3}  # every file with slots
 
 
+def test_a_window_outside_its_file_raises_instead_of_reading_other_memory(tmp_path):
+    """The one-index gather reads through a view that spans more than the files: a start the plan got wrong must
+    be refused before it is read (a start one token into the next file, or past the region's end)."""
+    coded_shards(tmp_path, [40 * L + 7, 31 * L])
+    with TokenLoader(str(tmp_path / "*.bin"), B, T, holdout_tokens=5) as loader:
+        stream, out = loader._stream, np.empty((1, L), dtype=np.int64)
+        for region, start in ((0, -1), (0, stream.ends[0] - L + 1), (1, stream.ends[1] - L + 1)):  # 1: the holdout
+            with pytest.raises(RuntimeError, match="outside its file"):
+                stream.gather((np.array([region]), np.array([start])), out, None)
+        stream.gather((np.array([1]), np.array([stream.ends[1] - L])), out, None)  # the last window that fits
+
 @pytest.mark.parametrize("shuffle,shards", [(False, 0), (True, 0), (True, 1)])
 @pytest.mark.parametrize("bos_id,consumed", [(None, 0), (None, 5), (None, 37), (7, 3), (7, 29)])
 def test_resume_continues_exactly(tmp_path, bos_id, consumed, shuffle, shards):
