@@ -31,11 +31,11 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 
-from model.config import GPTConfig, OptimConfig
+from model.config import GPTConfig, OptimConfig, choices, value_type
 
 ROOT = Path(__file__).resolve().parents[1]
 HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
@@ -45,8 +45,8 @@ HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
 class DataConfig:
     train: str = ""              # glob of training shards
     val: str = ""                # glob of validation shards, or "holdout": the last eval.tokens of the train data
-    format: str = "auto"         # "auto" | "header" | "raw"
-    raw_dtype: str = "uint16"    # dtype of headerless files
+    format: Literal["auto", "header", "raw"] = "auto"  # "auto": an llm.c header where a file starts with its magic
+    raw_dtype: Literal["uint16", "uint32"] = "uint16"  # dtype of headerless files
     bos_aligned: bool = False    # start every sequence at a document boundary
     shuffle: bool = True         # windows in a seeded random order over all shards; false: each shard front to back
     shuffle_shards: int = 0      # shuffle within this many shards at a time, each set read ahead whole; 0 = all
@@ -59,21 +59,22 @@ class TrainConfig:
     batch_size: int = 8          # sequences per micro-step per rank
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
-    parallel: str = "ddp"        # "ddp" | "fsdp" (ignored in a single process)
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
-    dtype: str = "bfloat16"      # autocast dtype on GPU: "bfloat16" | "float32"; CPU always runs fp32
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none
-    timing: str = "from_first_forward"   # "from_first_forward" | "exclude_warmup"
+    timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
     warmup_steps: int = 0        # untimed compile warm-up steps (exclude_warmup), state restored after
     max_steps: int = 0           # upper bound on steps; 0 = none
-    schedule: str = "time"       # "time": LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
+    # "time": the LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
+    schedule: Literal["time", "step"] = "time"
     lr_warmup_frac: float = 0.0  # first fraction of the run with a linear LR warm-up
     lr_decay_frac: float = 0.3   # final fraction of the run over which the LR decays linearly
     lr_final_frac: float = 0.0   # LR multiplier at the end of the decay
     seed: int = 0                # torch seed of the initialisation (the same on every rank)
     checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
     checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
-    resume: str = "auto"         # "auto" (if the run folder has complete state) | "never" | "must"
+    resume: Literal["auto", "never", "must"] = "auto"  # "auto": if the run folder has complete state
     dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
 
 
@@ -101,11 +102,6 @@ class LogConfig:
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": OptimConfig,
                              "train": TrainConfig, "eval": EvalConfig, "log": LogConfig}
-CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"): ("uint16", "uint32"),
-           ("train", "parallel"): ("ddp", "fsdp"),
-           ("train", "dtype"): ("bfloat16", "float32"),
-           ("train", "timing"): ("from_first_forward", "exclude_warmup"),
-           ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
 # the hackathon starter's flags and the keys each sets (see the module docstring)
 STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
 STARTER_KEYS = {"data_dir": ("data.train", "data.format", "data.val"), "checkpoint_path": ("train.checkpoint_path",),
@@ -149,14 +145,14 @@ class Config:
 
 
 def _check_value(section: str, key: str, value: Any, hint: Any, where: str) -> Any:
-    """Return `value` converted to the field's type, or raise naming the key and the expected type."""
+    """Return `value` converted to the field's type, or raise naming the key and the expected type (or values)."""
+    allowed, hint = choices(hint), value_type(hint)
     origin = typing.get_origin(hint) or hint
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if origin in (list, tuple) and isinstance(value, (list, tuple)):
         return origin(value)
     if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
-        allowed = CHOICES.get((section, key))
         if allowed and value not in allowed:
             raise ConfigError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(allowed)}")
         return value
@@ -211,7 +207,7 @@ def apply_override(cfg: Config, dotted: str, text: str) -> None:
         raise ConfigError(f"command line: --{dotted} is not --section.key=value; "
                           f"valid sections: {', '.join(SECTIONS)}")
     value = parse_value(text)
-    if section in SECTIONS and typing.get_type_hints(SECTIONS[section]).get(key) is str:
+    if section in SECTIONS and value_type(typing.get_type_hints(SECTIONS[section]).get(key)) is str:
         value = value if isinstance(value, str) else text  # --log.run_id=123 means the string "123"
     _apply(cfg, section, key, value, "command line")
 
