@@ -1,10 +1,10 @@
-"""trainer/config.py: TOML files, overrides, the hackathon starter's flags, errors, the TOML writer."""
+"""trainer/config.py and trainer/starter.py: TOML files, overrides, the starter's flags, errors, the TOML writer."""
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from trainer import config as C
+from trainer import starter
 from trainer.config import ConfigError, parse_args, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_starter_flags_map_onto_the_config(tmp_path):
 
 def test_starter_flags_pick_the_hackathon_config_when_it_exists(tmp_path, monkeypatch):
     hack = tmp_path / "hackathon_32gpu.toml"
-    monkeypatch.setattr(C, "HACKATHON_CONFIG", hack)
+    monkeypatch.setattr(starter, "HACKATHON_CONFIG", hack)
     cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
     assert cfg.name == "default" and cfg.train.budget_s == 600.0
     hack.write_text("[model]\nn_layer = 3\n")

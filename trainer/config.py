@@ -7,18 +7,7 @@ Precedence, lowest first:
     < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
     < --section.key=value overrides
 
-The GPU MODE hackathon's submit.sh passes its starter's flags unchanged. Any of them selects the
-hackathon setup: base config configs/hackathon_32gpu.toml when no --config is given (and it exists),
-and the flags map as
-    --data_dir D          data.train = "D/chunk_*.bin", data.format = "raw", data.val = "holdout"
-    --checkpoint_path P   train.checkpoint_path = P
-    --time_limit_min M    train.budget_s = 60 * M, train.schedule = "time": the LR decays on that clock
-    --max_steps N         train.max_steps = N, an upper bound: the time schedule decays towards whichever
-                          ends first, the budget or N steps, so an unreachable N changes nothing and a
-                          reachable one still ends on a decayed LR
-    --seq_len/--batch_size/--grad_accum_steps
-                          honoured only where the config file does not set them: the file holds
-                          the tuned recipe, the starter's shape is generic.
+trainer/starter.py says what each starter flag sets, and which config it picks when no --config is given.
 """
 from __future__ import annotations
 
@@ -36,9 +25,9 @@ from typing import Any, Literal
 import tomli_w
 
 from model.config import GPTConfig, OptimConfig, choices, value_type
+from trainer import starter
 
 ROOT = Path(__file__).resolve().parents[1]
-HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
 
 
 @dataclass
@@ -102,12 +91,6 @@ class LogConfig:
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": OptimConfig,
                              "train": TrainConfig, "eval": EvalConfig, "log": LogConfig}
-# the hackathon starter's flags and the keys each sets (see the module docstring)
-STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
-STARTER_KEYS = {"data_dir": ("data.train", "data.format", "data.val"), "checkpoint_path": ("train.checkpoint_path",),
-                "seq_len": ("train.seq_len",), "batch_size": ("train.batch_size",),
-                "grad_accum_steps": ("train.grad_accum",), "max_steps": ("train.max_steps",),
-                "time_limit_min": ("train.budget_s", "train.schedule")}
 # Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
 # fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
 # what the run's record measures. Every other key, including one added later, refuses the resume.
@@ -218,14 +201,7 @@ def _argparser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
     p.add_argument("--extend-budget", action="store_true",
                    help="resume the run although train.budget_s or train.max_steps changed (see README)")
-    starter = p.add_argument_group("GPU MODE hackathon starter flags (see trainer/config.py)")
-    starter.add_argument("--data_dir")
-    starter.add_argument("--checkpoint_path")
-    starter.add_argument("--seq_len", type=int)
-    starter.add_argument("--batch_size", type=int)
-    starter.add_argument("--grad_accum_steps", type=int)
-    starter.add_argument("--max_steps", type=int)
-    starter.add_argument("--time_limit_min", type=float)
+    starter.add_flags(p)
     return p
 
 
@@ -253,57 +229,31 @@ def parse_args(argv: list[str]) -> Config:
     """Build the run's Config from command-line arguments (see the module docstring for precedence)."""
     args, rest = _argparser().parse_known_args(argv)
     overrides = _split_overrides(rest)
-    starter = [flag for flag in STARTER_KEYS if getattr(args, flag) is not None]
-    path = args.config or (HACKATHON_CONFIG if starter and HACKATHON_CONFIG.exists() else None)
+    flags = starter.given(args)
+    path = args.config or starter.default_config(flags)
     cfg, from_file = Config(), set()
-    for flag, key in STARTER_SHAPE.items():
-        if getattr(args, flag) is not None:
-            _apply(cfg, "train", key, getattr(args, flag), f"--{flag}")
+    _apply_starter(cfg, flags, shape=True)  # the starter's generic shape, below the file
     if path is not None:
         from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
-    if args.data_dir is not None:
-        cfg.data.train = str(Path(args.data_dir) / "chunk_*.bin")
-        cfg.data.format, cfg.data.val = "raw", "holdout"
-    if args.checkpoint_path is not None:
-        cfg.train.checkpoint_path = args.checkpoint_path
-    if args.time_limit_min is not None:
-        cfg.train.budget_s, cfg.train.schedule = 60.0 * args.time_limit_min, "time"
-    if args.max_steps is not None:
-        cfg.train.max_steps = args.max_steps
+    _apply_starter(cfg, flags, shape=False)  # its run flags, above the file
     if args.resume:
         cfg.train.resume = "must"
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
     validate(cfg)
-    if starter:
-        cfg.starter = _starter_report(cfg, args, starter, path, from_file, {key for key, _ in overrides})
+    if flags:
+        cfg.starter = starter.report(cfg, args, flags, path, from_file, {key for key, _ in overrides})
     return cfg
 
 
-def _starter_report(cfg: Config, args: argparse.Namespace, flags: list[str], path: str | Path | None,
-                    from_file: set[str], from_command_line: set[str]) -> str:
-    """One line: the starter flags given, each applied or overridden (and why), with the values they led to."""
-    applied, by_file, by_command_line = [], [], []
-    for flag in flags:
-        keys = STARTER_KEYS[flag]
-        values = ", ".join(f"{k} = {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])!r}" for k in keys)
-        said = f"--{flag} {getattr(args, flag)} ({values})"
-        if from_command_line & set(keys):
-            by_command_line.append(said)
-        elif flag in STARTER_SHAPE and keys[0] in from_file:
-            by_file.append(said)
-        else:
-            applied.append(said)
-    parts = [f"applied {', '.join(applied)}"] if applied else []
-    if by_file:
-        shown = Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path
-        parts.append(f"overridden by {shown}, whose tuned shape wins over the starter's generic one: "
-                     f"{', '.join(by_file)}")
-    if by_command_line:
-        parts.append(f"overridden by a --section.key=value on the command line: {', '.join(by_command_line)}")
-    return "hackathon starter flags: " + "; ".join(parts)
+def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, shape: bool) -> None:
+    """Apply the keys of the starter `flags` that are its shape flags (`shape`) or its run flags (not `shape`)."""
+    for flag, keys in flags.items():
+        if (flag in starter.SHAPE) == shape:
+            for dotted, value in keys.items():
+                _apply(cfg, *dotted.split("."), value, f"--{flag}")
 
 
 def validate(cfg: Config) -> None:
