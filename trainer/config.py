@@ -3,7 +3,7 @@
 Precedence, lowest first:
     dataclass defaults
     < the starter's shape flags  (--seq_len, --batch_size, --grad_accum_steps)
-    < the config file            (--config configs/X.toml)
+    < the config file            (--config configs/X.toml, after the files its `base` chain names)
     < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
     < --section.key=value overrides
 
@@ -155,11 +155,45 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
 
 
 def apply_file(cfg: Config, path: str | Path) -> set[str]:
-    """Apply a TOML config file to `cfg`; return the keys it sets ("section.key")."""
-    path = Path(path)
+    """Apply a TOML config file to `cfg`, its base first (see `config_chain`); return the keys set ("section.key")."""
+    keys = set()
+    for file, doc in config_chain(Path(path)):
+        for section, table in doc.items():
+            for key, value in table.items():
+                _apply(cfg, section, key, value, str(file))
+                keys.add(f"{section}.{key}")
+    return keys
+
+
+def config_chain(path: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """`path` and the files its `base` keys name, farthest base first, each with its sections.
+
+    `base = "other.toml"` (top level, a path relative to the file's folder) applies that file's sections before
+    this file's; a base may have a base. A missing base or a cycle is an error naming the files.
+    """
+    chain = [(path, _read_config(path, named_by=None))]
+    while (base := chain[-1][1].pop("base", None)) is not None:
+        named_by = chain[-1][0]
+        if not isinstance(base, str):
+            raise ConfigError(f"{named_by}: base = {base!r} must be a file name, e.g. base = \"speedrun_8xh100.toml\" "
+                              f"(a path relative to {named_by.parent})")
+        path = named_by.parent / base
+        if path.resolve() in [file.resolve() for file, _ in chain]:
+            cycle = " -> ".join(str(file) for file in [*[file for file, _ in chain], path])
+            raise ConfigError(f"{named_by}: base = {base!r} closes a cycle ({cycle}); remove one of these bases")
+        chain.append((path, _read_config(path, named_by=named_by)))
+    return chain[::-1]
+
+
+def _read_config(path: Path, named_by: Path | None) -> dict[str, Any]:
+    """One config file's top-level table (its sections and `base`); `named_by` is the file whose base it is."""
     try:
         text = path.read_text()
     except FileNotFoundError:
+        if named_by is not None:
+            known = ", ".join(sorted(p.name for p in path.parent.glob("*.toml"))) or "none"
+            raise ConfigError(f"{named_by}: base {path} not found (a base is a path relative to the file that names "
+                              f"it; config files there: {known})") from None
         known = ", ".join(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*.toml")))
         raise ConfigError(f"{path}: config file not found; available: {known}") from None
     try:
@@ -167,12 +201,10 @@ def apply_file(cfg: Config, path: str | Path) -> set[str]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     for section, table in doc.items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: top-level key {section!r} must be a [section]; "
+        if not isinstance(table, dict) and section != "base":
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [section] (or base = \"file.toml\"); "
                               f"valid sections: {', '.join(SECTIONS)}")
-        for key, value in table.items():
-            _apply(cfg, section, key, value, str(path))
-    return {f"{section}.{key}" for section, table in doc.items() for key in table}
+    return doc
 
 
 def parse_value(text: str) -> Any:
