@@ -100,14 +100,15 @@ def test_every_shipped_config_loads_and_round_trips(path):
 
 def test_a_config_applies_its_base_first_then_its_own_keys(tmp_path):
     (tmp_path / "bases").mkdir()
-    (tmp_path / "bases" / "a.toml").write_text("[model]\nn_layer = 3\nn_head = 2\n[train]\nbatch_size = 5\nseq_len = 16\n")
+    (tmp_path / "bases" / "a.toml").write_text("[model]\nn_layer = 3\nn_head = 2\n[train]\nbatch_size = 5\n"
+                                               "seq_len = 16\nbudget_s = 1\n")
     (tmp_path / "bases" / "b.toml").write_text('base = "a.toml"\n[model]\nn_head = 4\n')  # beside it
     (tmp_path / "c.toml").write_text('base = "bases/b.toml"\n[train]\nbatch_size = 7\n')  # a chain: c, b, a
-    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--train.budget_s=1", "--train.batch_size=9"])
+    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--train.batch_size=9"])
     assert (cfg.model.n_layer, cfg.model.n_head, cfg.train.seq_len, cfg.train.batch_size) == (3, 4, 16, 9)
     assert cfg.name == "c" and "base" not in tomllib.loads(to_toml(cfg.to_dict()))  # config.toml: resolved
     # a key a base sets is the file's: the starter's generic shape gives way to it
-    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--train.budget_s=1", "--seq_len", "32"])
+    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--seq_len", "32"])
     assert cfg.train.seq_len == 16 and "overridden by" in cfg.starter
 
 
