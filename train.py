@@ -9,7 +9,7 @@
     python train.py --config configs/tiny.toml --log.run_id=x --train.max_steps=60 --extend-budget  # train x on
 
 The hackathon starter's flags (--data_dir --checkpoint_path --seq_len --batch_size --grad_accum_steps
---max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/config.py says how each maps,
+--max_steps --time_limit_min) are accepted as its submit.sh passes them; trainer/starter.py says how each maps,
 and the run's first lines say which were applied and which the config file overrode.
 """
 from __future__ import annotations

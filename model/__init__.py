@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from model.config import GPTConfig
+from model.config import GPTConfig, config_from_dict
 
 if TYPE_CHECKING:
     from model.gpt import GPT
@@ -17,7 +17,7 @@ __all__ = ["GPT", "GPTConfig", "get_model"]
 
 def get_model(config: dict) -> GPT:
     """Build the GPT from the full resolved run config (its "model" section) or the model section alone."""
-    from model.gpt import GPT, config_from_dict
+    from model.gpt import GPT
 
     section = config["model"] if isinstance(config.get("model"), dict) else config
     return GPT(config_from_dict(dict(section)))

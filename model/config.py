@@ -2,12 +2,38 @@
 
 trainer/config.py builds the run config from them, and train.py parses it before it imports torch (seconds
 on a cold start), so a config error is answered at once. model.gpt and model.optim re-export them.
+
+A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
+dataclasses' own checks here and for trainer/config.py's check of files and overrides.
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 VOCAB_MULTIPLE = 128  # matmul-friendly padding of the embedding/head rows
+
+
+def choices(hint: Any) -> tuple[Any, ...]:
+    """The values a `Literal[...]` type allows; () for any other type."""
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+
+
+def value_type(hint: Any) -> Any:
+    """The type a field's value has: that of a Literal's values (str), else the hint itself."""
+    allowed = choices(hint)
+    return type(allowed[0]) if allowed else hint
+
+
+def check_choices(obj: Any, what: str) -> None:
+    """Raise ValueError naming the first field of dataclass `obj` whose value its Literal type does not allow."""
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        allowed, value = choices(hint), getattr(obj, name)
+        if allowed and value not in allowed:
+            *most, last = map(repr, allowed)
+            raise ValueError(f"{what}: {name}={value!r}; use {', '.join(most)} or {last}")
 
 
 @dataclass
@@ -20,8 +46,8 @@ class GPTConfig:
     n_embd: int = 768  # model width
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
     bias: bool = True  # biases in Linear layers and LayerNorm
-    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
-    activation: str = "gelu"  # "gelu" (tanh approximation, as GPT-2) | "relu2" (ReLU squared)
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    activation: Literal["gelu", "relu2"] = "gelu"  # "gelu": tanh approximation, as GPT-2; "relu2": ReLU squared
     rotary: bool = False  # rotary position embeddings instead of a learned position table
     rope_base: float = 10000.0  # rotary base frequency
     rope_truncate: bool = False  # rotate half of each head: head_dim/4 frequencies 1 .. 1/rope_base, the rest unrotated
@@ -35,7 +61,7 @@ class GPTConfig:
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
-    attention: str = "sdpa"  # "sdpa" | "flex" (CUDA only; elsewhere SDPA with the same mask)
+    attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
     window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
@@ -51,9 +77,7 @@ class GPTConfig:
              "vocab_size, block_size, n_layer, n_head and n_embd must be positive")
         need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
         need(not self.rotary or self.head_dim % 2 == 0, f"rotary needs an even head size, got {self.head_dim}")
-        need(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r}; use 'layernorm' or 'rmsnorm'")
-        need(self.activation in ("gelu", "relu2"), f"activation={self.activation!r}; use 'gelu' or 'relu2'")
-        need(self.attention in ("sdpa", "flex"), f"attention={self.attention!r}; use 'sdpa' or 'flex'")
+        check_choices(self, "model config")
         need(0 <= 2 * self.value_embeds <= self.n_layer,
              f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
         need(min(self.window, self.window_start, self.logit_softcap, self.attn_scale) >= 0,
@@ -84,7 +108,7 @@ class GPTConfig:
 @dataclass
 class OptimConfig:
     """The [optim] section."""
-    name: str = "adamw"  # "adamw": one AdamW for everything | "muon": Muon + AdamW groups (speedrun recipe)
+    name: Literal["adamw", "muon"] = "adamw"  # "adamw": one AdamW for all; "muon": Muon + AdamW groups (speedrun)
     lr: float = 6e-4  # adamw: learning rate of every parameter
     weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
@@ -102,8 +126,7 @@ class OptimConfig:
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
 
     def __post_init__(self) -> None:
-        if self.name not in ("adamw", "muon"):
-            raise ValueError(f"optim config: name={self.name!r}; use 'adamw' or 'muon'")
+        check_choices(self, "optim config")
         if self.grad_clip < 0:
             raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
         if len(self.betas) != 2:
@@ -114,3 +137,23 @@ class OptimConfig:
         if not 0 <= self.muon_momentum_start < 1:
             raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
                              "e.g. 0.85")
+
+
+def config_from_dict(section: dict) -> GPTConfig:
+    """GPTConfig from a plain dict; an unknown key or a wrong type is an error naming the key."""
+    hints = typing.get_type_hints(GPTConfig)
+    fields = [f.name for f in dataclasses.fields(GPTConfig)]
+    unknown = sorted(set(section) - set(fields))
+    if unknown:
+        raise ValueError(f"model config: unknown key(s) {unknown}; valid keys are {fields}. "
+                         "Fix or remove them in the [model] section.")
+    values = {}
+    for key, value in section.items():
+        kind = value_type(hints[key])
+        # TOML writes 15 for 15.0; bool is a subclass of int but never a valid number here.
+        ok = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or type(value) is not bool)
+        if not ok:
+            raise ValueError(f"model config: {key}={value!r} must be of type {kind.__name__}; "
+                             "fix it in the [model] section")
+        values[key] = kind(value)
+    return GPTConfig(**values)

@@ -5,7 +5,6 @@ The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied fro
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -378,21 +377,3 @@ def mean_keys(seq_len: int, window: int) -> float:
     w = seq_len if window <= 0 else min(window, seq_len)
     return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
 
-
-def config_from_dict(section: dict) -> GPTConfig:
-    """GPTConfig from a plain dict; an unknown key or a wrong type is an error naming the key."""
-    fields = {f.name: f.type for f in dataclasses.fields(GPTConfig)}
-    unknown = sorted(set(section) - set(fields))
-    if unknown:
-        raise ValueError(f"model config: unknown key(s) {unknown}; valid keys are {list(fields)}. "
-                         "Fix or remove them in the [model] section.")
-    values = {}
-    for key, value in section.items():
-        kind = {"int": int, "float": float, "bool": bool, "str": str}[fields[key]]
-        # TOML writes 15 for 15.0; bool is a subclass of int but never a valid number here.
-        ok = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or type(value) is not bool)
-        if not ok:
-            raise ValueError(f"model config: {key}={value!r} must be of type {fields[key]}; "
-                             "fix it in the [model] section")
-        values[key] = kind(value)
-    return GPTConfig(**values)

@@ -1,10 +1,16 @@
-"""Helpers shared by the tests: token files on disk and real multi-process runs."""
+"""Helpers shared by the tests: token files on disk, train.py's command line, real multi-process runs.
+
+Plain functions, not conftest fixtures: each is called with a test's own arguments, often several times in a
+test or inside a module-scoped fixture, and they build on each other (tiny_args on train_args, torchrun on
+torchrun_cmd). conftest.py only sets up the environment, before any test imports torch.
+"""
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,8 @@ import numpy as np
 from data.shards import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN = str(ROOT / "train.py")
+VOCAB = 257  # tiny_data's ids are below it: the bytes tokenizer's size
 
 
 def free_port() -> int:
@@ -34,6 +42,33 @@ def make_shards(folder: Path, sizes: list[int], *, vocab: int = 50257, seed: int
     return paths
 
 
+def demo_data(out: Path, *, tokens: int, val_tokens: int, shard_tokens: int) -> Path:
+    """Real text, the standard library's sources in the bytes tokenizer, made by data.prepare: a val shard of
+    `val_tokens`, then train shards of `shard_tokens`, `tokens` in all, and meta.json."""
+    run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(out), "--max-tokens",
+         str(tokens), "--val-tokens", str(val_tokens), "--shard-tokens", str(shard_tokens), "--workers", "1"])
+    return out
+
+
+def tiny_data(folder: Path, train_sizes: tuple[int, ...] = (20000, 20000), val_tokens: int = 3000) -> Path:
+    """Train and val shards of random ids < VOCAB, without meta.json (so the loader checks every id)."""
+    make_shards(folder, list(train_sizes), vocab=VOCAB)
+    make_shards(folder, [val_tokens], vocab=VOCAB, pattern="test_val_{:06d}.bin")
+    return folder
+
+
+def train_args(data: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
+    """train.py with configs/tiny.toml on data's *_train_* and *_val_* shards, logging to runs/run_id; `extra`
+    overrides come last."""
+    return [TRAIN, "--config", "configs/tiny.toml", f"--data.train={data}/*_train_*.bin",
+            f"--data.val={data}/*_val_*.bin", f"--log.dir={runs}", f"--log.run_id={run_id}", *extra]
+
+
+def tiny_args(data: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
+    """train_args for tiny_data's shards: their vocabulary (no meta.json says it) and an eval that fits them."""
+    return train_args(data, runs, run_id, f"--model.vocab_size={VOCAB}", "--eval.tokens=2048", *extra)
+
+
 def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,
         check: bool = True) -> subprocess.CompletedProcess:
     """Run a command with the test environment; on failure show its whole output."""
@@ -45,9 +80,14 @@ def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd: P
     return proc
 
 
-def torchrun(args: list[str], *, nproc: int = 2, timeout: float = 300, env: dict | None = None,
-             check: bool = True, extra: list[str] | None = None) -> subprocess.CompletedProcess:
+def torchrun_cmd(args: Sequence, *, nproc: int = 2, extra: Sequence[str] = ()) -> list[str]:
+    """The standalone torchrun command line that runs `args` (a script path and its arguments) in `nproc`
+    processes; `extra` are torchrun's own options."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *extra,
+            *map(str, args)]
+
+
+def torchrun(args: Sequence, *, nproc: int = 2, timeout: float = 300, env: dict | None = None,
+             check: bool = True, extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Launch `args` (a script path and its arguments) under a real standalone torchrun on CPU."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           *(extra or []), *map(str, args)]
-    return run(cmd, timeout=timeout, env=env, check=check)
+    return run(torchrun_cmd(args, nproc=nproc, extra=extra), timeout=timeout, env=env, check=check)

@@ -14,8 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.shards import write_shard
-from tests.fault_setup import VOCAB, tiny_data, train_args
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, VOCAB, run, tiny_args, tiny_data
 from trainer.config import ConfigError, parse_args
 
 
@@ -44,7 +43,7 @@ def shards_shorter_than_seq_len(folder: Path) -> tuple[list[str], list[str]]:
 
 def small_val_set(folder: Path) -> tuple[list[str], list[str]]:
     """1000 val tokens for eval.tokens = 2048."""
-    tiny_data(folder, val_tokens=1000)  # train_args asks for eval.tokens = 2048
+    tiny_data(folder, val_tokens=1000)  # tiny_args asks for eval.tokens = 2048
     return [], ["holds 1,000 tokens", "eval.tokens", "at most 999"]
 
 
@@ -66,7 +65,7 @@ CASES = {f.__name__: f for f in (truncated, id_beyond_vocab, shards_shorter_than
 @pytest.mark.parametrize("case", list(CASES))
 def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
     extra, needles = CASES[case](tmp_path / "data")
-    proc = run([sys.executable, *train_args(tmp_path / "data", tmp_path / "runs", "bad", *extra)], check=False,
+    proc = run([sys.executable, *tiny_args(tmp_path / "data", tmp_path / "runs", "bad", *extra)], check=False,
                timeout=240)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -111,7 +110,7 @@ def test_a_missing_datasets_text_field_is_one_line(tmp_path):
 def test_a_meta_json_that_is_not_json_is_named(tmp_path):
     tiny_data(tmp_path)
     (tmp_path / "meta.json").write_text("{not json")
-    proc = run([sys.executable, *train_args(tmp_path, tmp_path / "runs", "meta", "--data.val=")], check=False,
+    proc = run([sys.executable, *tiny_args(tmp_path, tmp_path / "runs", "meta", "--data.val=")], check=False,
                timeout=240)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert str(tmp_path / "meta.json") in proc.stderr.strip().splitlines()[-1]

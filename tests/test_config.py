@@ -1,14 +1,39 @@
-"""trainer/config.py: TOML files, overrides, the hackathon starter's flags, errors, the TOML writer."""
+"""trainer/config.py and trainer/starter.py: TOML files, overrides, the starter's flags, errors, the TOML writer."""
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from trainer import config as C
+from trainer import starter
 from trainer.config import ConfigError, parse_args, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
+
+# configs/speedrun_1gpu.toml resolved as it was when it was a full copy of speedrun_8xh100.toml (before `base`)
+SPEEDRUN_1GPU = {
+    "data": {"train": "shards/fineweb10B/fineweb_train_*.bin", "val": "shards/fineweb10B/fineweb_val_*.bin",
+             "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": True, "shuffle_shards": 0,
+             "seed": 0, "vocab_check": True},
+    "model": {"vocab_size": 50257, "block_size": 49152, "n_layer": 12, "n_head": 6, "n_embd": 768, "mlp_ratio": 4,
+              "bias": False, "norm": "rmsnorm", "activation": "relu2", "rotary": True, "rope_base": 1024.0,
+              "rope_truncate": True, "qk_norm": True, "attn_scale": 0.12, "norm_gain": False, "embed_norm": True,
+              "x0_mix": True, "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 15.0,
+              "value_embeds": 3, "unet_skips": True, "attention": "flex", "window": 1792, "window_start": 128,
+              "window_pattern": "LSSSLSSLSSSL", "doc_causal": True, "bos_id": 50256, "init_std": 0.02},
+    "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.8, 0.95], "eps": 1e-10,
+              "grad_clip": 0.0, "embed_lr": 0.6, "head_lr": 0.008, "scalar_lr": 0.04, "muon_lr": 0.05,
+              "muon_momentum": 0.95, "muon_momentum_warmup_steps": 300, "muon_momentum_start": 0.85,
+              "muon_weight_decay": 0.0, "ns_steps": 5, "adjust_lr": "original"},
+    "train": {"batch_size": 1, "seq_len": 49152, "grad_accum": 8, "parallel": "ddp", "compile": True,
+              "dtype": "bfloat16", "budget_s": 2080.0, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 0,
+              "schedule": "time", "lr_warmup_frac": 0.0, "lr_decay_frac": 0.45, "lr_final_frac": 0.05, "seed": 0,
+              "checkpoint_path": "", "checkpoint_every_s": 0.0, "resume": "auto", "dist_timeout_s": 600.0},
+    "eval": {"every_steps": 0, "every_s": 80.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
+             "target_loss": 3.28, "stop_at_target": True},
+    "log": {"dir": "runs", "run_id": "", "track": "speedrun", "every_steps": 25, "wandb": False,
+            "wandb_project": "shardrun", "wandb_run": ""},
+}
 
 
 def test_file_and_overrides_in_both_spellings():
@@ -73,6 +98,44 @@ def test_every_shipped_config_loads_and_round_trips(path):
     assert tomllib.loads(to_toml(resolved)) == resolved
 
 
+def test_a_config_applies_its_base_first_then_its_own_keys(tmp_path):
+    (tmp_path / "bases").mkdir()
+    (tmp_path / "bases" / "a.toml").write_text("[model]\nn_layer = 3\nn_head = 2\n[train]\nbatch_size = 5\n"
+                                               "seq_len = 16\nbudget_s = 1\n")
+    (tmp_path / "bases" / "b.toml").write_text('base = "a.toml"\n[model]\nn_head = 4\n')  # beside it
+    (tmp_path / "c.toml").write_text('base = "bases/b.toml"\n[train]\nbatch_size = 7\n')  # a chain: c, b, a
+    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--train.batch_size=9"])
+    assert (cfg.model.n_layer, cfg.model.n_head, cfg.train.seq_len, cfg.train.batch_size) == (3, 4, 16, 9)
+    assert cfg.name == "c" and "base" not in tomllib.loads(to_toml(cfg.to_dict()))  # config.toml: resolved
+    # a key a base sets is the file's: the starter's generic shape gives way to it
+    cfg = parse_args(["--config", str(tmp_path / "c.toml"), "--data.train=x", "--seq_len", "32"])
+    assert cfg.train.seq_len == 16 and "overridden by" in cfg.starter
+
+
+def test_a_bad_base_is_refused_naming_the_files(tmp_path):
+    def refused(text: str, base_text: str = "") -> str:
+        (tmp_path / "base.toml").write_text(base_text)
+        (tmp_path / "top.toml").write_text(text)
+        with pytest.raises(ConfigError) as e:
+            parse_args(["--config", str(tmp_path / "top.toml"), "--data.train=x"])
+        return str(e.value)
+
+    top, base = tmp_path / "top.toml", tmp_path / "base.toml"
+    assert refused('base = "nope.toml"').startswith(f"{top}: base {tmp_path / 'nope.toml'} not found")
+    assert "config files there: base.toml, top.toml" in refused('base = "nope.toml"')
+    assert refused('base = "base.toml"', "[train]\nbatch_sise = 4\n").startswith(
+        f"{base}: unknown key train.batch_sise; valid keys in [train]: batch_size")
+    assert refused('base = "base.toml"', 'base = "top.toml"\n') == (
+        f"{base}: base = 'top.toml' closes a cycle ({top} -> {base} -> {top}); remove one of these bases")
+    assert refused('base = "top.toml"').startswith(f"{top}: base = 'top.toml' closes a cycle ({top} -> {top})")
+    assert refused("base = 3").startswith(f"{top}: base = 3 must be a file name, e.g. base = \"speedrun_8xh100.toml\"")
+
+
+def test_the_one_gpu_speedrun_is_its_base_with_three_values_changed():
+    assert tomllib.loads((ROOT / "configs" / "speedrun_1gpu.toml").read_text())["base"] == "speedrun_8xh100.toml"
+    assert parse_args(["--config", "configs/speedrun_1gpu.toml"]).to_dict() == SPEEDRUN_1GPU
+
+
 def test_toml_writer_quotes_and_numbers():
     table = {"s": {"a": 'q"uo\\te\nnew', "b": 1e-5, "c": -3, "d": True, "e": [1, 2.5, "x"], "f": "é",
                    "g": float("inf")}}
@@ -104,7 +167,7 @@ def test_starter_flags_map_onto_the_config(tmp_path):
 
 def test_starter_flags_pick_the_hackathon_config_when_it_exists(tmp_path, monkeypatch):
     hack = tmp_path / "hackathon_32gpu.toml"
-    monkeypatch.setattr(C, "HACKATHON_CONFIG", hack)
+    monkeypatch.setattr(starter, "HACKATHON_CONFIG", hack)
     cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
     assert cfg.name == "default" and cfg.train.budget_s == 600.0
     hack.write_text("[model]\nn_layer = 3\n")

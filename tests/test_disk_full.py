@@ -9,16 +9,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from atomic import DiskFullError, atomic_path, write_text
 from model import get_model
-from tests.fault_setup import tiny_data, train_args
 from tests.fault_writer import CONFIG
-from tests.helpers import run
+from tests.helpers import run, tiny_args, tiny_data
 from trainer.checkpoint import save_checkpoint, save_resume, tensor_bytes
 from trainer.distributed import Dist
 
@@ -94,7 +92,7 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     disk.mkdir()
     after.mkdir()
     # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
-    argv = [sys.executable, *train_args(data, disk, "full", "--train.checkpoint_every_s=1e-9", "--log.every_steps=0")]
+    argv = [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9", "--log.every_steps=0")]
     script = (f"mount -t tmpfs -o size=2m tmpfs {disk} && {shlex.join(argv)}; status=$?; "
               f"cp -a {disk}/. {after}/; exit $status")  # the tmpfs goes with the namespace: copy it out
     proc = run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)

@@ -3,8 +3,7 @@ once, not once per rank (8 copies under 8 processes, 32 at the hackathon), befor
 and after; real torchrun runs on gloo."""
 import sys
 
-from tests.fault_setup import TRAIN, tiny_data, train_args
-from tests.helpers import run, torchrun
+from tests.helpers import TRAIN, run, tiny_args, tiny_data, torchrun
 
 
 def test_a_config_error_comes_before_torch_is_imported():
@@ -22,10 +21,10 @@ def test_a_config_error_comes_before_torch_is_imported():
 def test_an_error_every_rank_hits_prints_once(tmp_path):
     data = tiny_data(tmp_path / "data")
     # from the command line, before the process group exists
-    proc = torchrun(train_args(data, tmp_path / "runs", "once", "--train.batch_sise=4"), check=False)
+    proc = torchrun(tiny_args(data, tmp_path / "runs", "once", "--train.batch_sise=4"), check=False)
     assert proc.returncode != 0
     assert proc.stderr.count("train.py: config error: command line: unknown key train.batch_sise") == 1, proc.stderr
     # from the data, found by every rank after the group has formed
-    proc = torchrun(train_args(data, tmp_path / "runs", "once", f"--data.train={data}/*_trian_*.bin"), check=False)
+    proc = torchrun(tiny_args(data, tmp_path / "runs", "once", f"--data.train={data}/*_trian_*.bin"), check=False)
     assert proc.returncode != 0
     assert proc.stderr.count(f"config error: data.train = '{data}/*_trian_*.bin' matches no file") == 1, proc.stderr

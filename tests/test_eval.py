@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from data.shards import write_shard
 from model import get_model
-from tests.fault_setup import VOCAB, tiny_data, train_args
-from tests.helpers import run, torchrun
+from tests.helpers import VOCAB, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, parse_args
 
 BOS, WINDOW, EVAL_LEN = 256, 6, 48
@@ -64,7 +63,7 @@ def data(tmp_path_factory):
 @pytest.mark.parametrize("world", [1, 2])
 def test_val_loss_is_each_target_seeing_its_document_up_to_the_window(data, tmp_path, world):
     folder, stream = data
-    argv = train_args(folder, tmp_path, "eval", *MODEL, *EVAL, "--train.parallel=fsdp")
+    argv = tiny_args(folder, tmp_path, "eval", *MODEL, *EVAL, "--train.parallel=fsdp")
     if world == 1:
         run([sys.executable, *argv])
     else:

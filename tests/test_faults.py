@@ -18,9 +18,8 @@ import torch
 
 from data.shards import open_shard, write_shard
 from model import get_model
-from tests.fault_setup import tiny_data, train_args
 from tests.fault_writer import CONFIG, DIED_AT_RENAME
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
 STEPS = 12
@@ -30,11 +29,6 @@ STEPS = 12
 def shards(tmp_path_factory) -> Path:
     """Tiny real train and val shards, shared by the module's runs."""
     return tiny_data(tmp_path_factory.mktemp("shards"))
-
-
-def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
-    """A standalone torchrun command line for `args`."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *extra, *args]
 
 
 @pytest.fixture
@@ -129,8 +123,8 @@ def test_a_killed_rank_restarts_and_repeats_the_uninterrupted_run(shards, tmp_pa
     trainer/distributed.py gave each attempt its own key prefix: that failed 3 restarts in 4 here."""
     # a short collective timeout bounds the failed restart: gloo waits that long to connect to a dead address
     every_step = ("--train.checkpoint_every_s=1e-9", f"--train.max_steps={STEPS}", "--train.dist_timeout_s=30")
-    whole = start(torchrun_cmd(*train_args(shards, tmp_path, "whole", *every_step)))
-    killed = start(torchrun_cmd(*train_args(shards, tmp_path, "killed", *every_step), extra=("--max-restarts=1",)))
+    whole = start(torchrun_cmd(tiny_args(shards, tmp_path, "whole", *every_step)))
+    killed = start(torchrun_cmd(tiny_args(shards, tmp_path, "killed", *every_step), extra=("--max-restarts=1",)))
     run_dir = tmp_path / "killed"
     wait_for(lambda: saved_step(run_dir) >= 4, "a resume state at step 4", killed)
     os.kill(worker_pids(killed.pid)[1], signal.SIGKILL)
@@ -150,8 +144,8 @@ def test_a_killed_rank_restarts_and_repeats_the_uninterrupted_run(shards, tmp_pa
 
 @pytest.mark.parametrize("target", ["agent", "one rank"])
 def test_sigterm_stops_every_rank_after_the_same_step_and_saves(shards, tmp_path, start, target):
-    job = start(torchrun_cmd(*train_args(shards, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
-                                         "--train.max_steps=0")))
+    job = start(torchrun_cmd(tiny_args(shards, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
+                                       "--train.max_steps=0")))
     run_dir = tmp_path / "term"
     wait_for(lambda: steps_logged(run_dir) >= 3, "step 3", job)
     # SLURM preemption signals the launcher (the agent forwards SIGTERM to its workers); `one rank` checks
@@ -206,8 +200,8 @@ def rank_env(rank: int, port: int) -> dict:
 def test_a_rank_whose_peer_stops_answering_exits_within_the_timeout(shards, tmp_path, start):
     # a plain env:// gloo group, no torchrun: nothing but the collective timeout can end rank 0's wait
     timeout_s, port = 5, free_port()
-    args = train_args(shards, tmp_path, "lost", "--train.schedule=time", "--train.budget_s=600",
-                      "--train.max_steps=0", f"--train.dist_timeout_s={timeout_s}")
+    args = tiny_args(shards, tmp_path, "lost", "--train.schedule=time", "--train.budget_s=600",
+                     "--train.max_steps=0", f"--train.dist_timeout_s={timeout_s}")
     ranks = [start([sys.executable, *args], env=rank_env(r, port)) for r in (0, 1)]
     wait_for(lambda: steps_logged(tmp_path / "lost") >= 2, "step 2", ranks[0])
     ranks[1].send_signal(signal.SIGSTOP)  # alive but silent: a hung GPU, a frozen node (killed at teardown)
@@ -221,8 +215,8 @@ def test_a_rank_whose_peer_stops_answering_exits_within_the_timeout(shards, tmp_
 @pytest.mark.slow
 def test_torchrun_ends_the_job_when_a_rank_stops_answering(shards, tmp_path, start):
     timeout_s = 5
-    job = start(torchrun_cmd(*train_args(shards, tmp_path, "hung", "--train.schedule=time", "--train.budget_s=600",
-                                         "--train.max_steps=0", f"--train.dist_timeout_s={timeout_s}")))
+    job = start(torchrun_cmd(tiny_args(shards, tmp_path, "hung", "--train.schedule=time", "--train.budget_s=600",
+                                       "--train.max_steps=0", f"--train.dist_timeout_s={timeout_s}")))
     wait_for(lambda: steps_logged(tmp_path / "hung") >= 2, "step 2", job)
     hung = worker_pids(job.pid)[1]
     os.kill(hung, signal.SIGSTOP)

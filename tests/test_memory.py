@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import get_model
-from tests.helpers import ROOT, make_shards, run, torchrun
+from tests.helpers import ROOT, TRAIN, make_shards, run, torchrun
 from trainer.config import ConfigError, parse_args
 from trainer.distributed import Dist
 from trainer.memory import NEAR, available, check_memory, estimate, verdict
@@ -86,7 +86,7 @@ def test_check_memory_refuses_unless_told_to_warn(too_big, monkeypatch, capsys):
 def test_the_hackathon_shape_under_the_organizers_flags_is_refused_at_once(too_big, tmp_path):
     # Two ranks of 208M parameters and 32 x 1024 tokens each: a 12 GB rank was killed with -9 on this machine.
     make_shards(tmp_path / "data", [100_000], vocab=32000, header=False, pattern="chunk_{:04d}.bin")
-    proc = torchrun([ROOT / "train.py", *STARTER, "--data_dir", tmp_path / "data", f"--log.dir={tmp_path / 'runs'}",
+    proc = torchrun([TRAIN, *STARTER, "--data_dir", tmp_path / "data", f"--log.dir={tmp_path / 'runs'}",
                      "--log.run_id=big"], check=False, timeout=120)
     assert proc.returncode == 1  # the ranks' own exit with the message, not -9
     out = proc.stdout + proc.stderr

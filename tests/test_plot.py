@@ -13,27 +13,25 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from scripts.plot import DPI, SIZE_IN, PlotError, plot_runs, read_run
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, demo_data, run, train_args
 
-TRAIN = str(ROOT / "train.py")
 TARGET = 3.0
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """Two finished tiny runs on real text (one with a target), and one killed while it trained."""
-    demo, runs = tmp_path_factory.mktemp("demo"), tmp_path_factory.mktemp("runs")
-    run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(demo),
-         "--max-tokens", "150000", "--val-tokens", "20000", "--shard-tokens", "65000", "--workers", "1"])
-    common = ["--config", "configs/tiny.toml", f"--data.train={demo}/*_train_*.bin", f"--data.val={demo}/*_val_*.bin",
-              f"--log.dir={runs}", "--eval.every_steps=5"]
-    killed = subprocess.Popen([sys.executable, TRAIN, *common, "--log.run_id=k", "--train.max_steps=100000"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    done = run([sys.executable, TRAIN, *common, "--log.run_id=a", f"--eval.target_loss={TARGET}"]).stdout
-    (runs / "a.out").write_text(done)
+    runs = tmp_path_factory.mktemp("runs")
+    demo = demo_data(tmp_path_factory.mktemp("demo"), tokens=150_000, val_tokens=20_000, shard_tokens=65_000)
+
+    def train(run_id: str, *extra: str) -> list[str]:
+        return [sys.executable, *train_args(demo, runs, run_id, "--eval.every_steps=5", *extra)]
+
+    killed = subprocess.Popen(train("k", "--train.max_steps=100000"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    (runs / "a.out").write_text(run(train("a", f"--eval.target_loss={TARGET}")).stdout)
     (runs / "b" / "loss.png").mkdir(parents=True)  # in the picture's way: drawing it fails
-    (runs / "b.out").write_text(run([sys.executable, TRAIN, *common, "--log.run_id=b", "--optim.lr=1e-3"]).stdout)
+    (runs / "b.out").write_text(run(train("b", "--optim.lr=1e-3")).stdout)
     metrics, deadline = runs / "k" / "metrics.jsonl", time.time() + 120
     while not (metrics.exists() and metrics.read_text().count('"eval"') >= 2):
         assert killed.poll() is None and time.time() < deadline, "the run to kill ended or never logged two evals"

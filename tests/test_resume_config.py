@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_setup import tiny_data, train_args
-from tests.helpers import run
+from tests.helpers import run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 
 
@@ -20,13 +19,13 @@ def finished(tmp_path_factory) -> tuple[Path, Path]:
     """(data folder, run folder) of a completed 30-step tiny run."""
     tmp = tmp_path_factory.mktemp("resume")
     data = tiny_data(tmp / "data")
-    run([sys.executable, *train_args(data, tmp / "runs", "r1")])
+    run([sys.executable, *tiny_args(data, tmp / "runs", "r1")])
     return data, tmp / "runs" / "r1"
 
 
 def relaunch(data: Path, run_dir: Path, *extra: str, check: bool = True):
     """train.py on `run_dir` again (same data and run id) with `extra` arguments."""
-    return run([sys.executable, *train_args(data, run_dir.parent, run_dir.name, *extra)], check=check)
+    return run([sys.executable, *tiny_args(data, run_dir.parent, run_dir.name, *extra)], check=check)
 
 
 def snapshot(folder: Path) -> dict[str, str]:

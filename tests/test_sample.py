@@ -9,7 +9,7 @@ import torch
 from data.tokenizer import get_tokenizer
 from model import get_model
 from scripts.sample import SampleError, generate, load_checkpoint, main, tokenizer_name
-from tests.helpers import make_shards, run
+from tests.helpers import make_shards, run, train_args
 
 TINY = {"vocab_size": 257, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}
 
@@ -132,9 +132,8 @@ def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
     make_shards(shards, [20_000], vocab=257, pattern="demo_train_{:06d}.bin")
     make_shards(shards, [4_096], vocab=257, seed=1, pattern="demo_val_{:06d}.bin")
     (shards / "meta.json").write_text(json.dumps({"tokenizer": "bytes", "vocab_size": 257, "eot_token": 256}))
-    run([sys.executable, "train.py", "--config", "configs/tiny.toml", f"--data.train={shards}/*_train_*.bin",
-         f"--data.val={shards}/*_val_*.bin", f"--log.dir={tmp_path / 'runs'}", "--log.run_id=r1",
-         "--train.max_steps=3", "--eval.tokens=2048"], timeout=300)
+    run([sys.executable, *train_args(shards, tmp_path / "runs", "r1", "--train.max_steps=3", "--eval.tokens=2048")],
+        timeout=300)
     out = sample_cli(tmp_path / "runs" / "r1" / "checkpoint.pt", "--prompt", "import os", "--tokens", 8).stdout
     assert out.startswith("import os") and len(out) > len("import os\n")
     table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 import train
-from tests.fault_setup import tiny_data, train_args
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, run, tiny_args, tiny_data
 from trainer.config import ConfigError, parse_args
 
 SKIP_DIRS = {".venv", ".git", "__pycache__", ".pytest_cache", "runs", "shards", ".cache", "wandb"}
@@ -105,9 +104,9 @@ def test_secrets_in_the_environment_never_reach_output_or_files(shards, tmp_path
     # WANDB_API_KEY must look like a key (40 characters) or wandb refuses it before the run starts
     env["WANDB_API_KEY"] = (SENTINEL + "x" * 40)[:40]
     env["WANDB_MODE"] = "offline"  # wandb writes its files (run config, metadata, logs) into the run folder
-    proc = run([sys.executable, *train_args(shards, tmp_path / "runs", "secret", "--train.max_steps=3",
-                                            "--log.wandb=true", f"--log.wandb_run={CONTROL}",
-                                            "--train.checkpoint_every_s=1e-9")], env=env, timeout=240)
+    proc = run([sys.executable, *tiny_args(shards, tmp_path / "runs", "secret", "--train.max_steps=3",
+                                           "--log.wandb=true", f"--log.wandb_run={CONTROL}",
+                                           "--train.checkpoint_every_s=1e-9")], env=env, timeout=240)
     run_dir = tmp_path / "runs" / "secret"
     files = {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert any("wandb" in name for name in files), "wandb wrote nothing: the offline logging path did not run"

@@ -1,6 +1,5 @@
 """The hackathon starter's flags: one line at start says which were applied and which the config overrode."""
-from tests.fault_setup import TRAIN
-from tests.helpers import make_shards, torchrun
+from tests.helpers import TRAIN, make_shards, torchrun
 from trainer.config import parse_args
 
 SUBMIT = ["--data_dir", "/home/data/", "--checkpoint_path", "checkpoint.pt", "--seq_len", "1024", "--batch_size",

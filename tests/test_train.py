@@ -17,23 +17,14 @@ from torch.distributed.tensor import DTensor
 
 from data.loader import PAD_TARGET, TokenLoader, val_batches
 from model import get_model
-from tests.helpers import ROOT, free_port, make_shards, run, torchrun
-
-TRAIN = str(ROOT / "train.py")
+from tests.helpers import (ROOT, TRAIN, demo_data, free_port, make_shards, run, torchrun, torchrun_cmd,
+                           train_args)
 
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> Path:
     """Real text (the stdlib's sources, bytes tokenizer) cut into a val shard and two train shards."""
-    out = tmp_path_factory.mktemp("demo")
-    run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(out),
-         "--max-tokens", "300000", "--val-tokens", "40000", "--shard-tokens", "130000", "--workers", "1"])
-    return out
-
-
-def args(demo: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
-    return [TRAIN, "--config", "configs/tiny.toml", f"--data.train={demo}/*_train_*.bin",
-            f"--data.val={demo}/*_val_*.bin", f"--log.dir={runs}", f"--log.run_id={run_id}", *extra]
+    return demo_data(tmp_path_factory.mktemp("demo"), tokens=300_000, val_tokens=40_000, shard_tokens=130_000)
 
 
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
@@ -87,7 +78,7 @@ def rank_states(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def ddp_run(demo, tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    torchrun(args(demo, runs, "ddp", "--train.parallel=ddp"))
+    torchrun(train_args(demo, runs, "ddp", "--train.parallel=ddp"))
     return runs / "ddp"
 
 
@@ -106,7 +97,7 @@ def test_ddp_trains_and_saves_the_eval_contract(ddp_run, demo):
 
 
 def test_fsdp_trains_like_ddp_and_gathers_a_full_checkpoint(ddp_run, demo, tmp_path):
-    torchrun(args(demo, tmp_path, "fsdp", "--train.parallel=fsdp"))
+    torchrun(train_args(demo, tmp_path, "fsdp", "--train.parallel=fsdp"))
     run_dir = tmp_path / "fsdp"
     assert summary(run_dir)["status"] == "completed"
     # same data, same init, same math: FSDP2 and DDP agree up to reduction order
@@ -130,15 +121,14 @@ def test_a_rank_that_cannot_see_the_resume_state_stops_with_the_fix(ddp_run, dem
     shutil.copytree(ddp_run, tmp_path / "ddp")
     done = json.loads((tmp_path / "ddp" / "resume" / "done.json").read_text())
     (tmp_path / "ddp" / "resume" / done["dir"] / "rank1.pt").unlink()
-    proc = torchrun(args(demo, tmp_path, "ddp", "--train.max_steps=40", "--extend-budget"), check=False)
+    proc = torchrun(train_args(demo, tmp_path, "ddp", "--train.max_steps=40", "--extend-budget"), check=False)
     assert proc.returncode != 0
     assert "rank1.pt is missing, though rank 0 resumes from" in proc.stderr and "shared filesystem" in proc.stderr
 
 
 @pytest.mark.slow
 def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           *args(demo, tmp_path, "crash", "--train.checkpoint_every_s=1e-9")]
+    cmd = torchrun_cmd(train_args(demo, tmp_path, "crash", "--train.checkpoint_every_s=1e-9"))
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = tmp_path / "crash" / "metrics.jsonl", time.time() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 8) and proc.poll() is None:
@@ -152,7 +142,7 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tm
     proc.wait()
     saved = json.loads((tmp_path / "crash" / "resume" / "done.json").read_text())["step"]
     assert 1 <= saved < 30
-    torchrun(args(demo, tmp_path, "crash"))
+    torchrun(train_args(demo, tmp_path, "crash"))
     log = (tmp_path / "crash" / "log.txt").read_text()
     assert f"resumed at step {saved}" in log
     steps = [r["step"] for r in records(tmp_path / "crash")]
@@ -177,9 +167,9 @@ def test_starter_flags_run_end_to_end_on_raw_chunks(tmp_path):
 
 
 def test_budget_stops_within_a_step_and_decays_to_the_end(demo, tmp_path):
-    torchrun(args(demo, tmp_path, "budget", "--train.schedule=time", "--train.budget_s=4", "--train.max_steps=0",
-                  "--train.lr_final_frac=0.1", "--train.lr_decay_frac=0.5",
-                  "--log.wandb=true"))  # WANDB_MODE=disabled (conftest): no network needed
+    torchrun(train_args(demo, tmp_path, "budget", "--train.schedule=time", "--train.budget_s=4",
+                        "--train.max_steps=0", "--train.lr_final_frac=0.1", "--train.lr_decay_frac=0.5",
+                        "--log.wandb=true"))  # WANDB_MODE=disabled (conftest): no network needed
     # the LR is a function of the step and the time all ranks agreed on (not each one's own stopwatch, which
     # made the DDP replicas drift apart); rank 0 alone saves the replicated model and optimizer state
     states = rank_states(tmp_path / "budget")
@@ -196,8 +186,8 @@ def test_budget_stops_within_a_step_and_decays_to_the_end(demo, tmp_path):
 
 
 def test_relaunching_a_finished_budget_run_takes_no_step(demo, tmp_path):
-    cmd = [sys.executable, *args(demo, tmp_path, "again", "--train.schedule=time", "--train.budget_s=2",
-                                 "--train.max_steps=0")]
+    cmd = [sys.executable, *train_args(demo, tmp_path, "again", "--train.schedule=time", "--train.budget_s=2",
+                                       "--train.max_steps=0")]
     run(cmd)
     first, saved = summary(tmp_path / "again"), (tmp_path / "again" / "checkpoint.pt").stat().st_mtime_ns
     out = run(cmd).stdout  # the same run id: resumes, finds the budget spent
@@ -207,9 +197,9 @@ def test_relaunching_a_finished_budget_run_takes_no_step(demo, tmp_path):
 
 
 def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):
-    run([sys.executable, *args(demo, tmp_path, "target", "--train.timing=exclude_warmup", "--train.warmup_steps=3",
-                               "--train.lr_warmup_frac=0", "--train.max_steps=200", "--eval.every_steps=5",
-                               "--eval.target_loss=3.5", "--eval.stop_at_target=true")])
+    run([sys.executable, *train_args(demo, tmp_path, "target", "--train.timing=exclude_warmup",
+                                     "--train.warmup_steps=3", "--train.lr_warmup_frac=0", "--train.max_steps=200",
+                                     "--eval.every_steps=5", "--eval.target_loss=3.5", "--eval.stop_at_target=true")])
     s, trained = summary(tmp_path / "target"), records(tmp_path / "target")
     assert s["status"] == "target" and s["time_to_target_s"] <= s["train_time_s"]
     assert s["steps"] % 5 == 0 and s["steps"] < 200 and s["best_val_loss"] <= 3.5
@@ -225,8 +215,8 @@ def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):
 
 
 def test_sigterm_stops_after_the_step_and_saves(demo, tmp_path):
-    cmd = [sys.executable, *args(demo, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
-                                 "--train.max_steps=0", "--eval.every_s=0.5", "--eval.tokens=2048")]
+    cmd = [sys.executable, *train_args(demo, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
+                                       "--train.max_steps=0", "--eval.every_s=0.5", "--eval.tokens=2048")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics, deadline = tmp_path / "term" / "metrics.jsonl", time.time() + 120
     while not (metrics.exists() and metrics.read_text().count('"eval"') >= 2):
@@ -251,8 +241,8 @@ def test_two_nodes_meet_through_run_sh_multinode_variables(demo, tmp_path):
     them into torchrun --nnodes=2 with a c10d rendezvous, and the two nodes train as one world of 2."""
     env = {**os.environ, "SHARDRUN_VENV": sys.prefix, "NNODES": "2", "NPROC": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "RDZV_ID": "two-nodes"}
-    train_args = args(demo, tmp_path, "nodes", "--train.max_steps=4")[3:]  # after train.py --config tiny.toml
-    nodes = [subprocess.Popen(["bash", "run.sh", "train", "configs/tiny.toml", *train_args], cwd=ROOT,
+    overrides = train_args(demo, tmp_path, "nodes", "--train.max_steps=4")[3:]  # after train.py --config tiny.toml
+    nodes = [subprocess.Popen(["bash", "run.sh", "train", "configs/tiny.toml", *overrides], cwd=ROOT,
                               env={**env, "NODE_RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in nodes]
@@ -262,7 +252,7 @@ def test_two_nodes_meet_through_run_sh_multinode_variables(demo, tmp_path):
 
 
 def test_bad_config_is_refused_before_training(demo, tmp_path):
-    proc = run([sys.executable, *args(demo, tmp_path, "bad", "--train.batch_sise=4")], check=False)
+    proc = run([sys.executable, *train_args(demo, tmp_path, "bad", "--train.batch_sise=4")], check=False)
     assert proc.returncode != 0
     assert "config error: command line: unknown key train.batch_sise; valid keys in [train]: batch_size" in proc.stderr
     assert not (tmp_path / "bad").exists()
@@ -270,7 +260,8 @@ def test_bad_config_is_refused_before_training(demo, tmp_path):
 
 def test_a_diverging_run_stops_a_step_later_and_keeps_the_last_good_checkpoint(demo, tmp_path):
     # lr 1e10: steps 1 (warm-up, lr 0) and 2 are finite, step 3 is not; a save is due after every step
-    proc = torchrun(args(demo, tmp_path, "nan", "--optim.lr=1e10", "--train.checkpoint_every_s=1e-9"), check=False)
+    proc = torchrun(train_args(demo, tmp_path, "nan", "--optim.lr=1e10", "--train.checkpoint_every_s=1e-9"),
+                    check=False)
     assert proc.returncode != 0
     trained = records(tmp_path / "nan")
     bad = next(r["step"] for r in trained if not math.isfinite(r["loss"] + r["grad_norm"]))

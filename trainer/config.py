@@ -3,22 +3,11 @@
 Precedence, lowest first:
     dataclass defaults
     < the starter's shape flags  (--seq_len, --batch_size, --grad_accum_steps)
-    < the config file            (--config configs/X.toml)
+    < the config file            (--config configs/X.toml, after the files its `base` chain names)
     < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
     < --section.key=value overrides
 
-The GPU MODE hackathon's submit.sh passes its starter's flags unchanged. Any of them selects the
-hackathon setup: base config configs/hackathon_32gpu.toml when no --config is given (and it exists),
-and the flags map as
-    --data_dir D          data.train = "D/chunk_*.bin", data.format = "raw", data.val = "holdout"
-    --checkpoint_path P   train.checkpoint_path = P
-    --time_limit_min M    train.budget_s = 60 * M, train.schedule = "time": the LR decays on that clock
-    --max_steps N         train.max_steps = N, an upper bound: the time schedule decays towards whichever
-                          ends first, the budget or N steps, so an unreachable N changes nothing and a
-                          reachable one still ends on a decayed LR
-    --seq_len/--batch_size/--grad_accum_steps
-                          honoured only where the config file does not set them: the file holds
-                          the tuned recipe, the starter's shape is generic.
+trainer/starter.py says what each starter flag sets, and which config it picks when no --config is given.
 """
 from __future__ import annotations
 
@@ -31,22 +20,22 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 
-from model.config import GPTConfig, OptimConfig
+from model.config import GPTConfig, OptimConfig, choices, value_type
+from trainer import starter
 
 ROOT = Path(__file__).resolve().parents[1]
-HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
 
 
 @dataclass
 class DataConfig:
     train: str = ""              # glob of training shards
     val: str = ""                # glob of validation shards, or "holdout": the last eval.tokens of the train data
-    format: str = "auto"         # "auto" | "header" | "raw"
-    raw_dtype: str = "uint16"    # dtype of headerless files
+    format: Literal["auto", "header", "raw"] = "auto"  # "auto": an llm.c header where a file starts with its magic
+    raw_dtype: Literal["uint16", "uint32"] = "uint16"  # dtype of headerless files
     bos_aligned: bool = False    # start every sequence at a document boundary
     shuffle: bool = True         # windows in a seeded random order over all shards; false: each shard front to back
     shuffle_shards: int = 0      # shuffle within this many shards at a time, each set read ahead whole; 0 = all
@@ -59,21 +48,22 @@ class TrainConfig:
     batch_size: int = 8          # sequences per micro-step per rank
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
-    parallel: str = "ddp"        # "ddp" | "fsdp" (ignored in a single process)
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
-    dtype: str = "bfloat16"      # autocast dtype on GPU: "bfloat16" | "float32"; CPU always runs fp32
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none
-    timing: str = "from_first_forward"   # "from_first_forward" | "exclude_warmup"
+    timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
     warmup_steps: int = 0        # untimed compile warm-up steps (exclude_warmup), state restored after
     max_steps: int = 0           # upper bound on steps; 0 = none
-    schedule: str = "time"       # "time": LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
+    # "time": the LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
+    schedule: Literal["time", "step"] = "time"
     lr_warmup_frac: float = 0.0  # first fraction of the run with a linear LR warm-up
     lr_decay_frac: float = 0.3   # final fraction of the run over which the LR decays linearly
     lr_final_frac: float = 0.0   # LR multiplier at the end of the decay
     seed: int = 0                # torch seed of the initialisation (the same on every rank)
     checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
     checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
-    resume: str = "auto"         # "auto" (if the run folder has complete state) | "never" | "must"
+    resume: Literal["auto", "never", "must"] = "auto"  # "auto": if the run folder has complete state
     dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
 
 
@@ -101,17 +91,6 @@ class LogConfig:
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": OptimConfig,
                              "train": TrainConfig, "eval": EvalConfig, "log": LogConfig}
-CHOICES = {("data", "format"): ("auto", "header", "raw"), ("data", "raw_dtype"): ("uint16", "uint32"),
-           ("train", "parallel"): ("ddp", "fsdp"),
-           ("train", "dtype"): ("bfloat16", "float32"),
-           ("train", "timing"): ("from_first_forward", "exclude_warmup"),
-           ("train", "schedule"): ("time", "step"), ("train", "resume"): ("auto", "never", "must")}
-# the hackathon starter's flags and the keys each sets (see the module docstring)
-STARTER_SHAPE = {"seq_len": "seq_len", "batch_size": "batch_size", "grad_accum_steps": "grad_accum"}
-STARTER_KEYS = {"data_dir": ("data.train", "data.format", "data.val"), "checkpoint_path": ("train.checkpoint_path",),
-                "seq_len": ("train.seq_len",), "batch_size": ("train.batch_size",),
-                "grad_accum_steps": ("train.grad_accum",), "max_steps": ("train.max_steps",),
-                "time_limit_min": ("train.budget_s", "train.schedule")}
 # Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
 # fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
 # what the run's record measures. Every other key, including one added later, refuses the resume.
@@ -149,14 +128,14 @@ class Config:
 
 
 def _check_value(section: str, key: str, value: Any, hint: Any, where: str) -> Any:
-    """Return `value` converted to the field's type, or raise naming the key and the expected type."""
+    """Return `value` converted to the field's type, or raise naming the key and the expected type (or values)."""
+    allowed, hint = choices(hint), value_type(hint)
     origin = typing.get_origin(hint) or hint
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if origin in (list, tuple) and isinstance(value, (list, tuple)):
         return origin(value)
     if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
-        allowed = CHOICES.get((section, key))
         if allowed and value not in allowed:
             raise ConfigError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(allowed)}")
         return value
@@ -176,11 +155,45 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
 
 
 def apply_file(cfg: Config, path: str | Path) -> set[str]:
-    """Apply a TOML config file to `cfg`; return the keys it sets ("section.key")."""
-    path = Path(path)
+    """Apply a TOML config file to `cfg`, its base first (see `config_chain`); return the keys set ("section.key")."""
+    keys = set()
+    for file, doc in config_chain(Path(path)):
+        for section, table in doc.items():
+            for key, value in table.items():
+                _apply(cfg, section, key, value, str(file))
+                keys.add(f"{section}.{key}")
+    return keys
+
+
+def config_chain(path: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """`path` and the files its `base` keys name, farthest base first, each with its sections.
+
+    `base = "other.toml"` (top level, a path relative to the file's folder) applies that file's sections before
+    this file's; a base may have a base. A missing base or a cycle is an error naming the files.
+    """
+    chain = [(path, _read_config(path, named_by=None))]
+    while (base := chain[-1][1].pop("base", None)) is not None:
+        named_by = chain[-1][0]
+        if not isinstance(base, str):
+            raise ConfigError(f"{named_by}: base = {base!r} must be a file name, e.g. base = \"speedrun_8xh100.toml\" "
+                              f"(a path relative to {named_by.parent})")
+        path = named_by.parent / base
+        if path.resolve() in [file.resolve() for file, _ in chain]:
+            cycle = " -> ".join(str(file) for file in [*[file for file, _ in chain], path])
+            raise ConfigError(f"{named_by}: base = {base!r} closes a cycle ({cycle}); remove one of these bases")
+        chain.append((path, _read_config(path, named_by=named_by)))
+    return chain[::-1]
+
+
+def _read_config(path: Path, named_by: Path | None) -> dict[str, Any]:
+    """One config file's top-level table (its sections and `base`); `named_by` is the file whose base it is."""
     try:
         text = path.read_text()
     except FileNotFoundError:
+        if named_by is not None:
+            known = ", ".join(sorted(p.name for p in path.parent.glob("*.toml"))) or "none"
+            raise ConfigError(f"{named_by}: base {path} not found (a base is a path relative to the file that names "
+                              f"it; config files there: {known})") from None
         known = ", ".join(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*.toml")))
         raise ConfigError(f"{path}: config file not found; available: {known}") from None
     try:
@@ -188,12 +201,10 @@ def apply_file(cfg: Config, path: str | Path) -> set[str]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     for section, table in doc.items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: top-level key {section!r} must be a [section]; "
+        if not isinstance(table, dict) and section != "base":
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [section] (or base = \"file.toml\"); "
                               f"valid sections: {', '.join(SECTIONS)}")
-        for key, value in table.items():
-            _apply(cfg, section, key, value, str(path))
-    return {f"{section}.{key}" for section, table in doc.items() for key in table}
+    return doc
 
 
 def parse_value(text: str) -> Any:
@@ -211,7 +222,7 @@ def apply_override(cfg: Config, dotted: str, text: str) -> None:
         raise ConfigError(f"command line: --{dotted} is not --section.key=value; "
                           f"valid sections: {', '.join(SECTIONS)}")
     value = parse_value(text)
-    if section in SECTIONS and typing.get_type_hints(SECTIONS[section]).get(key) is str:
+    if section in SECTIONS and value_type(typing.get_type_hints(SECTIONS[section]).get(key)) is str:
         value = value if isinstance(value, str) else text  # --log.run_id=123 means the string "123"
     _apply(cfg, section, key, value, "command line")
 
@@ -222,14 +233,7 @@ def _argparser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
     p.add_argument("--extend-budget", action="store_true",
                    help="resume the run although train.budget_s or train.max_steps changed (see README)")
-    starter = p.add_argument_group("GPU MODE hackathon starter flags (see trainer/config.py)")
-    starter.add_argument("--data_dir")
-    starter.add_argument("--checkpoint_path")
-    starter.add_argument("--seq_len", type=int)
-    starter.add_argument("--batch_size", type=int)
-    starter.add_argument("--grad_accum_steps", type=int)
-    starter.add_argument("--max_steps", type=int)
-    starter.add_argument("--time_limit_min", type=float)
+    starter.add_flags(p)
     return p
 
 
@@ -257,57 +261,31 @@ def parse_args(argv: list[str]) -> Config:
     """Build the run's Config from command-line arguments (see the module docstring for precedence)."""
     args, rest = _argparser().parse_known_args(argv)
     overrides = _split_overrides(rest)
-    starter = [flag for flag in STARTER_KEYS if getattr(args, flag) is not None]
-    path = args.config or (HACKATHON_CONFIG if starter and HACKATHON_CONFIG.exists() else None)
+    flags = starter.given(args)
+    path = args.config or starter.default_config(flags)
     cfg, from_file = Config(), set()
-    for flag, key in STARTER_SHAPE.items():
-        if getattr(args, flag) is not None:
-            _apply(cfg, "train", key, getattr(args, flag), f"--{flag}")
+    _apply_starter(cfg, flags, shape=True)  # the starter's generic shape, below the file
     if path is not None:
         from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
-    if args.data_dir is not None:
-        cfg.data.train = str(Path(args.data_dir) / "chunk_*.bin")
-        cfg.data.format, cfg.data.val = "raw", "holdout"
-    if args.checkpoint_path is not None:
-        cfg.train.checkpoint_path = args.checkpoint_path
-    if args.time_limit_min is not None:
-        cfg.train.budget_s, cfg.train.schedule = 60.0 * args.time_limit_min, "time"
-    if args.max_steps is not None:
-        cfg.train.max_steps = args.max_steps
+    _apply_starter(cfg, flags, shape=False)  # its run flags, above the file
     if args.resume:
         cfg.train.resume = "must"
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
     validate(cfg)
-    if starter:
-        cfg.starter = _starter_report(cfg, args, starter, path, from_file, {key for key, _ in overrides})
+    if flags:
+        cfg.starter = starter.report(cfg, args, flags, path, from_file, {key for key, _ in overrides})
     return cfg
 
 
-def _starter_report(cfg: Config, args: argparse.Namespace, flags: list[str], path: str | Path | None,
-                    from_file: set[str], from_command_line: set[str]) -> str:
-    """One line: the starter flags given, each applied or overridden (and why), with the values they led to."""
-    applied, by_file, by_command_line = [], [], []
-    for flag in flags:
-        keys = STARTER_KEYS[flag]
-        values = ", ".join(f"{k} = {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])!r}" for k in keys)
-        said = f"--{flag} {getattr(args, flag)} ({values})"
-        if from_command_line & set(keys):
-            by_command_line.append(said)
-        elif flag in STARTER_SHAPE and keys[0] in from_file:
-            by_file.append(said)
-        else:
-            applied.append(said)
-    parts = [f"applied {', '.join(applied)}"] if applied else []
-    if by_file:
-        shown = Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path
-        parts.append(f"overridden by {shown}, whose tuned shape wins over the starter's generic one: "
-                     f"{', '.join(by_file)}")
-    if by_command_line:
-        parts.append(f"overridden by a --section.key=value on the command line: {', '.join(by_command_line)}")
-    return "hackathon starter flags: " + "; ".join(parts)
+def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, shape: bool) -> None:
+    """Apply the keys of the starter `flags` that are its shape flags (`shape`) or its run flags (not `shape`)."""
+    for flag, keys in flags.items():
+        if (flag in starter.SHAPE) == shape:
+            for dotted, value in keys.items():
+                _apply(cfg, *dotted.split("."), value, f"--{flag}")
 
 
 def validate(cfg: Config) -> None:
