@@ -1,6 +1,7 @@
 """The recipe configs say what their tracks need, and scripts/bench_recipe.py compares two real train.py runs."""
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -110,6 +111,19 @@ def test_ab_trains_cpu_toml_without_and_with_the_piece():
     assert args.recipes["modern"] == "configs/cpu.toml + model.attn_scale=0.12"
 
 
+def test_the_baseline_trains_its_steps_and_the_modern_recipe_its_budget_as_run_sh_runs_it():
+    args = bench_recipe.parse_args(["--budget", "80"])
+    base, modern = (bench_recipe.train_args(args, r, r) for r in ("baseline", "modern"))
+    assert not any(a.startswith(("--train.budget_s", "--train.max_steps")) for a in base)  # its config's 2,000
+    assert "--train.budget_s=80.0" in modern
+    assert "--train.max_steps=300" in bench_recipe.train_args(bench_recipe.parse_args(["--baseline-steps", "300"]),
+                                                               "baseline", "b")
+    (base_cmd, base_env), (modern_cmd, modern_env) = (bench_recipe.command(args, r, []) for r in ("baseline", "modern"))
+    assert base_cmd[1:] == ["train.py"] and base_env == {}
+    assert modern_cmd[1:3] == ["-m", "torch.distributed.run"] and f"--nproc_per_node={os.cpu_count()}" in modern_cmd
+    assert modern_env == {"OMP_NUM_THREADS": "1"}
+
+
 SMALL_DEMO = ["--max-tokens", "200000", "--val-tokens", "20000", "--shard-tokens", "100000", "--workers", "1"]
 
 
@@ -161,21 +175,26 @@ def test_time_to_reach_reads_the_first_eval_at_or_below(tmp_path):
 def test_bench_trains_both_recipes_for_real(small_demo, tmp_path):
     out = tmp_path / "bench.json"
     proc = run([sys.executable, "-m", "scripts.bench_recipe", "--budget", "8", "--eval-every", "2",
-                "--data", str(small_demo), "--runs", str(tmp_path / "runs"), "--json", str(out),
-                *(f"--override={o}" for o in TINY)], timeout=300, cwd=ROOT)
+                "--baseline-steps", "30", "--data", str(small_demo), "--runs", str(tmp_path / "runs"),
+                "--json", str(out), *(f"--override={o}" for o in TINY)], timeout=300, cwd=ROOT)
     res = json.loads(out.read_text())
     base, modern = res["recipes"]["baseline"], res["recipes"]["modern"]
     assert abs(modern["params"] / base["params"] - 1) < 0.10
+    summaries = {}
     for r in (base, modern):
-        summary = json.loads((tmp_path / "runs" / r["run_id"] / "summary.json").read_text())
-        assert summary["final_val_loss"] == r["final_val_loss"] and summary["steps"] > 0
-        assert summary["train_time_s"] >= 8 and math.isfinite(r["final_val_loss"])
-        assert r["final_val_loss"] < math.log(257)  # both learned something in 8 s
+        summaries[r["run_id"]] = summary = json.loads((tmp_path / "runs" / r["run_id"] / "summary.json").read_text())
+        assert summary["final_val_loss"] == r["final_val_loss"] and math.isfinite(r["final_val_loss"])
+        assert r["final_val_loss"] < math.log(257)  # both learned something
+    # the baseline its steps in one process; the modern recipe its budget as run.sh runs it, a process per core
+    assert (summaries[base["run_id"]]["steps"], base["world_size"]) == (30, 1)
+    assert summaries[modern["run_id"]]["train_time_s"] >= 8 and modern["world_size"] == os.cpu_count()
+    assert res["baseline_time_s"] == base["train_time_s"]
+    assert res["modern_below_baseline"] == (modern["final_val_loss"] < base["final_val_loss"])
     reached = bench_recipe.time_to_reach(tmp_path / "runs" / modern["run_id"], base["final_val_loss"])
     assert res["modern_time_to_baseline_final_s"] == reached
     if reached is not None:
-        assert res["ratio_to_budget"] == pytest.approx(reached / 8)
-    assert "| baseline |" in proc.stdout and "| modern |" in proc.stdout and "baseline's final val loss" in proc.stdout
+        assert res["ratio_to_baseline_time"] == pytest.approx(reached / base["train_time_s"])
+    assert "| baseline |" in proc.stdout and "| modern |" in proc.stdout and "the baseline's" in proc.stdout
     figure = out.with_suffix(".png")  # beside the JSON: both recipes, against time and against tokens
     assert res["figure"] == str(figure) and f"curves: {figure}" in proc.stdout
     assert imread(figure).shape[:2] == (600, 2000)
