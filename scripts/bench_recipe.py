@@ -186,6 +186,11 @@ def table(res: dict) -> str:
                     f"{r['tokens_seen']:,} | {r['train_time_s']:.1f} | {r['tokens_per_s']:,.0f} | "
                     f"{r['load_avg_1m']:.1f} | {r['final_val_loss']:.4f} | {bpb} |")
     base, modern = res["recipes"]["baseline"], res["recipes"]["modern"]
+    if res["ab"]:
+        return "\n".join(rows) + (f"\n\nwith {' '.join(res['ab'])}: final val loss {modern['final_val_loss']:.4f}, "
+                                  f"without: {base['final_val_loss']:.4f} "
+                                  f"({modern['final_val_loss'] - base['final_val_loss']:+.4f}); load average (1 min) "
+                                  f"{base['load_avg_1m']:.1f} as the runs ended, on {res['cpu_count']} cores\n")
     t, ratio = res["modern_time_to_baseline_final_s"], res["ratio_to_baseline_time"]
     reached = "never" if t is None else f"after {t:.1f} s = {ratio:.2f} x the baseline's {res['baseline_time_s']:.1f} s"
     below = "below" if res["modern_below_baseline"] else "NOT below"
