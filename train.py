@@ -52,7 +52,7 @@ import shutil  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from glob import glob  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, NamedTuple  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -65,7 +65,8 @@ from model.optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from scripts.plot import plot_or_warn  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
+from trainer.checkpoint import (full_model_state, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
+                                save_resume, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
@@ -218,7 +219,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
-        restore(run, resumed)
+        restore(raw, run.optimizers, loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
@@ -268,28 +269,6 @@ def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
                       f"that had ended rises again); this is not the run the new budget gives from the start")
 
 
-def rng_state() -> dict:
-    """This process's torch RNG states."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-
-
-def training_state(run: Run) -> dict[str, Any]:
-    """Model (this rank's shard under FSDP2), optimizers, loader and RNG: what warm-up and resume restore."""
-    return {"model": run.raw.state_dict(), "optim": [o.state_dict() for o in run.optimizers],
-            "loader": run.loader.state_dict(), "rng": rng_state()}
-
-
-def restore(run: Run, state: dict) -> None:
-    """Put model, optimizers, loader and RNG back to a saved training_state."""
-    run.raw.load_state_dict(state["model"])
-    for opt, s in zip(run.optimizers, state["optim"]):
-        opt.load_state_dict(s)
-    run.loader.load_state_dict(state["loader"])
-    torch.set_rng_state(state["rng"]["cpu"].cpu())
-    if state["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
-
-
 def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
     """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
     (model/optim.py's contract)."""
@@ -333,11 +312,11 @@ def warm_up(run: Run) -> None:
     t = run.cfg.train
     if t.timing != "exclude_warmup" or t.warmup_steps <= 0:
         return
-    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run))
+    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.raw, run.optimizers, run.loader))
     batches = iter(run.loader)
     for _ in range(t.warmup_steps):
         train_step(run, batches)
-    restore(run, initial)
+    restore(run.raw, run.optimizers, run.loader, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
     run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
@@ -429,13 +408,9 @@ def save(run: Run) -> None:
     if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
-    state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
-             "metrics_bytes": run.log.metrics_bytes()}
-    if not run.sharded and not d.master:
-        # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
-        # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
-        del state["model"], state["optim"]
-    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict())
+    state = {**training_state(run.raw, run.optimizers, run.loader), "clock": run.clock.state_dict(),
+             "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
+    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict(), replicated=not run.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
