@@ -46,11 +46,9 @@ if __name__ == "__main__":
 import contextlib  # noqa: E402  (the imports after the early parse above)
 import copy  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
-from glob import glob  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
@@ -58,7 +56,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
-from data.loader import PAD_TARGET, TokenLoader, val_batches  # noqa: E402
+from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
 from model.optim import build_optimizers, warmup_momentum  # noqa: E402
@@ -68,6 +66,7 @@ from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (full_model_state, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
                                 save_resume, training_state)
 from trainer.clock import Clock  # noqa: E402
+from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
@@ -133,44 +132,6 @@ def main(cfg: Config) -> None:
         distributed.close()
 
 
-def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
-    """Sorted train and val files, and the meta.json beside the train files ({} if none).
-
-    Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal.
-    """
-    files = sorted(glob(cfg.data.train))
-    if not files:
-        raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; point it at your token shards "
-                          f"(python -m data.prepare writes them) or pass --data_dir")
-    val_files = files if cfg.data.val == "holdout" else sorted(glob(cfg.data.val)) if cfg.data.val else []
-    if cfg.data.val and not val_files:
-        raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
-                          f"'holdout' (the tail of the train data) or '' (no evals)")
-    meta_path = Path(files[0]).parent / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{meta_path}: not valid JSON ({e}); re-run python -m data.prepare or delete the file") from None
-    if meta.get("complete") is False and os.environ.get("RANK", "0") == "0":  # once, not once per rank
-        print(f"train.py: warning: {meta_path} says data.prepare has not finished there; training on the shards "
-              f"it wrote so far (re-run data.prepare with the same arguments to finish them)", file=sys.stderr)
-    if cfg.model.vocab_size == 0:
-        if "vocab_size" not in meta:
-            raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
-                              f"set --model.vocab_size=N")
-        cfg.model.vocab_size = int(meta["vocab_size"])
-    m = cfg.model
-    if m.doc_causal and meta.get("eot_token", m.bos_id) != m.bos_id:
-        raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {m.bos_id}, but {meta_path} says "
-                          f"the token before each document is eot_token = {meta['eot_token']}; set "
-                          f"--model.bos_id={meta['eot_token']}")
-    if m.doc_causal and not 0 <= m.bos_id < m.vocab_size:
-        raise ConfigError(f"model.doc_causal: model.bos_id = {m.bos_id} is not a token of the vocabulary "
-                          f"(model.vocab_size = {m.vocab_size}), so no document would ever end; set "
-                          f"model.bos_id to the data's document token or turn model.doc_causal off")
-    return files, val_files, meta
-
-
 def default_run_id(name: str) -> str:
     """<config name>-<torchrun's run id>, else <config name>-<timestamp>-<pid> (unique, so never resumed)."""
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none" when torchrun was given no --rdzv-id
@@ -185,7 +146,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     files, val_files, meta = resolve_data(cfg)
     check_memory(cfg, d)  # a config that cannot fit is refused here, not killed by the OS at its first step
     if val_files:
-        validation(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
+        val_loader(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
@@ -210,12 +171,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     raw = get_model(config)
     model = parallelize(raw, t, d)
-    bos_id = meta.get("eot_token", cfg.model.bos_id) if cfg.data.bos_aligned else None
-    loader = TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=cfg.data.seed,
-                         bos_id=bos_id, device=d.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
-                         vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None,
-                         holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0,
-                         shuffle=cfg.data.shuffle, shuffle_shards=cfg.data.shuffle_shards)
+    loader = train_loader(cfg, d, files, meta)
     run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
@@ -322,14 +278,6 @@ def warm_up(run: Run) -> None:
     run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
 
 
-def validation(cfg: Config, d: Dist, val_files: list[str]):
-    """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
-    e = cfg.eval
-    return val_batches(val_files, e.batch_size or cfg.train.batch_size, e.seq_len or cfg.train.seq_len, e.tokens,
-                       rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
-                       raw_dtype=cfg.data.raw_dtype, tail_tokens=e.tokens if cfg.data.val == "holdout" else 0)
-
-
 @torch.no_grad()
 def evaluate(run: Run) -> float:
     """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
@@ -340,7 +288,7 @@ def evaluate(run: Run) -> float:
     model = run.model if run.sharded else run.raw
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
-    for x, y in validation(cfg, d, run.val_files):
+    for x, y in val_loader(cfg, d, run.val_files):
         with autocast(d, cfg.train.dtype):
             _, loss = model(x, y)
         count = (y != PAD_TARGET).sum()

@@ -62,7 +62,6 @@ import collections
 import ctypes
 import glob
 import itertools
-import json
 import mmap
 import os
 import queue
@@ -74,6 +73,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from data.meta import MetaError, read_meta
 from data.shards import ShardError, open_shard
 from plural import plural
 
@@ -654,13 +654,10 @@ def _check_vocab(runs: list[tuple[_Region, int, int]], length: int, vocab_size: 
 def _meta_vouches(paths: list[Path], vocab_size: int) -> bool:
     """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
     for folder in {p.parent for p in paths}:
-        meta = folder / "meta.json"
-        if not meta.exists():
-            return False
         try:
-            declared = json.loads(meta.read_text()).get("vocab_size")
-        except (ValueError, AttributeError) as e:
-            raise ShardError(f"{meta}: not a JSON object ({e}); fix or delete it") from None
+            declared = read_meta(folder).get("vocab_size")  # None without a meta.json
+        except MetaError as e:
+            raise ShardError(str(e)) from None
         if not isinstance(declared, int) or declared > vocab_size:
             return False
     return True

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from model.generate import generate
 from trainer.checkpoint import CheckpointError, load_checkpoint
@@ -38,13 +38,15 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
     if not isinstance(train, str) or not train:
         raise SampleError("the checkpoint's config has no data.train glob to find meta.json by; "
                           "pass --tokenizer NAME")
-    folders = sorted({Path(f).parent for f in glob.glob(train)}) or [Path(train).parent]
-    meta = folders[0] / "meta.json"
+    folder = min({Path(f).parent for f in glob.glob(train)}, default=Path(train).parent)
     try:
-        return json.loads(meta.read_text())["tokenizer"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SampleError(f"{meta}: cannot read the tokenizer name from it ({type(e).__name__}: {e}); the "
-                          f"data.train shards {train!r} have no usable meta.json — pass --tokenizer NAME") from None
+        return read_meta(folder, missing_ok=False)["tokenizer"]
+    except MetaError as e:
+        why = e.problem
+    except (OSError, KeyError) as e:
+        why = f"{type(e).__name__}: {e}"
+    raise SampleError(f"{folder / META}: cannot read the tokenizer name from it ({why}); the data.train shards "
+                      f"{train!r} have no usable meta.json — pass --tokenizer NAME")
 
 
 def main(argv: list[str] | None = None) -> int:
