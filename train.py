@@ -61,7 +61,6 @@ from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
 from model.optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
-from scripts.plot import plot_or_warn  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (full_model_state, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
                                 save_resume, training_state)
@@ -71,6 +70,7 @@ from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
 from trainer.parallel import autocast, clip_grads, grad_sync, parallelize  # noqa: E402
+from trainer.plots import plot_or_warn  # noqa: E402
 
 
 @dataclass
