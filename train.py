@@ -46,31 +46,31 @@ if __name__ == "__main__":
 import contextlib  # noqa: E402  (the imports after the early parse above)
 import copy  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
-from glob import glob  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, NamedTuple  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
-from data.loader import PAD_TARGET, TokenLoader, val_batches  # noqa: E402
+from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
 from model.optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
-from scripts.plot import plot_or_warn  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
+from trainer.checkpoint import (full_model_state, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
+                                save_resume, training_state)
 from trainer.clock import Clock  # noqa: E402
+from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
 from trainer.parallel import autocast, clip_grads, grad_sync, parallelize  # noqa: E402
+from trainer.plots import plot_or_warn  # noqa: E402
 
 
 @dataclass
@@ -132,44 +132,6 @@ def main(cfg: Config) -> None:
         distributed.close()
 
 
-def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
-    """Sorted train and val files, and the meta.json beside the train files ({} if none).
-
-    Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal.
-    """
-    files = sorted(glob(cfg.data.train))
-    if not files:
-        raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; point it at your token shards "
-                          f"(python -m data.prepare writes them) or pass --data_dir")
-    val_files = files if cfg.data.val == "holdout" else sorted(glob(cfg.data.val)) if cfg.data.val else []
-    if cfg.data.val and not val_files:
-        raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
-                          f"'holdout' (the tail of the train data) or '' (no evals)")
-    meta_path = Path(files[0]).parent / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{meta_path}: not valid JSON ({e}); re-run python -m data.prepare or delete the file") from None
-    if meta.get("complete") is False and os.environ.get("RANK", "0") == "0":  # once, not once per rank
-        print(f"train.py: warning: {meta_path} says data.prepare has not finished there; training on the shards "
-              f"it wrote so far (re-run data.prepare with the same arguments to finish them)", file=sys.stderr)
-    if cfg.model.vocab_size == 0:
-        if "vocab_size" not in meta:
-            raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
-                              f"set --model.vocab_size=N")
-        cfg.model.vocab_size = int(meta["vocab_size"])
-    m = cfg.model
-    if m.doc_causal and meta.get("eot_token", m.bos_id) != m.bos_id:
-        raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {m.bos_id}, but {meta_path} says "
-                          f"the token before each document is eot_token = {meta['eot_token']}; set "
-                          f"--model.bos_id={meta['eot_token']}")
-    if m.doc_causal and not 0 <= m.bos_id < m.vocab_size:
-        raise ConfigError(f"model.doc_causal: model.bos_id = {m.bos_id} is not a token of the vocabulary "
-                          f"(model.vocab_size = {m.vocab_size}), so no document would ever end; set "
-                          f"model.bos_id to the data's document token or turn model.doc_causal off")
-    return files, val_files, meta
-
-
 def default_run_id(name: str) -> str:
     """<config name>-<torchrun's run id>, else <config name>-<timestamp>-<pid> (unique, so never resumed)."""
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none" when torchrun was given no --rdzv-id
@@ -184,7 +146,7 @@ def setup(cfg: Config, d: Dist) -> Run:
     files, val_files, meta = resolve_data(cfg)
     check_memory(cfg, d)  # a config that cannot fit is refused here, not killed by the OS at its first step
     if val_files:
-        validation(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
+        val_loader(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
@@ -209,16 +171,11 @@ def setup(cfg: Config, d: Dist) -> Run:
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     raw = get_model(config)
     model = parallelize(raw, t, d)
-    bos_id = meta.get("eot_token", cfg.model.bos_id) if cfg.data.bos_aligned else None
-    loader = TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=cfg.data.seed,
-                         bos_id=bos_id, device=d.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
-                         vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None,
-                         holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0,
-                         shuffle=cfg.data.shuffle, shuffle_shards=cfg.data.shuffle_shards)
+    loader = train_loader(cfg, d, files, meta)
     run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
-        restore(run, resumed)
+        restore(raw, run.optimizers, loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
@@ -268,28 +225,6 @@ def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
                       f"that had ended rises again); this is not the run the new budget gives from the start")
 
 
-def rng_state() -> dict:
-    """This process's torch RNG states."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-
-
-def training_state(run: Run) -> dict[str, Any]:
-    """Model (this rank's shard under FSDP2), optimizers, loader and RNG: what warm-up and resume restore."""
-    return {"model": run.raw.state_dict(), "optim": [o.state_dict() for o in run.optimizers],
-            "loader": run.loader.state_dict(), "rng": rng_state()}
-
-
-def restore(run: Run, state: dict) -> None:
-    """Put model, optimizers, loader and RNG back to a saved training_state."""
-    run.raw.load_state_dict(state["model"])
-    for opt, s in zip(run.optimizers, state["optim"]):
-        opt.load_state_dict(s)
-    run.loader.load_state_dict(state["loader"])
-    torch.set_rng_state(state["rng"]["cpu"].cpu())
-    if state["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
-
-
 def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
     """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
     (model/optim.py's contract)."""
@@ -333,22 +268,14 @@ def warm_up(run: Run) -> None:
     t = run.cfg.train
     if t.timing != "exclude_warmup" or t.warmup_steps <= 0:
         return
-    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run))
+    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.raw, run.optimizers, run.loader))
     batches = iter(run.loader)
     for _ in range(t.warmup_steps):
         train_step(run, batches)
-    restore(run, initial)
+    restore(run.raw, run.optimizers, run.loader, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
     run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
-
-
-def validation(cfg: Config, d: Dist, val_files: list[str]):
-    """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
-    e = cfg.eval
-    return val_batches(val_files, e.batch_size or cfg.train.batch_size, e.seq_len or cfg.train.seq_len, e.tokens,
-                       rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
-                       raw_dtype=cfg.data.raw_dtype, tail_tokens=e.tokens if cfg.data.val == "holdout" else 0)
 
 
 @torch.no_grad()
@@ -361,7 +288,7 @@ def evaluate(run: Run) -> float:
     model = run.model if run.sharded else run.raw
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
-    for x, y in validation(cfg, d, run.val_files):
+    for x, y in val_loader(cfg, d, run.val_files):
         with autocast(d, cfg.train.dtype):
             _, loss = model(x, y)
         count = (y != PAD_TARGET).sum()
@@ -429,13 +356,9 @@ def save(run: Run) -> None:
     if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
-    state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
-             "metrics_bytes": run.log.metrics_bytes()}
-    if not run.sharded and not d.master:
-        # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
-        # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
-        del state["model"], state["optim"]
-    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict())
+    state = {**training_state(run.raw, run.optimizers, run.loader), "clock": run.clock.state_dict(),
+             "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
+    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict(), replicated=not run.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 

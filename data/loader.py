@@ -41,7 +41,7 @@ other ranks' windows are), so every node reads the pages of the whole global bat
 
 The copies (both streams). The background thread fills a ring buffer with a group of batches at a time,
 casting the tokens to int64 on the way. Sequential: a group's windows lie back to back in a file, one copy
-per run of them. Shuffled: the files of one dtype are seen through one strided view, no copy, whose row s is
+per stretch of them. Shuffled: the files of one dtype are seen through one strided view, no copy, whose row s is
 the window from token s of the lowest map (every map lies at a fixed offset from it, see _Span), so one
 fancy index gathers all of a group's windows, from every file, in row order; one slice-copy per 2 KiB
 window cost more in numpy's per-call overhead than in copying, and one fancy index per file as much when
@@ -62,7 +62,6 @@ import collections
 import ctypes
 import glob
 import itertools
-import json
 import mmap
 import os
 import queue
@@ -74,6 +73,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from data.meta import MetaError, read_meta
 from data.shards import ShardError, open_shard
 from plural import plural
 
@@ -184,6 +184,11 @@ class _Region:
         return self.hi - self.lo
 
 
+# A stretch of windows: (region, first start, number of windows), the windows back to back in the region, so
+# that one copy reads them all (the sequential stream's plan is a list of them).
+Stretch = tuple[_Region, int, int]
+
+
 def _open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[_Region]:
     regions = []
     for p in paths:
@@ -249,8 +254,8 @@ class _Stream:
     def region(self) -> _Region:
         return self.regions[self.order[self.index]]
 
-    def take(self, count: int, runs: list[tuple[_Region, int, int]]) -> None:
-        """Advance by `count` windows; append them to runs (region, first start, number of adjacent windows)."""
+    def take(self, count: int, stretches: list[Stretch]) -> None:
+        """Advance by `count` windows; append them to `stretches`, extending the last one where they adjoin."""
         while count > 0:
             region = self.region
             start = region.window_start(self.pos, self.length, self.bos_id)
@@ -258,10 +263,10 @@ class _Stream:
                 self._next_region()
                 continue
             n = 1 if self.bos_id is not None else min(count, (region.hi - start) // self.length)
-            if runs and runs[-1][0] is region and runs[-1][1] + runs[-1][2] * self.length == start:
-                runs[-1] = (region, runs[-1][1], runs[-1][2] + n)
+            if stretches and stretches[-1][0] is region and stretches[-1][1] + stretches[-1][2] * self.length == start:
+                stretches[-1] = (region, stretches[-1][1], stretches[-1][2] + n)
             else:
-                runs.append((region, start, n))
+                stretches.append((region, start, n))
             self.pos, count = start + n * self.length, count - n
 
     def take_adjacent(self, count: int) -> int | None:
@@ -273,28 +278,28 @@ class _Stream:
         start, self.pos = self.pos, end
         return start
 
-    def plan(self, batches: int) -> tuple[list[tuple[_Region, int, int]], list[tuple[int, int, int]]]:
-        """This rank's windows of the next `batches` global batches, as runs, and the stream state after each."""
+    def plan(self, batches: int) -> tuple[list[Stretch], list[tuple[int, int, int]]]:
+        """This rank's windows of the next `batches` global batches, as stretches, and the stream state after each."""
         rank, world_size, batch_size = self.rank, self.world_size, self.batch_size
         span = world_size * batch_size * self.length  # tokens of one global batch when its windows are adjacent
         start = self.take_adjacent(batches * world_size * batch_size)
         if start is not None:  # the common case, by arithmetic: ~0.7 us a batch instead of ~4.5 us through take()
             region, first = self.region, start + rank * batch_size * self.length
-            runs = ([(region, first, batches * batch_size)] if world_size == 1 else
+            stretches = ([(region, first, batches * batch_size)] if world_size == 1 else
                     [(region, first + b * span, batch_size) for b in range(batches)])
-            return runs, [(self.epoch, self.index, start + (b + 1) * span) for b in range(batches)]
-        runs: list[tuple[_Region, int, int]] = []
+            return stretches, [(self.epoch, self.index, start + (b + 1) * span) for b in range(batches)]
+        stretches: list[Stretch] = []
         states = []
         for _ in range(batches):
-            _rank_runs(self, rank * batch_size, batch_size, (world_size - rank - 1) * batch_size, runs)
+            _rank_stretches(self, rank * batch_size, batch_size, (world_size - rank - 1) * batch_size, stretches)
             states.append(self.state())
-        return runs, states
+        return stretches, states
 
-    def gather(self, runs: list[tuple[_Region, int, int]], out: np.ndarray, vocab_size: int | None) -> None:
+    def gather(self, stretches: list[Stretch], out: np.ndarray, vocab_size: int | None) -> None:
         """Copy the planned windows into the rows of out, refusing token ids >= vocab_size (None: no check)."""
         if vocab_size is not None:
-            _check_vocab(runs, self.length, vocab_size)
-        _gather(runs, self.length, out)
+            _check_vocab(stretches, self.length, vocab_size)
+        _gather(stretches, self.length, out)
 
     def read_ahead(self) -> None:
         """Hint the pages ahead of the cursor (after a group is out: the first one should not wait for it)."""
@@ -629,10 +634,10 @@ def _check_fits(regions: list[_Region], length: int) -> None:
                          f"has {biggest.tokens_count()} usable tokens; lower seq_len or use bigger shards")
 
 
-def _gather(runs: list[tuple[_Region, int, int]], length: int, out: np.ndarray) -> None:
-    """Copy the windows into the rows of out [rows, length], one cast-copy per run of adjacent windows."""
+def _gather(stretches: list[Stretch], length: int, out: np.ndarray) -> None:
+    """Copy the windows into the rows of out [rows, length], one cast-copy per stretch of adjacent windows."""
     row = 0
-    for region, start, n in runs:
+    for region, start, n in stretches:
         if n == 1:  # the shuffled stream's every window: a third cheaper without the reshape
             out[row] = region.array[start:start + length]
         else:
@@ -640,9 +645,9 @@ def _gather(runs: list[tuple[_Region, int, int]], length: int, out: np.ndarray) 
         row += n
 
 
-def _check_vocab(runs: list[tuple[_Region, int, int]], length: int, vocab_size: int) -> None:
+def _check_vocab(stretches: list[Stretch], length: int, vocab_size: int) -> None:
     # on the source windows: a quarter of the bytes of the int64 copy with uint16 tokens
-    for region, start, n in runs:
+    for region, start, n in stretches:
         window = region.array[start:start + n * length]
         if window.max() >= vocab_size:
             bad = np.flatnonzero(window >= vocab_size)
@@ -654,13 +659,10 @@ def _check_vocab(runs: list[tuple[_Region, int, int]], length: int, vocab_size: 
 def _meta_vouches(paths: list[Path], vocab_size: int) -> bool:
     """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
     for folder in {p.parent for p in paths}:
-        meta = folder / "meta.json"
-        if not meta.exists():
-            return False
         try:
-            declared = json.loads(meta.read_text()).get("vocab_size")
-        except (ValueError, AttributeError) as e:
-            raise ShardError(f"{meta}: not a JSON object ({e}); fix or delete it") from None
+            declared = read_meta(folder).get("vocab_size")  # None without a meta.json
+        except MetaError as e:
+            raise ShardError(str(e)) from None
         if not isinstance(declared, int) or declared > vocab_size:
             return False
     return True
@@ -680,10 +682,10 @@ def _groups(stream: _Stream | _Shuffled, group: int, vocab_size: int | None, rin
         stream.read_ahead()
 
 
-def _rank_runs(stream: _Stream, before: int, rows: int, after: int, runs: list[tuple[_Region, int, int]]) -> None:
-    """Skip the windows of the ranks before this one, append this rank's rows to runs, skip the ranks after."""
+def _rank_stretches(stream: _Stream, before: int, rows: int, after: int, stretches: list[Stretch]) -> None:
+    """Skip the windows of the ranks before this one, append this rank's rows to stretches, skip the ranks after."""
     stream.take(before, [])
-    stream.take(rows, runs)
+    stream.take(rows, stretches)
     stream.take(after, [])
 
 

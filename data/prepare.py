@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import re
@@ -38,12 +37,12 @@ from tqdm import tqdm
 
 from atomic import write_json
 from data import sources
+from data.meta import META, MetaError, read_meta
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from plural import plural
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
-META = "meta.json"
 # More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data
 # 43%, /bin/ls 53%, UTF-16 text 50%, latin-1 French prose 7%); a few bad bytes are a typo's worth.
 BINARY_SHARE = 0.01
@@ -153,8 +152,7 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
     for stale in out.glob(".*.tmp*"):  # left by a killed writer (atomic_path cleans up only on exceptions)
         stale.unlink()
     found = sorted({p.name for pattern in OUR_SHARDS for p in out.glob(pattern)})
-    meta_path = out / META
-    old = _read_meta(meta_path) if meta_path.exists() else None
+    old = _read_meta(out) if (out / META).exists() else None
     if overwrite:
         for name in [META, *found]:  # meta.json first: it must never list shards that are gone
             (out / name).unlink(missing_ok=True)
@@ -173,13 +171,13 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
             "partial_doc_tokens": 0, "tokens": 0, "text_bytes": 0, "binary_bytes": 0}
 
 
-def _read_meta(path: Path) -> dict:
+def _read_meta(out: Path) -> dict:
     try:
-        meta = json.loads(path.read_text())
-    except ValueError as e:
-        meta = str(e)
+        meta = read_meta(out)
+    except MetaError as e:
+        meta = e.problem
     if not isinstance(meta, dict) or not {"settings", "shards", "complete"} <= meta.keys():
-        raise PrepareError(f"{path}: not a meta.json written by data.prepare ({str(meta)[:100]}); "
+        raise PrepareError(f"{out / META}: not a meta.json written by data.prepare ({str(meta)[:100]}); "
                            f"write to another --out directory or pass --overwrite")
     return meta
 

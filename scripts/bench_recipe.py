@@ -35,9 +35,9 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
 
 from atomic import write_json
 from model import get_model
-from scripts.plot import plot_runs
-from train import resolve_data
 from trainer.config import parse_args as parse_train_args
+from trainer.data import resolve_data
+from trainer.plots import plot_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"baseline": "configs/baseline_cpu.toml", "modern": "configs/cpu.toml"}

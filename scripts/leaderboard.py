@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = group_rows(summaries, args.target, args.pool_seeds)
     print(format_table(rows, args.markdown))
     if args.plot:
-        from scripts.plot import plot_leaderboard
+        from trainer.plots import plot_leaderboard
 
         plot_leaderboard([{"name": f"{r['config']} {r['fingerprint']}", "target": r["goal"],
                            "runs": r["summaries"]} for r in rows], args.plot)

@@ -12,68 +12,22 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
-from model import get_model
+from model.generate import generate
+from trainer.checkpoint import CheckpointError, load_checkpoint
 
 
 class SampleError(ValueError):
-    """A checkpoint or tokenizer that cannot be used for sampling; the message says which and how to fix it."""
-
-
-@torch.no_grad()
-def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, *, vocab_size: int | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """Extend idx [B, T] by max_new_tokens sampled ids, conditioning on at most the model's block_size tokens.
-
-    temperature 0 is greedy; top_k keeps the k likeliest ids; vocab_size, when given, samples only ids below it
-    (a tokenizer smaller than the model's vocabulary).
-    """
-    block_size = model.cfg.block_size
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -block_size:])
-        logits = logits[:, -1, :vocab_size]
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_id = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
-        idx = torch.cat([idx, next_id], dim=1)
-    return idx
-
-
-def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
-    """The GPT of a checkpoint.pt (eval mode, on `device`) and the checkpoint's run config."""
-    path = Path(path)
-    if not path.is_file():
-        raise SampleError(f"{path}: no such checkpoint; pass runs/<run_id>/checkpoint.pt")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
-        raise SampleError(f"{path}: cannot be loaded as a checkpoint ({str(e)[:200]})") from None
-    if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():
-        got = f"keys {sorted(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise SampleError(f"{path}: expected a dict with keys 'config' and 'model' (train.py's checkpoint.pt), "
-                          f"got {got}")
-    try:
-        model = get_model(ckpt["config"])
-        model.load_state_dict(ckpt["model"])
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise SampleError(f"{path}: its config and weights do not make a model: {str(e)[:300]}") from None
-    return model.to(device).eval(), ckpt["config"]
+    """A tokenizer that cannot be used for sampling; the message says which and how to fix it."""
 
 
 def tokenizer_name(config: dict, override: str | None = None) -> str:
@@ -84,13 +38,15 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
     if not isinstance(train, str) or not train:
         raise SampleError("the checkpoint's config has no data.train glob to find meta.json by; "
                           "pass --tokenizer NAME")
-    folders = sorted({Path(f).parent for f in glob.glob(train)}) or [Path(train).parent]
-    meta = folders[0] / "meta.json"
+    folder = min({Path(f).parent for f in glob.glob(train)}, default=Path(train).parent)
     try:
-        return json.loads(meta.read_text())["tokenizer"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SampleError(f"{meta}: cannot read the tokenizer name from it ({type(e).__name__}: {e}); the "
-                          f"data.train shards {train!r} have no usable meta.json — pass --tokenizer NAME") from None
+        return read_meta(folder, missing_ok=False)["tokenizer"]
+    except MetaError as e:
+        why = e.problem
+    except (OSError, KeyError) as e:
+        why = f"{type(e).__name__}: {e}"
+    raise SampleError(f"{folder / META}: cannot read the tokenizer name from it ({why}); the data.train shards "
+                      f"{train!r} have no usable meta.json — pass --tokenizer NAME")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if max(ids) >= model.cfg.vocab_size:
             raise SampleError(f"tokenizer {enc.name!r} gives id {max(ids)} but the model has only "
                               f"{model.cfg.vocab_size} ids; pass the tokenizer the model was trained with")
-    except (SampleError, TokenizerError) as e:
+    except (CheckpointError, SampleError, TokenizerError) as e:
         print(f"sample: {e}", file=sys.stderr)
         return 2
     generator = torch.Generator(args.device)

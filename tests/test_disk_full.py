@@ -61,14 +61,14 @@ def test_no_space_names_the_file_the_bytes_needed_and_free_and_keeps_the_old_one
 
 def test_a_resume_save_first_frees_what_a_failed_save_left_and_keeps_the_complete_state(tmp_path):
     root = tmp_path / "resume"
-    save_resume(tmp_path, Dist(), 5, {"step": 5}, {"train": {}})
+    save_resume(tmp_path, Dist(), 5, {"step": 5}, {"train": {}}, replicated=False)
     done = (root / "done.json").read_text()
     (root / "step0000007").mkdir()  # another rank's file from a save that failed on rank 0
     (root / "step0000007" / "rank1.pt").write_bytes(b"x" * 1000)
     (root / "step0000009").mkdir()
     (root / "step0000009" / f".rank0.pt.tmp{os.getpid()}").symlink_to("/dev/full")
     with pytest.raises(DiskFullError, match=r"step0000009/rank0\.pt: no space left on device"):
-        save_resume(tmp_path, Dist(), 9, {"step": 9}, {"train": {}})
+        save_resume(tmp_path, Dist(), 9, {"step": 9}, {"train": {}}, replicated=False)
     assert sorted(p.name for p in root.iterdir()) == ["done.json", "step0000005", "step0000009"]
     assert (root / "done.json").read_text() == done and list((root / "step0000009").iterdir()) == []
 

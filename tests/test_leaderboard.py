@@ -9,9 +9,9 @@ from matplotlib.image import imread
 from atomic import write_json
 from scripts.leaderboard import (SummaryError, find_summaries, format_table, group_rows, load_summary, mean_std,
                                  t_test_below)
-from scripts.plot import plot_leaderboard
 from tests.helpers import run
 from trainer.config import parse_args, to_toml
+from trainer.plots import plot_leaderboard
 
 TARGET = 3.28
 

@@ -91,7 +91,7 @@ def test_ranks_split_every_epoch_exactly(tmp_path, world, shuffle, shards):
             cut = next(i for i in range(len(files)) if not set(files[:i]) & set(files[i:]) and i and
                        set(files[:i]) != set(files))
             assert len(set(files[:cut])) <= 2 and len(set(files[cut:])) <= 2
-        else:  # all files from the start: no run of windows from one file in file order
+        else:  # all files from the start: no stretch of windows from one file in file order
             assert len(set(files[:8])) >= 2 and epoch[:4] != sorted(epoch[:4])
 
 
@@ -188,9 +188,9 @@ def test_whole_group_arithmetic_equals_window_by_window(tmp_path, world, monkeyp
 @pytest.mark.parametrize("world", [1, 3])
 def test_bos_slots_looked_at_a_few_at_a_time_give_the_same_stream(tmp_path, world, monkeypatch):
     """The shuffled BOS stream looks for the bos_id of a vector of slots at a time; vectors of 3 slots, which
-    split the global batches and the runs of slots without a document start, give the same batches and states."""
+    split the global batches and the stretches of slots without a document start, give the same batches and states."""
     tokens = coded_shards(tmp_path, [60 * L, 30 * L + 9], bos_seed=1)
-    tokens[1][tokens[1] == BOS] = 7  # file 1: no document start (long runs of slots without a window)
+    tokens[1][tokens[1] == BOS] = 7  # file 1: no document start (long stretches of slots without a window)
     write_shard(tmp_path / "coded_train_000001.bin", tokens[1], dtype=np.uint32)
 
     def run() -> list:

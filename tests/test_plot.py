@@ -12,8 +12,8 @@ import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
-from scripts.plot import DPI, SIZE_IN, PlotError, plot_runs, read_run
 from tests.helpers import ROOT, demo_data, run, train_args
+from trainer.plots import DPI, SIZE_IN, PlotError, plot_runs, read_run
 
 TARGET = 3.0
 

@@ -8,8 +8,10 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from model import get_model
-from scripts.sample import SampleError, generate, load_checkpoint, main, tokenizer_name
+from model.generate import generate
+from scripts.sample import SampleError, main, tokenizer_name
 from tests.helpers import make_shards, run, train_args
+from trainer.checkpoint import CheckpointError, load_checkpoint
 
 TINY = {"vocab_size": 257, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}
 
@@ -79,15 +81,15 @@ def test_tokenizer_name_flag_then_meta_json(checkpoint, tmp_path):
 
 
 def test_bad_checkpoints_are_named(checkpoint, tmp_path):
-    with pytest.raises(SampleError, match="no such checkpoint"):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
     torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(SampleError, match=r"list.pt: expected a dict with keys 'config' and 'model'"):
+    with pytest.raises(CheckpointError, match=r"list.pt: expected a dict with keys 'config' and 'model'"):
         load_checkpoint(tmp_path / "list.pt")
     ckpt = torch.load(checkpoint, weights_only=True)
     ckpt["config"]["model"]["n_embd"] = 32
     torch.save(ckpt, tmp_path / "mismatch.pt")
-    with pytest.raises(SampleError, match="mismatch.pt: its config and weights do not make a model"):
+    with pytest.raises(CheckpointError, match="mismatch.pt: its config and weights do not make a model"):
         load_checkpoint(tmp_path / "mismatch.pt")
 
 

@@ -1,7 +1,8 @@
 """checkpoint.pt (the evaluation contract) and the resume state, both written atomically.
 
 checkpoint.pt = {"config": plain dict, "model": full state dict on CPU, "step": int}; it loads with
-torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dict(ckpt["model"]).
+torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dict(ckpt["model"]), which is
+what load_checkpoint does.
 
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
 rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
@@ -22,9 +23,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
 from atomic import atomic_path, write_json
+from data.loader import TokenLoader
+from model import get_model
 from trainer import distributed
 from trainer.config import ConfigError
 from trainer.distributed import Dist
+
+
+class CheckpointError(ValueError):
+    """A checkpoint.pt that cannot be loaded; the message says which file and why."""
 
 
 def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
@@ -64,9 +71,58 @@ def save_checkpoint(path: str | Path, config: dict, model_state: dict, step: int
     _save({"config": config, "model": model_state, "step": step}, Path(path))
 
 
-def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict) -> None:
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
+    """The GPT of a checkpoint.pt (eval mode, on `device`) and the checkpoint's run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint; pass runs/<run_id>/checkpoint.pt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
+        raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({str(e)[:200]})") from None
+    if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():
+        got = f"keys {sorted(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{path}: expected a dict with keys 'config' and 'model' (train.py's checkpoint.pt), "
+                              f"got {got}")
+    try:
+        model = get_model(ckpt["config"])
+        model.load_state_dict(ckpt["model"])
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: its config and weights do not make a model: {str(e)[:300]}") from None
+    return model.to(device).eval(), ckpt["config"]
+
+
+def rng_state() -> dict[str, torch.Tensor | None]:
+    """This process's torch RNG states."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader) -> dict[str, Any]:
+    """The plain `module` (this rank's shard under FSDP2), the optimizers, the loader and the RNG: what warm-up
+    and resume restore."""
+    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers],
+            "loader": loader.state_dict(), "rng": rng_state()}
+
+
+def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader,
+            state: dict[str, Any]) -> None:
+    """Put the module, optimizers, loader and RNG back to a saved training_state."""
+    module.load_state_dict(state["model"])
+    for opt, s in zip(optimizers, state["optim"]):
+        opt.load_state_dict(s)
+    loader.load_state_dict(state["loader"])
+    torch.set_rng_state(state["rng"]["cpu"].cpu())
+    if state["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+
+
+def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
-    (all ranks call)."""
+    (all ranks call). `replicated`: every rank holds the same model and optimizer state (DDP), so only rank 0
+    writes them and load_resume hands them to the others."""
+    if replicated and not d.master:
+        # 32 copies of the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run
+        state = {k: v for k, v in state.items() if k not in ("model", "optim")}
     root, folder = run_dir / "resume", f"step{step:07d}"
     if d.master and (root / "done.json").exists():
         # what a save that failed on some rank left (its other ranks' files): space the new state needs
@@ -112,7 +168,7 @@ def load_resume(run_dir: Path, d: Dist, marker: dict[str, Any]) -> dict[str, Any
                           f"{run_dir / 'resume' / 'done.json'}: every node must see the same log.dir (a shared "
                           f"filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
-    if d.rank and not {"model", "optim"} <= state.keys():  # a DDP replica: rank 0 saved them for every rank
+    if d.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)
         state.update(model=shared["model"], optim=shared["optim"])
     return state
