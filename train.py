@@ -55,7 +55,6 @@ from pathlib import Path  # noqa: E402
 from typing import Any, NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
 from data.loader import PAD_TARGET, TokenLoader, val_batches  # noqa: E402
@@ -65,12 +64,12 @@ from model.optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from scripts.plot import plot_or_warn  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import full_model_state, load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
+from trainer.checkpoint import load_resume, resume_marker, save_checkpoint, save_resume  # noqa: E402
 from trainer.clock import Clock  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
-from trainer.parallel import autocast, clip_grads, grad_sync, parallelize  # noqa: E402
+from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 
 
 @dataclass
@@ -96,8 +95,7 @@ class Run:
     val_files: list[str]         # [] = no evals
     meta: dict
     log: RunLog
-    raw: nn.Module               # the plain GPT: state dicts come from here, never from the wrapper
-    model: nn.Module             # what we call: DDP / FSDP2 / compiled
+    model: ParallelModel         # what we call (DDP / FSDP2 / compiled) and its plain GPT, `model.module`
     optimizers: list[torch.optim.Optimizer]
     loader: TokenLoader
     clock: Clock
@@ -108,11 +106,6 @@ class Run:
 
     def __post_init__(self) -> None:
         self.flags = LateMax(len(Flags._fields) - 1, 1, self.d.device)  # nonfinite is computed on the device
-
-    @property
-    def sharded(self) -> bool:
-        """FSDP2 over several ranks: each holds a shard of the model and optimizer state."""
-        return self.cfg.train.parallel == "fsdp" and self.d.world_size > 1
 
     @property
     def tokens_per_step(self) -> int:
@@ -207,15 +200,15 @@ def setup(cfg: Config, d: Dist) -> Run:
         log.print(cfg.starter)
 
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
-    raw = get_model(config)
-    model = parallelize(raw, t, d)
+    model = parallelize(get_model(config), t, d)
     bos_id = meta.get("eot_token", cfg.model.bos_id) if cfg.data.bos_aligned else None
     loader = TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=cfg.data.seed,
                          bos_id=bos_id, device=d.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
                          vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None,
                          holdout_tokens=cfg.eval.tokens if cfg.data.val == "holdout" else 0,
                          shuffle=cfg.data.shuffle, shuffle_shards=cfg.data.shuffle_shards)
-    run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
+    run = Run(cfg, d, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim), loader,
+              Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
         restore(run, resumed)
@@ -223,7 +216,7 @@ def setup(cfg: Config, d: Dist) -> Run:
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
         report_changes(run, marker["config"]["train"], changes)
-    log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
+    log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
               f"{plural(d.world_size, 'process', 'processes')}, {t.parallel if d.world_size > 1 else 'no wrapper'} | "
               f"compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
@@ -239,8 +232,8 @@ def warn_if_a_save_does_not_fit(run: Run) -> None:
     if not run.d.master:
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
-    model = sum(v.numel() * v.element_size() for v in run.raw.state_dict().values())
-    moments = 2 * sum(p.numel() * p.element_size() for p in run.raw.parameters())
+    model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
     checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
     needs: dict[int, list] = {}  # filesystem -> [folder, bytes]
     for folder, size in ((existing_folder(checkpoint), model), (run.run_dir, model + moments)):
@@ -275,13 +268,13 @@ def rng_state() -> dict:
 
 def training_state(run: Run) -> dict[str, Any]:
     """Model (this rank's shard under FSDP2), optimizers, loader and RNG: what warm-up and resume restore."""
-    return {"model": run.raw.state_dict(), "optim": [o.state_dict() for o in run.optimizers],
+    return {"model": run.model.module.state_dict(), "optim": [o.state_dict() for o in run.optimizers],
             "loader": run.loader.state_dict(), "rng": rng_state()}
 
 
 def restore(run: Run, state: dict) -> None:
     """Put model, optimizers, loader and RNG back to a saved training_state."""
-    run.raw.load_state_dict(state["model"])
+    run.model.module.load_state_dict(state["model"])
     for opt, s in zip(run.optimizers, state["optim"]):
         opt.load_state_dict(s)
     run.loader.load_state_dict(state["loader"])
@@ -309,22 +302,22 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     accum, d = run.cfg.train.grad_accum, run.d
     total, wait = torch.zeros((), device=d.device), 0.0
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
-    run.raw.set_progress(run.clock.progress(run.progress.step))  # the attention window follows the LR's clock
+    run.model.module.set_progress(run.clock.progress(run.progress.step))  # the attention window follows the LR's clock
     for micro in range(accum):
         t = time.perf_counter()
         x, y = next(batches)
         wait += time.perf_counter() - t
 
-        with grad_sync(run.model, micro == accum - 1), autocast(d, run.cfg.train.dtype):
+        with run.model.grad_sync(micro == accum - 1), autocast(d, run.cfg.train.dtype):
             _, loss = run.model(x, y)
             (loss / accum).backward()
         total += loss.detach()
 
-    norm = clip_grads(run.model, run.cfg.optim.grad_clip)
+    norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
     for opt in run.optimizers:
         opt.step()
-    run.model.zero_grad(set_to_none=True)
+    run.model.zero_grad()
     return total / accum, norm, wait
 
 
@@ -356,9 +349,8 @@ def evaluate(run: Run) -> float:
     """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
     cfg, d = run.cfg, run.d
     # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
-    # FSDP2's all-gathers need, and a compiled model compiles one eval shape. Without FSDP2 the plain module
-    # needs no collective (DDP's wrapper would sync buffers).
-    model = run.model if run.sharded else run.raw
+    # FSDP2's all-gathers need, and a compiled model compiles one eval shape.
+    model = run.model.eval_module
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
     for x, y in validation(cfg, d, run.val_files):
@@ -418,20 +410,19 @@ def mfu_of(run: Run, tok_s: float) -> float | None:
     peak = peak_flops(run.d)
     if peak is None:
         return None
-    return run.raw.flops_per_token(run.cfg.train.seq_len) * tok_s / (peak * run.d.world_size)
+    return run.model.module.flops_per_token(run.cfg.train.seq_len) * tok_s / (peak * run.d.world_size)
 
 
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
     t0, cfg, d = time.perf_counter(), run.cfg, run.d
-    if run.sharded or d.master:  # FSDP2: every rank takes part in gathering the full state
-        model_state = full_model_state(run.raw, run.sharded)
+    model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
     state = {**training_state(run), "clock": run.clock.state_dict(), "progress": asdict(run.progress),
              "metrics_bytes": run.log.metrics_bytes()}
-    if not run.sharded and not d.master:
+    if not run.model.sharded and not d.master:
         # DDP replicas hold the same model and optimizer state: rank 0 saves it once for all (32 copies of
         # the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run)
         del state["model"], state["optim"]

@@ -95,7 +95,8 @@ def test_train_step_sets_the_window_of_the_lr_schedules_progress(tmp_path):
         for step in (0, 15, 30):  # tiny.toml: a step schedule over max_steps = 30
             run.progress.step = step
             train.train_step(run, batches)
-            assert run.raw.window == round(8 + 32 * step / 30) and run.raw.windows.tolist()[1] == run.raw.window // 2
+            gpt = run.model.module
+            assert gpt.window == round(8 + 32 * step / 30) and gpt.windows.tolist()[1] == gpt.window // 2
     finally:
         run.loader.close()
         run.log.close()

@@ -18,22 +18,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from torch import nn
 from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
 from atomic import atomic_path, write_json
 from trainer import distributed
 from trainer.config import ConfigError
 from trainer.distributed import Dist
-
-
-def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
-    """The un-wrapped model's full state dict as plain CPU tensors (FSDP2: every rank must call this)."""
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().to("cpu", copy=True) for k, v in raw.state_dict().items()}
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
