@@ -60,7 +60,7 @@ from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
 from data.loader import PAD_TARGET, TokenLoader, val_batches  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
-from model.optim import build_optimizers, warmup_momentum  # noqa: E402
+from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from scripts.plot import plot_or_warn  # noqa: E402
 from trainer import distributed  # noqa: E402
@@ -285,7 +285,7 @@ def restore(run: Run, state: dict) -> None:
 
 def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
     """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
-    (model/optim.py's contract)."""
+    (optim/__init__.py's contract)."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
@@ -501,7 +501,7 @@ def train(run: Run) -> str:
         own Flags at once, so that it acts on the newest state; evals (.item()), saves and stops sync anyway.
     So a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the same
     step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). No other
-    .item(), .tolist() or .cpu() runs in the loop (clip_grads and model/muon.py read nothing on the host).
+    .item(), .tolist() or .cpu() runs in the loop (clip_grads and optim/muon.py read nothing on the host).
     """
     cfg, p, clock = run.cfg, run.progress, run.clock
     charge_evals = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals

@@ -5,7 +5,7 @@ from torch._dynamo.utils import counters
 
 import model.gpt
 from model import get_model
-from model.optim import OptimConfig, build_optimizers
+from optim import OptimConfig, build_optimizers
 
 # configs/speedrun_8xh100.toml in miniature: every piece it turns on, 2 layers of width 32, 2 x 128 tokens
 SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, bias=False, norm="rmsnorm",
