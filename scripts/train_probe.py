@@ -237,7 +237,7 @@ class Probe:
         run, summary = self.run, phase_summary(self.timeline, self.marks)
         if summary["steps"]:
             tok_s = run.tokens_per_step * summary["steps"] / summary["window_s"]
-            summary.update(tok_s=tok_s, mfu=trainpy.mfu_of(run, tok_s))
+            summary.update(tok_s=tok_s, mfu=run.mfu(tok_s))
         self.result["phases"] = {**summary, **self._memory("peak")}
         self.timeline.clear()
         self.save("window")
