@@ -49,27 +49,28 @@ import gc  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from enum import StrEnum  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
 from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
-from model.optim import build_optimizers, warmup_momentum  # noqa: E402
+from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (full_model_state, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
-                                save_resume, training_state)
+from trainer.checkpoint import (load_resume, restore, resume_marker, save_checkpoint, save_resume,  # noqa: E402
+                                training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
-from trainer.metrics import RunLog, git_commit, hardware, peak_flops, peak_mem_gb  # noqa: E402
-from trainer.parallel import autocast, clip_grads, grad_sync, parallelize  # noqa: E402
+from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  # noqa: E402
+from trainer.mfu import mfu_of  # noqa: E402
+from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 
 
@@ -96,8 +97,7 @@ class Run:
     val_files: list[str]         # [] = no evals
     meta: dict
     log: RunLog
-    raw: nn.Module               # the plain GPT: state dicts come from here, never from the wrapper
-    model: nn.Module             # what we call: DDP / FSDP2 / compiled
+    model: ParallelModel         # what we call (DDP / FSDP2 / compiled) and its plain GPT, `model.module`
     optimizers: list[torch.optim.Optimizer]
     loader: TokenLoader
     clock: Clock
@@ -110,14 +110,14 @@ class Run:
         self.flags = LateMax(len(Flags._fields) - 1, 1, self.d.device)  # nonfinite is computed on the device
 
     @property
-    def sharded(self) -> bool:
-        """FSDP2 over several ranks: each holds a shard of the model and optimizer state."""
-        return self.cfg.train.parallel == "fsdp" and self.d.world_size > 1
-
-    @property
     def tokens_per_step(self) -> int:
         t = self.cfg.train
         return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
+
+    def mfu(self, tok_s: float) -> float | None:
+        """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only), at the
+        attention window the model has now."""
+        return mfu_of(self.model.module.flops_per_token(self.cfg.train.seq_len), tok_s, self.d)
 
 
 def main(cfg: Config) -> None:
@@ -169,20 +169,19 @@ def setup(cfg: Config, d: Dist) -> Run:
         log.print(cfg.starter)
 
     torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
-    raw = get_model(config)
-    model = parallelize(raw, t, d)
-    loader = train_loader(cfg, d, files, meta)
-    run = Run(cfg, d, run_dir, val_files, meta, log, raw, model, build_optimizers(model, cfg.optim), loader, Clock(t))
+    model = parallelize(get_model(config), t, d)
+    run = Run(cfg, d, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
+              train_loader(cfg, d, files, meta), Clock(t))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
-        restore(raw, run.optimizers, loader, resumed)
+        restore(run.model.module, run.optimizers, run.loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
         report_changes(run, marker["config"]["train"], changes)
-    log.print(f"run {cfg.log.run_id} | {raw.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} tokens/step | "
-              f"{plural(d.world_size, 'process', 'processes')}, {t.parallel if d.world_size > 1 else 'no wrapper'} | "
-              f"compile {t.compile}"
+    log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
+              f"tokens/step | {plural(d.world_size, 'process', 'processes')}, "
+              f"{t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     warn_if_a_save_does_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
@@ -196,8 +195,8 @@ def warn_if_a_save_does_not_fit(run: Run) -> None:
     if not run.d.master:
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
-    model = sum(v.numel() * v.element_size() for v in run.raw.state_dict().values())
-    moments = 2 * sum(p.numel() * p.element_size() for p in run.raw.parameters())
+    model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
     checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
     needs: dict[int, list] = {}  # filesystem -> [folder, bytes]
     for folder, size in ((existing_folder(checkpoint), model), (run.run_dir, model + moments)):
@@ -227,7 +226,7 @@ def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
 
 def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
     """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
-    (model/optim.py's contract)."""
+    (optim/__init__.py's contract)."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
@@ -237,30 +236,29 @@ def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> N
 
 def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     """One optimizer step over grad_accum micro-batches: (mean loss, gradient norm before clipping, seconds
-    waiting for data). The two tensors stay on the device: nothing in a step waits for the GPU.
+    waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing in a
+    step waits for the GPU.
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
     the optimizer steps. The flag exchange follows in train()."""
     accum, d = run.cfg.train.grad_accum, run.d
-    total, wait = torch.zeros((), device=d.device), 0.0
+    total, waited = torch.zeros((), device=d.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
-    run.raw.set_progress(run.clock.progress(run.progress.step))  # the attention window follows the LR's clock
+    # the attention window follows the LR's clock
+    run.model.module.set_progress(run.clock.progress(run.progress.step))
     for micro in range(accum):
-        t = time.perf_counter()
         x, y = next(batches)
-        wait += time.perf_counter() - t
-
-        with grad_sync(run.model, micro == accum - 1), autocast(d, run.cfg.train.dtype):
+        with run.model.grad_sync(micro == accum - 1), autocast(d, run.cfg.train.dtype):
             _, loss = run.model(x, y)
             (loss / accum).backward()
         total += loss.detach()
 
-    norm = clip_grads(run.model, run.cfg.optim.grad_clip)
+    norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
     for opt in run.optimizers:
         opt.step()
-    run.model.zero_grad(set_to_none=True)
-    return total / accum, norm, wait
+    run.model.zero_grad()
+    return total / accum, norm, run.loader.wait_s - waited
 
 
 def warm_up(run: Run) -> None:
@@ -268,11 +266,11 @@ def warm_up(run: Run) -> None:
     t = run.cfg.train
     if t.timing != "exclude_warmup" or t.warmup_steps <= 0:
         return
-    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.raw, run.optimizers, run.loader))
+    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader))
     batches = iter(run.loader)
     for _ in range(t.warmup_steps):
         train_step(run, batches)
-    restore(run.raw, run.optimizers, run.loader, initial)
+    restore(run.model.module, run.optimizers, run.loader, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
     run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
@@ -283,9 +281,8 @@ def evaluate(run: Run) -> float:
     """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
     cfg, d = run.cfg, run.d
     # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
-    # FSDP2's all-gathers need, and a compiled model compiles one eval shape. Without FSDP2 the plain module
-    # needs no collective (DDP's wrapper would sync buffers).
-    model = run.model if run.sharded else run.raw
+    # FSDP2's all-gathers need, and a compiled model compiles one eval shape.
+    model = run.model.eval_module
     model.eval()
     sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
     for x, y in val_loader(cfg, d, run.val_files):
@@ -299,10 +296,10 @@ def evaluate(run: Run) -> float:
     return (sums[0] / sums[1]).item()
 
 
-def eval_and_record(run: Run, charge: bool) -> float:
-    """Evaluate, log it, track best and time-to-target; the clock keeps running only if `charge`."""
+def eval_and_record(run: Run, on_clock: bool) -> float:
+    """Evaluate, log it, track best and time-to-target; the clock keeps running only if `on_clock`."""
     t0, p, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
-    with contextlib.nullcontext() if charge else run.clock.paused():
+    with contextlib.nullcontext() if on_clock else run.clock.paused():
         gc.collect()
         val = evaluate(run)
     p.best_val = val if p.best_val is None else min(p.best_val, val)
@@ -328,7 +325,7 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
     steps, seconds = p.step - since[0], clock.elapsed() - since[1]
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
-    mfu = mfu_of(run, tok_s)
+    mfu = run.mfu(tok_s)
     left = f"{t.budget_s - clock.elapsed():.1f}s" if t.budget_s else plural(t.max_steps - p.step, "step")
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
     run.log.metric({"type": "train", "step": p.step, "loss": loss, "grad_norm": norm,
@@ -340,27 +337,27 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
                   + f" | {clock.elapsed():.1f}s elapsed, {left} left")
 
 
-def mfu_of(run: Run, tok_s: float) -> float | None:
-    """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only)."""
-    peak = peak_flops(run.d)
-    if peak is None:
-        return None
-    return run.raw.flops_per_token(run.cfg.train.seq_len) * tok_s / (peak * run.d.world_size)
-
-
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
     t0, cfg, d = time.perf_counter(), run.cfg, run.d
-    if run.sharded or d.master:  # FSDP2: every rank takes part in gathering the full state
-        model_state = full_model_state(run.raw, run.sharded)
+    model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if d.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
-    state = {**training_state(run.raw, run.optimizers, run.loader), "clock": run.clock.state_dict(),
+    state = {**training_state(run.model.module, run.optimizers, run.loader), "clock": run.clock.state_dict(),
              "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
-    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict(), replicated=not run.sharded)
+    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
+
+
+class StopReason(StrEnum):
+    """Why the timed loop stopped: summary.json's "status" and the last line's "done: <status>"."""
+    COMPLETED = "completed"      # the end of a step schedule (train.schedule = "step")
+    BUDGET = "budget"            # train.budget_s spent
+    MAX_STEPS = "max_steps"      # train.max_steps reached under a time schedule
+    TARGET = "target"            # eval.stop_at_target, and an eval reached eval.target_loss
+    SIGTERM = "sigterm"          # the job is being stopped (a scheduler's time limit, a preemption)
 
 
 class Flags(NamedTuple):
@@ -421,9 +418,18 @@ def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor) -> Non
     raise Diverged(msg)
 
 
-def train(run: Run) -> str:
-    """The timed loop; returns why it stopped: "completed" (end of a step schedule), "budget", "max_steps",
-    "target" or "sigterm"; raises Diverged at a non-finite loss or gradient norm.
+@dataclass
+class Loop:
+    """What the timed loop carries from one step to the next."""
+    next_eval_s: float           # the clock time of the next eval by eval.every_s (inf: none)
+    last_save: float             # perf_counter() at the last periodic save, or at the loop's start
+    since: tuple[int, float]     # (step, elapsed) at the last log line: the next one averages from there
+    recent: list = field(default_factory=lambda: [None, None])  # (step, loss, norm) of the step before, this one
+
+
+def train(run: Run) -> StopReason:
+    """The timed loop; returns why it stopped (a StopReason); raises Diverged at a non-finite loss or gradient
+    norm.
 
     The host waits for the GPU only where it must, so that it queues step N+1 while the GPU runs step N. An
     ordinary step waits for nothing: its Flags exchange (stop, eval, save, the agreed time, non-finite) is read
@@ -433,66 +439,78 @@ def train(run: Run) -> str:
         own Flags at once, so that it acts on the newest state; evals (.item()), saves and stops sync anyway.
     So a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the same
     step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). No other
-    .item(), .tolist() or .cpu() runs in the loop (clip_grads and model/muon.py read nothing on the host).
+    .item(), .tolist() or .cpu() runs in the loop (clip_grads and optim/muon.py read nothing on the host).
     """
     cfg, p, clock = run.cfg, run.progress, run.clock
-    charge_evals = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
-    next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
-    last_save, since = time.perf_counter(), (p.step, clock.elapsed())
+    loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(), (p.step, clock.elapsed()))
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
     if distributed.any_rank([clock.time_up()], run.d.device)[0]:
-        status = "budget"  # resumed after the budget was spent (a restart after the run ended): no more steps
+        status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
-    recent = [None, None]  # (step, loss, gradient norm) of the step before and of this one, for `diverged`
     while status is None:
         if cfg.train.max_steps and p.step >= cfg.train.max_steps:
-            status = "completed" if cfg.train.schedule == "step" else "max_steps"
+            status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
             break
-        loss, norm, wait = train_step(run, batches)
-        p.step, p.tokens, p.data_wait = p.step + 1, p.tokens + run.tokens_per_step, p.data_wait + wait
-        if gc.isenabled():
-            # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
-            gc.collect()
-            gc.freeze()
-            gc.disable()
-        previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
-        start_flags(run, next_eval_s, last_save, loss, norm)
-        if cfg.log.every_steps and p.step % cfg.log.every_steps == 0:
-            log_step(run, loss, norm, since)
-            since = (p.step, clock.elapsed())
-        every = cfg.eval.every_steps
-        step_eval = bool(run.val_files and every) and p.step % every == 0
-        recent = [recent[1], (p.step, loss, norm)]
-        flags = agree(run, previous, step_eval)
-        if flags is None:
-            continue
-        if flags.nonfinite:
-            diverged(run, *recent[0 if previous and previous.nonfinite else 1])
-        if flags.sigterm:
-            status = "sigterm"
-            break
-        # at the budget the final eval, off the clock, takes the place of this one
-        if (flags.eval_due or step_eval) and not flags.time_up:
-            eval_and_record(run, charge=charge_evals)
-            if charge_evals:  # the eval may have spent the rest of the budget: start no step after it
-                [time_up] = distributed.any_rank([clock.time_up()], run.d.device)
-                flags = flags._replace(time_up=time_up)
-            next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
-            if cfg.eval.stop_at_target and p.time_to_target is not None:
-                status = "target"
-        if flags.save_due and status is None:
-            with clock.paused():
-                save(run)
-            last_save = time.perf_counter()
-        if flags.time_up and status is None:
-            status = "budget"
+        status = timed_step(run, loop, batches)
     last = collect_flags(run)  # the last step's, when it ended the loop: a non-finite step is never saved
     if last and last.nonfinite:
-        diverged(run, *recent[1])
+        diverged(run, *loop.recent[1])
     clock.pause()
     p.wall["train_s"] += time.perf_counter() - t0
     gc.enable()
+    return status
+
+
+def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
+    """One step of the loop: train, log, exchange the Flags, and act on them when they call for it; why the run
+    stops after this step, or None."""
+    cfg, p = run.cfg, run.progress
+    loss, norm, wait = train_step(run, batches)
+    p.step, p.tokens, p.data_wait = p.step + 1, p.tokens + run.tokens_per_step, p.data_wait + wait
+    if gc.isenabled():
+        # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+    previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
+    start_flags(run, loop.next_eval_s, loop.last_save, loss, norm)
+    if cfg.log.every_steps and p.step % cfg.log.every_steps == 0:
+        log_step(run, loss, norm, loop.since)
+        loop.since = (p.step, run.clock.elapsed())
+    every = cfg.eval.every_steps
+    step_eval = bool(run.val_files and every) and p.step % every == 0
+    loop.recent = [loop.recent[1], (p.step, loss, norm)]
+    flags = agree(run, previous, step_eval)
+    if flags is None:
+        return None
+    if flags.nonfinite:
+        diverged(run, *loop.recent[0 if previous and previous.nonfinite else 1])
+    return act(run, loop, flags, step_eval)
+
+
+def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | None:
+    """Stop, evaluate (by `flags` or the step count: `step_eval`) and save as the agreed `flags` say; why the run
+    stops, or None."""
+    cfg, clock, status = run.cfg, run.clock, None
+    if flags.sigterm:
+        return StopReason.SIGTERM
+    # at the budget the final eval, off the clock, takes the place of this one
+    if (flags.eval_due or step_eval) and not flags.time_up:
+        on_clock = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
+        eval_and_record(run, on_clock=on_clock)
+        if on_clock:  # the eval may have spent the rest of the budget: start no step after it
+            [time_up] = distributed.any_rank([clock.time_up()], run.d.device)
+            flags = flags._replace(time_up=time_up)
+        loop.next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
+        if cfg.eval.stop_at_target and run.progress.time_to_target is not None:
+            status = StopReason.TARGET
+    if flags.save_due and status is None:
+        with clock.paused():
+            save(run)
+        loop.last_save = time.perf_counter()
+    if flags.time_up and status is None:
+        status = StopReason.BUDGET
     return status
 
 
@@ -501,41 +519,46 @@ def _next_multiple(elapsed: float, every: float) -> float:
     return (math.floor(elapsed / every) + 1) * every if every > 0 else math.inf
 
 
-def finish(run: Run, status: str) -> None:
+def finish(run: Run, status: StopReason) -> None:
     """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period), summary.
 
     The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
-    cfg, p, d = run.cfg, run.progress, run.d
+    p = run.progress
     if run.saved_step != p.step:  # else saved already: a periodic save on the last step, or a finished run relaunched
         save(run)
     final_val = None
-    if run.val_files and status != "sigterm":
-        final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, charge=False)
+    if run.val_files and status != StopReason.SIGTERM:
+        final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, on_clock=False)
     run.loader.close()
+    summary = summarize(run, status, final_val)
+    run.log.summary(summary)
+    curves = plot_or_warn(run.run_dir, run.log.print) if run.d.master else None  # off the clock, which has stopped
+    val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
+    if summary.final_val_bpb is not None:
+        val += f" ({summary.final_val_bpb:.3f} bits/byte)"
+    speed = f" at {summary.tokens_per_s:,.0f} tok/s" if summary.tokens_per_s else ""
+    run.log.print(f"done: {status} | step {p.step} | {summary.train_time_s:.1f}s | {val} | {p.tokens:,} "
+                  f"tokens{speed} | {run.run_dir}" + (f" | curves {curves}" if curves else ""))
+    run.log.close()
+
+
+def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
+    """summary.json's values for the run that stopped for `status` with final val loss `final_val`."""
+    cfg, p, d = run.cfg, run.progress, run.d
     # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
     bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
     train_time = run.clock.elapsed()
     tok_s = p.tokens / train_time if train_time > 0 else None
-    summary = {
-        "run_id": cfg.log.run_id, "config_name": cfg.name, "track": cfg.log.track, "status": status,
-        "final_val_loss": final_val, "best_val_loss": p.best_val,
-        "final_val_bpb": final_val / math.log(2) / bytes_per_token if final_val and bytes_per_token else None,
-        "target_loss": cfg.eval.target_loss or None, "time_to_target_s": p.time_to_target, "steps": p.step,
-        "tokens_seen": p.tokens, "tokens_per_s": tok_s, "train_time_s": train_time,
-        "budget_s": cfg.train.budget_s or None, "mfu": mfu_of(run, tok_s) if tok_s else None,
-        "peak_mem_gb": peak_mem_gb(d), "data_wait_frac": p.data_wait / train_time if train_time > 0 else None,
-        "world_size": d.world_size, "hardware": hardware(d), "torch_version": torch.__version__,
-        "git_commit": git_commit(), "wall": p.wall,
-    }
-    run.log.summary(summary)
-    curves = plot_or_warn(run.run_dir, run.log.print) if d.master else None  # off the clock, which has stopped
-    val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
-    if summary["final_val_bpb"] is not None:
-        val += f" ({summary['final_val_bpb']:.3f} bits/byte)"
-    speed = f" at {tok_s:,.0f} tok/s" if tok_s else ""
-    run.log.print(f"done: {status} | step {p.step} | {train_time:.1f}s | {val} | {p.tokens:,} tokens{speed} | "
-                  f"{run.run_dir}" + (f" | curves {curves}" if curves else ""))
-    run.log.close()
+    return Summary(
+        run_id=cfg.log.run_id, config_name=cfg.name, track=cfg.log.track, status=status,
+        final_val_loss=final_val, best_val_loss=p.best_val,
+        final_val_bpb=final_val / math.log(2) / bytes_per_token if final_val and bytes_per_token else None,
+        target_loss=cfg.eval.target_loss or None, time_to_target_s=p.time_to_target, steps=p.step,
+        tokens_seen=p.tokens, tokens_per_s=tok_s, train_time_s=train_time,
+        budget_s=cfg.train.budget_s or None, mfu=run.mfu(tok_s) if tok_s else None,
+        peak_mem_gb=peak_mem_gb(d), data_wait_frac=p.data_wait / train_time if train_time > 0 else None,
+        world_size=d.world_size, hardware=hardware(d), torch_version=torch.__version__,
+        git_commit=git_commit(), wall=p.wall)
 
 
 def report(message: str) -> None:

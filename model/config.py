@@ -1,7 +1,7 @@
 """The model's and the optimizers' config sections as dataclasses, free of torch.
 
 trainer/config.py builds the run config from them, and train.py parses it before it imports torch (seconds
-on a cold start), so a config error is answered at once. model.gpt and model.optim re-export them.
+on a cold start), so a config error is answered at once. model.gpt and optim re-export them.
 
 A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
 dataclasses' own checks here and for trainer/config.py's check of files and overrides.
@@ -123,7 +123,7 @@ class OptimConfig:
     muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
-    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see model/muon.py)
+    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see optim/muon.py)
 
     def __post_init__(self) -> None:
         check_choices(self, "optim config")

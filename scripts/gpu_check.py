@@ -50,7 +50,7 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
 from atomic import atomic_path, write_json
 from data.shards import write_shard
 from trainer.config import parse_args as parse_train_args
-from trainer.metrics import PEAK_BF16_FLOPS
+from trainer.mfu import gpu_peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_VOCAB, GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50257, 50256, 32000, 256
@@ -447,9 +447,8 @@ def environment() -> dict:
     """What this check ran on."""
     cuda = torch.cuda.is_available()
     name = torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine()
-    peak = [f for key, f in PEAK_BF16_FLOPS.items() if key in name] if cuda else []
     return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "peak_bf16_flops_assumed": max(peak) if peak else None}
+            "peak_bf16_flops_assumed": gpu_peak_flops(name) if cuda else None}
 
 
 def retune(rows: list[dict]) -> dict:

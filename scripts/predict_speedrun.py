@@ -25,7 +25,7 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
 
 from model import get_model
 from trainer.config import Config, parse_args as parse_train_args
-from trainer.metrics import PEAK_BF16_FLOPS
+from trainer.mfu import PEAK_BF16_FLOPS
 
 CONFIG = "configs/speedrun_8xh100.toml"
 GPUS = 8

@@ -188,7 +188,7 @@ class Probe:
             name = type(opt).__name__.lower()
             opt.register_step_pre_hook(lambda *_, name=name: self.mark(name))
             opt.register_step_post_hook(lambda o, *_: self._after_optimizer(o))
-        t, m = cfg.train, run.raw
+        t, m = cfg.train, run.model.module
         self.result["shape"] = {
             "batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
             "world_size": d.world_size, "tokens_per_step": run.tokens_per_step, "params": m.num_params(),
@@ -237,7 +237,7 @@ class Probe:
         run, summary = self.run, phase_summary(self.timeline, self.marks)
         if summary["steps"]:
             tok_s = run.tokens_per_step * summary["steps"] / summary["window_s"]
-            summary.update(tok_s=tok_s, mfu=trainpy.mfu_of(run, tok_s))
+            summary.update(tok_s=tok_s, mfu=run.mfu(tok_s))
         self.result["phases"] = {**summary, **self._memory("peak")}
         self.timeline.clear()
         self.save("window")

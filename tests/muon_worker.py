@@ -19,9 +19,8 @@ from torch.distributed.fsdp import fully_shard
 
 from atomic import atomic_path
 from model import get_model
-from model import muon
-from model.muon import Muon, ns_flops
-from model.optim import OptimConfig, build_optimizers
+from optim import OptimConfig, build_optimizers, muon
+from optim.muon import Muon, ns_flops
 
 STEPS = 2  # the second step also checks the momentum buffers
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, norm="rmsnorm",

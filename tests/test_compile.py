@@ -5,7 +5,7 @@ from torch._dynamo.utils import counters
 
 import model.gpt
 from model import get_model
-from model.optim import OptimConfig, build_optimizers
+from optim import OptimConfig, build_optimizers
 
 # configs/speedrun_8xh100.toml in miniature: every piece it turns on, 2 layers of width 32, 2 x 128 tokens
 SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, bias=False, norm="rmsnorm",
@@ -95,7 +95,8 @@ def test_train_step_sets_the_window_of_the_lr_schedules_progress(tmp_path):
         for step in (0, 15, 30):  # tiny.toml: a step schedule over max_steps = 30
             run.progress.step = step
             train.train_step(run, batches)
-            assert run.raw.window == round(8 + 32 * step / 30) and run.raw.windows.tolist()[1] == run.raw.window // 2
+            gpt = run.model.module
+            assert gpt.window == round(8 + 32 * step / 30) and gpt.windows.tolist()[1] == gpt.window // 2
     finally:
         run.loader.close()
         run.log.close()

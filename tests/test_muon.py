@@ -7,8 +7,8 @@ import torch
 
 import train as trainer
 from model import get_model
-from model.muon import Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
-from model.optim import OptimConfig, build_optimizers
+from optim import OptimConfig, build_optimizers
+from optim.muon import Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from tests.helpers import ROOT, torchrun
 from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
 

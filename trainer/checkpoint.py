@@ -34,15 +34,6 @@ class CheckpointError(ValueError):
     """A checkpoint.pt that cannot be loaded; the message says which file and why."""
 
 
-def full_model_state(raw: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
-    """The un-wrapped model's full state dict as plain CPU tensors (FSDP2: every rank must call this)."""
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().to("cpu", copy=True) for k, v in raw.state_dict().items()}
-
-
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     """The tensors in a nested dict/list/tuple (this rank's shard of a DTensor)."""
     if isinstance(obj, dict):

@@ -11,6 +11,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,37 @@ import torch
 
 from atomic import write_json
 from trainer.distributed import Dist
+from trainer.mfu import peak_flops
 
 ROOT = Path(__file__).resolve().parents[1]
-# Dense bf16 peak FLOP/s per GPU (vendor datasheets), for MFU; unknown GPUs get no MFU.
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2.25e15, "B300": 2.25e15,
-                   "GH200": 989e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
-SUMMARY_KEYS = ("run_id", "config_name", "track", "status", "final_val_loss", "best_val_loss", "final_val_bpb",
-                "target_loss", "time_to_target_s", "steps", "tokens_seen", "tokens_per_s", "train_time_s",
-                "budget_s", "mfu", "peak_mem_gb", "data_wait_frac", "world_size", "hardware", "torch_version",
-                "git_commit", "wall")
+
+
+@dataclass
+class Summary:
+    """summary.json: a run's result, these keys (null: not measured, or not applicable to the run). The
+    leaderboard (scripts/leaderboard.py), records/ and the GPU check read them: keep the names."""
+    run_id: str
+    config_name: str
+    track: str
+    status: str                      # why the loop stopped: train.py's StopReason
+    final_val_loss: float | None
+    best_val_loss: float | None
+    final_val_bpb: float | None      # bits per byte of text, where meta.json tells the bytes per token
+    target_loss: float | None
+    time_to_target_s: float | None
+    steps: int
+    tokens_seen: int
+    tokens_per_s: float | None
+    train_time_s: float
+    budget_s: float | None
+    mfu: float | None
+    peak_mem_gb: float
+    data_wait_frac: float | None
+    world_size: int
+    hardware: str
+    torch_version: str
+    git_commit: str | None
+    wall: dict[str, float]           # seconds by phase: init, warmup, train, eval, checkpoint
 
 
 def hardware(d: Dist) -> str:
@@ -34,15 +57,6 @@ def hardware(d: Dist) -> str:
     if d.cuda:
         return f"{d.world_size} x {torch.cuda.get_device_name(d.device)}"
     return f"{d.world_size} x CPU process ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
-def peak_flops(d: Dist) -> float | None:
-    """Assumed peak bf16 FLOP/s of one of this run's GPUs, or None (CPU, unknown GPU)."""
-    if not d.cuda:
-        return None
-    name = torch.cuda.get_device_name(d.device)
-    matches = [flops for key, flops in PEAK_BF16_FLOPS.items() if key in name]
-    return max(matches) if matches else None
 
 
 def peak_mem_gb(d: Dist) -> float:
@@ -114,10 +128,10 @@ class RunLog:
         if peak_flops(d):
             self.print(f"MFU assumes {peak_flops(d) / 1e12:.0f} TFLOP/s dense bf16 peak per GPU")
 
-    def summary(self, values: dict[str, Any]) -> None:
-        """Write summary.json with exactly SUMMARY_KEYS (missing ones are null)."""
+    def summary(self, summary: Summary) -> None:
+        """Write summary.json."""
         if self.master:
-            write_json(self.run_dir / "summary.json", {k: values.get(k) for k in SUMMARY_KEYS})
+            write_json(self.run_dir / "summary.json", asdict(summary))
 
     def close(self) -> None:
         """Flush and close the files (and finish wandb)."""

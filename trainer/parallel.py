@@ -1,13 +1,16 @@
 """Parallelism, compile and precision, applied from outside a plain nn.Module.
 
-`parallelize` returns the module to call; the caller keeps the original module for state dicts, so
-saved keys never carry `module.` (DDP) or `_orig_mod.` (compile) prefixes: nn.Module.compile() compiles
-in place, unlike torch.compile(module), which wraps.
+`parallelize` returns a ParallelModel: the model to call and the plain module it wraps, from which state
+dicts come, so saved keys never carry `module.` (DDP) or `_orig_mod.` (compile) prefixes: nn.Module.compile()
+compiles in place, unlike torch.compile(module), which wraps. What differs between one process, DDP and FSDP2
+(which module evaluates, how the full state is gathered, the gradient sync, the gradient norm) is answered
+here, so the training loop never asks which one it runs under.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from dataclasses import dataclass
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
@@ -18,19 +21,81 @@ from trainer.config import TrainConfig
 from trainer.distributed import Dist
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
+@dataclass
+class ParallelModel:
+    """A model as parallelize left it: called like the module; the rest answers for its parallelism."""
+    module: nn.Module            # the plain GPT: state dicts come from here, never from the wrapper
+    wrapped: nn.Module           # what training calls: DDP / FSDP2 / compiled (the module itself but under DDP)
+    sharded: bool                # FSDP2 over several ranks: each holds a shard of the model and optimizer state
+    master: bool                 # rank 0, which gets the full state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.wrapped(*args, **kwargs)
+
+    @property
+    def eval_module(self) -> nn.Module:
+        """What evaluates: under FSDP2 the wrapped model (its all-gathers need every rank's same forward calls),
+        else the plain module, which needs no collective (DDP's wrapper would sync buffers)."""
+        return self.wrapped if self.sharded else self.module
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """The plain module's full state dict as CPU tensors on rank 0, None on the others; every rank calls it
+        (FSDP2 gathers the shards; replicas copy nothing: rank 0's is every rank's)."""
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
+                                                                               cpu_offload=True))
+            return state if self.master else None
+        if not self.master:
+            return None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def grad_sync(self, sync: bool) -> ContextManager:
+        """A context for one micro-step's backward that skips the gradient all-reduce unless `sync`."""
+        if isinstance(self.wrapped, DDP):
+            return contextlib.nullcontext() if sync else self.wrapped.no_sync()
+        if hasattr(self.wrapped, "set_requires_gradient_sync"):  # FSDP2
+            self.wrapped.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def clip_grads(self, max_norm: float) -> torch.Tensor:
+        """The global L2 norm of the gradients (before clipping); with max_norm > 0 they are scaled to at most
+        that.
+
+        Under FSDP2 each rank holds DTensor shards of the gradients, and their norm is a DTensor (a partial
+        result on some torch versions, already reduced on others): full_tensor() makes it the whole gradient's
+        norm, the same on every rank (as torchtitan's clip_grad_norm_ does). DDP's gradients are equal on every
+        rank already. A device tensor: nothing here waits for the GPU. (get_total_norm and
+        clip_grads_with_norm_: torch >= 2.6.)
+        """
+        params = [p for p in self.wrapped.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (set to None: the next backward allocates them afresh)."""
+        self.wrapped.zero_grad(set_to_none=True)
+
+
+def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> ParallelModel:
     """Move `model` to d.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
     model.to(d.device)
     if d.world_size > 1 and cfg.parallel == "fsdp":
-        return _fully_shard(model, cfg, d)
+        return ParallelModel(model, _fully_shard(model, cfg, d), sharded=True, master=d.master)
     if cfg.compile:
         # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
         # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
         model.compile()
     # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
     # rank 0 before every forward, DDP's default, would be a collective for nothing.
-    return model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None,
-                                               broadcast_buffers=False)
+    wrapped = model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None,
+                                                  broadcast_buffers=False)
+    return ParallelModel(model, wrapped, sharded=False, master=d.master)
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
@@ -53,32 +118,6 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
         model.head_loss = torch.compile(model.head_loss)
     fully_shard(model, **kwargs)
     return model
-
-
-def clip_grads(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """The global L2 norm of the gradients (before clipping); with max_norm > 0 they are scaled to at most that.
-
-    Under FSDP2 each rank holds DTensor shards of the gradients, and their norm is a DTensor (a partial result
-    on some torch versions, already reduced on others): full_tensor() makes it the whole gradient's norm, the
-    same on every rank (as torchtitan's clip_grad_norm_ does). DDP's gradients are equal on every rank already.
-    A device tensor: nothing here waits for the GPU. (get_total_norm and clip_grads_with_norm_: torch >= 2.6.)
-    """
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return norm
-
-
-def grad_sync(model: nn.Module, sync: bool) -> ContextManager:
-    """A context for one micro-step's backward that skips the gradient all-reduce unless `sync`."""
-    if isinstance(model, DDP):
-        return contextlib.nullcontext() if sync else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(sync)
-    return contextlib.nullcontext()
 
 
 def autocast(d: Dist, dtype: str) -> ContextManager:

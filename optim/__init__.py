@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.config import OptimConfig  # re-exported: `from model.optim import OptimConfig` keeps working
+from model.config import OptimConfig  # re-exported: `from optim import OptimConfig`
 from model.gpt import GPT, Attention
-from model.muon import Muon
+from optim.muon import Muon
 
 
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
