@@ -112,15 +112,7 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     res = {"shape": {"batch": B, "heads": H, "seq_len": T, "head_dim": D, "window": window,
                      "doc_causal": model_cfg.doc_causal, "documents": int((idx == model_cfg.bos_id).sum())}}
     t0 = time.perf_counter()
-    if cpu:
-        # the model's rule (its mask_mod), evaluated densely: flex_block_mask compiled its builder, which took
-        # 15-60 s on this project's 2 CPU cores
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        mask_mod = flex_mask_mod(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
-        block_mask = create_block_mask(mask_mod, B, None, T, T, device=device)
-    else:
-        block_mask = flex_block_mask(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
+    block_mask = _block_mask(idx, window, model_cfg, device, cpu)
     res["block_mask_s"] = time.perf_counter() - t0
 
     def sdpa(q, k, v):
@@ -133,25 +125,44 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
         res["flex"].update({g: res["sdpa"][g] for g in ("dq", "dk", "dv")})
         res["grads_by"] = "sdpa: FlexAttention has no backward on CPU"
     else:
-        flex = torch.compile(flex_attention)  # as inside the compiled model: eager flex is a slow reference
-
-        def attend(q, k, v):
-            return flex(q, k, v, block_mask=block_mask)
-
-        t0 = time.perf_counter()
-        res["flex"] = attention_errors(attend, q, k, v, dy, ref, grads=True)
-        torch.cuda.synchronize()
-        res["compile_s"] = time.perf_counter() - t0
-        res["grads_by"] = "flex"
-
-        def forward_backward(attend: Callable) -> None:
-            leaves = (t.detach().requires_grad_() for t in (q, k, v))
-            attend(*leaves).backward(dy)
-
-        res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), cuda=True)
-                     for name, fn in (("flex", attend), ("sdpa", sdpa))}
+        res.update(_compiled_flex(block_mask, sdpa, q, k, v, dy, ref))
     res["tolerance"] = {name: tolerance(err) for name, err in res["sdpa"].items()}
     res["ok"] = {name: res["flex"][name] <= res["tolerance"][name] for name in res["sdpa"]}
+    return res
+
+
+def _block_mask(idx: torch.Tensor, window: int | None, model_cfg, device: torch.device, cpu: bool):
+    """FlexAttention's block mask for the [B, T] tokens `idx`, as the model builds it (densely on CPU)."""
+    if not cpu:
+        return flex_block_mask(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
+    # the model's rule (its mask_mod), evaluated densely: flex_block_mask compiled its builder, which took
+    # 15-60 s on this project's 2 CPU cores
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = idx.shape
+    mask_mod = flex_mask_mod(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
+    return create_block_mask(mask_mod, B, None, T, T, device=device)
+
+
+def _compiled_flex(block_mask, sdpa: Callable, q, k, v, dy, ref: dict) -> dict:
+    """CUDA: compiled FlexAttention's errors and compile seconds, and both kernels' ms per forward + backward."""
+    flex = torch.compile(flex_attention)  # as inside the compiled model: eager flex is a slow reference
+
+    def attend(q, k, v):
+        return flex(q, k, v, block_mask=block_mask)
+
+    t0 = time.perf_counter()
+    res = {"flex": attention_errors(attend, q, k, v, dy, ref, grads=True)}
+    torch.cuda.synchronize()
+    res["compile_s"] = time.perf_counter() - t0
+    res["grads_by"] = "flex"
+
+    def forward_backward(attend: Callable) -> None:
+        leaves = (t.detach().requires_grad_() for t in (q, k, v))
+        attend(*leaves).backward(dy)
+
+    res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), cuda=True)
+                 for name, fn in (("flex", attend), ("sdpa", sdpa))}
     return res
 
 
