@@ -92,7 +92,7 @@ class Progress:
 class Run:
     """Everything one training run holds, so the steps below read as plain functions of it."""
     cfg: Config
-    d: Dist
+    dist: Dist
     run_dir: Path
     val_files: list[str]         # [] = no evals
     meta: dict
@@ -107,24 +107,24 @@ class Run:
     flags: LateMax = field(init=False)   # each step's stop/eval/save exchange, read a step late (see train)
 
     def __post_init__(self) -> None:
-        self.flags = LateMax(len(Flags._fields) - 1, 1, self.d.device)  # nonfinite is computed on the device
+        self.flags = LateMax(len(Flags._fields) - 1, 1, self.dist.device)  # nonfinite is computed on the device
 
     @property
     def tokens_per_step(self) -> int:
-        t = self.cfg.train
-        return t.batch_size * t.seq_len * t.grad_accum * self.d.world_size
+        train_cfg = self.cfg.train
+        return train_cfg.batch_size * train_cfg.seq_len * train_cfg.grad_accum * self.dist.world_size
 
     def mfu(self, tok_s: float) -> float | None:
         """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only), at the
         attention window the model has now."""
-        return mfu_of(self.model.module.flops_per_token(self.cfg.train.seq_len), tok_s, self.d)
+        return mfu_of(self.model.module.flops_per_token(self.cfg.train.seq_len), tok_s, self.dist)
 
 
 def main(cfg: Config) -> None:
     """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
-    d = distributed.init(cfg.train.dist_timeout_s)
+    dist = distributed.init(cfg.train.dist_timeout_s)
     try:
-        run = setup(cfg, d)
+        run = setup(cfg, dist)
         warm_up(run)
         status = train(run)
         finish(run, status)
@@ -140,38 +140,38 @@ def default_run_id(name: str) -> str:
     return f"{name}-{elastic}" if elastic != "none" else f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def setup(cfg: Config, d: Dist) -> Run:
+def setup(cfg: Config, dist: Dist) -> Run:
     """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
-    t0, t = time.perf_counter(), cfg.train
+    t0 = time.perf_counter()
     files, val_files, meta = resolve_data(cfg)
-    check_memory(cfg, d)  # a config that cannot fit is refused here, not killed by the OS at its first step
+    check_memory(cfg, dist)  # a config that cannot fit is refused here, not killed by the OS at its first step
     if val_files:
-        val_loader(cfg, d, val_files)  # a val set too small for eval.tokens fails now, not after training
+        val_loader(cfg, dist, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
-    marker = None if t.resume == "never" else resume_marker(run_dir, d)
-    if marker is None and t.resume == "must":
+    marker = None if cfg.train.resume == "never" else resume_marker(run_dir, dist)
+    if marker is None and cfg.train.resume == "must":
         raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
                           f"nothing to resume; check log.run_id and log.dir")
     # before anything in the run folder is written: a refused resume leaves it as it was
     changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
-    resumed = load_resume(run_dir, d, marker) if marker else None
+    resumed = load_resume(run_dir, dist, marker) if marker else None
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
                      dir=str(run_dir)) if cfg.log.wandb else None
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
-    log = RunLog(run_dir, d, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
-    if d.master:
+    log = RunLog(run_dir, dist, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
+    if dist.master:
         write_text(run_dir / "config.toml", to_toml(config))
-    log.environment(d)
+    log.environment(dist)
     if cfg.starter:
         log.print(cfg.starter)
 
-    torch.manual_seed(t.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
-    model = parallelize(get_model(config), t, d)
-    run = Run(cfg, d, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
-              train_loader(cfg, d, files, meta), Clock(t))
+    torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
+    model = parallelize(get_model(config), cfg.train, dist)
+    run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
+              train_loader(cfg, dist, files, meta), Clock(cfg.train))
     signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
         restore(run.model.module, run.optimizers, run.loader, resumed)
@@ -180,8 +180,8 @@ def setup(cfg: Config, d: Dist) -> Run:
         run.saved_step = run.progress.step
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
-              f"tokens/step | {plural(d.world_size, 'process', 'processes')}, "
-              f"{t.parallel if d.world_size > 1 else 'no wrapper'} | compile {t.compile}"
+              f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
+              f"{cfg.train.parallel if dist.world_size > 1 else 'no wrapper'} | compile {cfg.train.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     warn_if_a_save_does_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
@@ -192,7 +192,7 @@ def warn_if_a_save_does_not_fit(run: Run) -> None:
     """Rank 0 warns before the first step where the free space is short of one save: checkpoint.pt holds the
     model's state dict, the resume state that and at most two optimizer moments per parameter (AdamW's), and
     the old files stay until the new ones are complete."""
-    if not run.d.master:
+    if not run.dist.master:
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
     model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
@@ -214,9 +214,9 @@ def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
     """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
     for change in changes:
         run.log.print(f"resume: {change}")
-    t, step = run.cfg.train, run.progress.step
-    before = replace(t, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
-    if (before.budget_s, before.max_steps) != (t.budget_s, t.max_steps):
+    train_cfg, step = run.cfg.train, run.progress.step
+    before = replace(train_cfg, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
+    if (before.budget_s, before.max_steps) != (train_cfg.budget_s, train_cfg.max_steps):
         old = Clock(before)
         old.load_state_dict(run.clock.state_dict())
         run.log.print(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
@@ -241,14 +241,14 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
     the optimizer steps. The flag exchange follows in train()."""
-    accum, d = run.cfg.train.grad_accum, run.d
-    total, waited = torch.zeros((), device=d.device), run.loader.wait_s
+    accum, dist = run.cfg.train.grad_accum, run.dist
+    total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
     # the attention window follows the LR's clock
     run.model.module.set_progress(run.clock.progress(run.progress.step))
     for micro in range(accum):
         x, y = next(batches)
-        with run.model.grad_sync(micro == accum - 1), autocast(d, run.cfg.train.dtype):
+        with run.model.grad_sync(micro == accum - 1), autocast(dist, run.cfg.train.dtype):
             _, loss = run.model(x, y)
             (loss / accum).backward()
         total += loss.detach()
@@ -263,30 +263,31 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 def warm_up(run: Run) -> None:
     """exclude_warmup: run warmup_steps real steps (compiling every shape), then restore the state from before."""
-    t = run.cfg.train
-    if t.timing != "exclude_warmup" or t.warmup_steps <= 0:
+    train_cfg = run.cfg.train
+    if train_cfg.timing != "exclude_warmup" or train_cfg.warmup_steps <= 0:
         return
     t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader))
     batches = iter(run.loader)
-    for _ in range(t.warmup_steps):
+    for _ in range(train_cfg.warmup_steps):
         train_step(run, batches)
     restore(run.model.module, run.optimizers, run.loader, initial)
     distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
-    run.log.print(f"warm-up: {plural(t.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; state restored")
+    run.log.print(f"warm-up: {plural(train_cfg.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; "
+                  f"state restored")
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> float:
     """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
-    cfg, d = run.cfg, run.d
+    cfg, dist = run.cfg, run.dist
     # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
     # FSDP2's all-gathers need, and a compiled model compiles one eval shape.
     model = run.model.eval_module
     model.eval()
-    sums = torch.zeros(2, device=d.device, dtype=torch.float64)  # the scored targets' summed loss, their count
-    for x, y in val_loader(cfg, d, run.val_files):
-        with autocast(d, cfg.train.dtype):
+    sums = torch.zeros(2, device=dist.device, dtype=torch.float64)  # the scored targets' summed loss, their count
+    for x, y in val_loader(cfg, dist, run.val_files):
+        with autocast(dist, cfg.train.dtype):
             _, loss = model(x, y)
         count = (y != PAD_TARGET).sum()
         sums[0] += torch.where(count > 0, loss.double() * count, 0.0)  # a padding-only batch's mean is NaN
@@ -298,40 +299,42 @@ def evaluate(run: Run) -> float:
 
 def eval_and_record(run: Run, on_clock: bool) -> float:
     """Evaluate, log it, track best and time-to-target; the clock keeps running only if `on_clock`."""
-    t0, p, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
+    t0, progress, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
     with contextlib.nullcontext() if on_clock else run.clock.paused():
         gc.collect()
         val = evaluate(run)
-    p.best_val = val if p.best_val is None else min(p.best_val, val)
-    p.last_val, p.last_val_step = val, p.step
-    if target and val <= target and p.time_to_target is None:
-        p.time_to_target = run.clock.elapsed()
-    p.wall["eval_s"] += time.perf_counter() - t0
-    run.log.metric({"type": "eval", "step": p.step, "val_loss": val, "elapsed_s": run.clock.elapsed()})
-    run.log.print(f"step {p.step} | val loss {val:.4f} | best {p.best_val:.4f} | {run.clock.elapsed():.1f}s")
+    progress.best_val = val if progress.best_val is None else min(progress.best_val, val)
+    progress.last_val, progress.last_val_step = val, progress.step
+    if target and val <= target and progress.time_to_target is None:
+        progress.time_to_target = run.clock.elapsed()
+    progress.wall["eval_s"] += time.perf_counter() - t0
+    run.log.metric({"type": "eval", "step": progress.step, "val_loss": val, "elapsed_s": run.clock.elapsed()})
+    run.log.print(f"step {progress.step} | val loss {val:.4f} | best {progress.best_val:.4f} | "
+                  f"{run.clock.elapsed():.1f}s")
     return val
 
 
 def mean_over_ranks(run: Run, *values: torch.Tensor) -> list[float]:
     """Each 0-dim tensor's mean over the ranks, on the host: one all-reduce, and a wait for the GPU."""
-    return (distributed.all_reduce(torch.stack([v.detach().double() for v in values])) / run.d.world_size).tolist()
+    return (distributed.all_reduce(torch.stack([v.detach().double() for v in values])) / run.dist.world_size).tolist()
 
 
 def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int, float]) -> None:
     """Console line + metrics.jsonl record for the step just done (loss averaged over ranks, gradient norm
     before clipping: the same on every rank)."""
-    p, clock, t = run.progress, run.clock, run.cfg.train
+    progress, clock, train_cfg = run.progress, run.clock, run.cfg.train
     loss, norm = mean_over_ranks(run, loss, norm)
-    steps, seconds = p.step - since[0], clock.elapsed() - since[1]
+    steps, seconds = progress.step - since[0], clock.elapsed() - since[1]
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = run.mfu(tok_s)
-    left = f"{t.budget_s - clock.elapsed():.1f}s" if t.budget_s else plural(t.max_steps - p.step, "step")
+    left = (f"{train_cfg.budget_s - clock.elapsed():.1f}s" if train_cfg.budget_s
+            else plural(train_cfg.max_steps - progress.step, "step"))
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
-    run.log.metric({"type": "train", "step": p.step, "loss": loss, "grad_norm": norm,
+    run.log.metric({"type": "train", "step": progress.step, "loss": loss, "grad_norm": norm,
                     "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu,
                     "elapsed_s": clock.elapsed()})
-    run.log.print(f"step {p.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
+    run.log.print(f"step {progress.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
                   f"{tok_s:,.0f} tok/s"
                   + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
                   + f" | {clock.elapsed():.1f}s elapsed, {left} left")
@@ -339,14 +342,14 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
 
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
-    t0, cfg, d = time.perf_counter(), run.cfg, run.d
+    t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
-    if d.master:
+    if dist.master:
         save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
                         run.progress.step)
     state = {**training_state(run.model.module, run.optimizers, run.loader), "clock": run.clock.state_dict(),
              "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
-    save_resume(run.run_dir, d, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)
+    save_resume(run.run_dir, dist, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
 
@@ -441,15 +444,16 @@ def train(run: Run) -> StopReason:
     step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). No other
     .item(), .tolist() or .cpu() runs in the loop (clip_grads and optim/muon.py read nothing on the host).
     """
-    cfg, p, clock = run.cfg, run.progress, run.clock
-    loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(), (p.step, clock.elapsed()))
+    cfg, progress, clock = run.cfg, run.progress, run.clock
+    loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
+                (progress.step, clock.elapsed()))
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
-    if distributed.any_rank([clock.time_up()], run.d.device)[0]:
+    if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
     while status is None:
-        if cfg.train.max_steps and p.step >= cfg.train.max_steps:
+        if cfg.train.max_steps and progress.step >= cfg.train.max_steps:
             status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
             break
         status = timed_step(run, loop, batches)
@@ -457,7 +461,7 @@ def train(run: Run) -> StopReason:
     if last and last.nonfinite:
         diverged(run, *loop.recent[1])
     clock.pause()
-    p.wall["train_s"] += time.perf_counter() - t0
+    progress.wall["train_s"] += time.perf_counter() - t0
     gc.enable()
     return status
 
@@ -465,9 +469,11 @@ def train(run: Run) -> StopReason:
 def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     """One step of the loop: train, log, exchange the Flags, and act on them when they call for it; why the run
     stops after this step, or None."""
-    cfg, p = run.cfg, run.progress
+    cfg, progress = run.cfg, run.progress
     loss, norm, wait = train_step(run, batches)
-    p.step, p.tokens, p.data_wait = p.step + 1, p.tokens + run.tokens_per_step, p.data_wait + wait
+    progress.step += 1
+    progress.tokens += run.tokens_per_step
+    progress.data_wait += wait
     if gc.isenabled():
         # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
         gc.collect()
@@ -475,12 +481,12 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
         gc.disable()
     previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
     start_flags(run, loop.next_eval_s, loop.last_save, loss, norm)
-    if cfg.log.every_steps and p.step % cfg.log.every_steps == 0:
+    if cfg.log.every_steps and progress.step % cfg.log.every_steps == 0:
         log_step(run, loss, norm, loop.since)
-        loop.since = (p.step, run.clock.elapsed())
+        loop.since = (progress.step, run.clock.elapsed())
     every = cfg.eval.every_steps
-    step_eval = bool(run.val_files and every) and p.step % every == 0
-    loop.recent = [loop.recent[1], (p.step, loss, norm)]
+    step_eval = bool(run.val_files and every) and progress.step % every == 0
+    loop.recent = [loop.recent[1], (progress.step, loss, norm)]
     flags = agree(run, previous, step_eval)
     if flags is None:
         return None
@@ -500,7 +506,7 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
         on_clock = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
         eval_and_record(run, on_clock=on_clock)
         if on_clock:  # the eval may have spent the rest of the budget: start no step after it
-            [time_up] = distributed.any_rank([clock.time_up()], run.d.device)
+            [time_up] = distributed.any_rank([clock.time_up()], run.dist.device)
             flags = flags._replace(time_up=time_up)
         loop.next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
         if cfg.eval.stop_at_target and run.progress.time_to_target is not None:
@@ -523,42 +529,44 @@ def finish(run: Run, status: StopReason) -> None:
     """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period), summary.
 
     The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
-    p = run.progress
-    if run.saved_step != p.step:  # else saved already: a periodic save on the last step, or a finished run relaunched
+    progress = run.progress
+    # else saved already: a periodic save on the last step, or a finished run relaunched
+    if run.saved_step != progress.step:
         save(run)
     final_val = None
     if run.val_files and status != StopReason.SIGTERM:
-        final_val = p.last_val if p.last_val_step == p.step else eval_and_record(run, on_clock=False)
+        evaluated_now = progress.last_val_step == progress.step
+        final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)
-    curves = plot_or_warn(run.run_dir, run.log.print) if run.d.master else None  # off the clock, which has stopped
+    curves = plot_or_warn(run.run_dir, run.log.print) if run.dist.master else None  # off the clock, which has stopped
     val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
     if summary.final_val_bpb is not None:
         val += f" ({summary.final_val_bpb:.3f} bits/byte)"
     speed = f" at {summary.tokens_per_s:,.0f} tok/s" if summary.tokens_per_s else ""
-    run.log.print(f"done: {status} | step {p.step} | {summary.train_time_s:.1f}s | {val} | {p.tokens:,} "
+    run.log.print(f"done: {status} | step {progress.step} | {summary.train_time_s:.1f}s | {val} | {progress.tokens:,} "
                   f"tokens{speed} | {run.run_dir}" + (f" | curves {curves}" if curves else ""))
     run.log.close()
 
 
 def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
     """summary.json's values for the run that stopped for `status` with final val loss `final_val`."""
-    cfg, p, d = run.cfg, run.progress, run.d
+    cfg, progress, dist = run.cfg, run.progress, run.dist
     # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
     bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
     train_time = run.clock.elapsed()
-    tok_s = p.tokens / train_time if train_time > 0 else None
+    tok_s = progress.tokens / train_time if train_time > 0 else None
     return Summary(
         run_id=cfg.log.run_id, config_name=cfg.name, track=cfg.log.track, status=status,
-        final_val_loss=final_val, best_val_loss=p.best_val,
+        final_val_loss=final_val, best_val_loss=progress.best_val,
         final_val_bpb=final_val / math.log(2) / bytes_per_token if final_val and bytes_per_token else None,
-        target_loss=cfg.eval.target_loss or None, time_to_target_s=p.time_to_target, steps=p.step,
-        tokens_seen=p.tokens, tokens_per_s=tok_s, train_time_s=train_time,
+        target_loss=cfg.eval.target_loss or None, time_to_target_s=progress.time_to_target, steps=progress.step,
+        tokens_seen=progress.tokens, tokens_per_s=tok_s, train_time_s=train_time,
         budget_s=cfg.train.budget_s or None, mfu=run.mfu(tok_s) if tok_s else None,
-        peak_mem_gb=peak_mem_gb(d), data_wait_frac=p.data_wait / train_time if train_time > 0 else None,
-        world_size=d.world_size, hardware=hardware(d), torch_version=torch.__version__,
-        git_commit=git_commit(), wall=p.wall)
+        peak_mem_gb=peak_mem_gb(dist), data_wait_frac=progress.data_wait / train_time if train_time > 0 else None,
+        world_size=dist.world_size, hardware=hardware(dist), torch_version=torch.__version__,
+        git_commit=git_commit(), wall=progress.wall)
 
 
 def report(message: str) -> None:

@@ -290,6 +290,9 @@ def prepare(args: argparse.Namespace) -> dict:
 
 
 def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtype: np.dtype) -> dict:
+    """Write the corpus's documents, from where `meta` stopped, into shards; return meta.json's final values."""
+    # One loop, long: its resume state (documents done, the partial document's written tokens, the byte counts)
+    # goes into meta.json at every shard written, so pieces of it would pass all of that back and forth.
     write_json(args.out / META, meta)  # before any shard: a shard whose settings are unknown blocks a re-run
     # The demo's stdlib holds encoding test files (test/encoded_modules/module_koi8_r.py: 42% not UTF-8)
     allow_binary = args.allow_binary or args.source == "stdlib"
@@ -311,10 +314,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         if binary and binary / nbytes > worst[0]:
             worst = binary / nbytes, corpus.files[doc]
         if binary > BINARY_SHARE * nbytes and not allow_binary:
-            raise PrepareError(f"{corpus.files[doc]}: {binary / nbytes:.1%} of its {nbytes:,} bytes are not UTF-8 "
-                               f"text (undecodable or NUL): a binary file, or text in another encoding. Remove it "
-                               f"(or narrow --files), convert it to UTF-8 (iconv -f ENCODING -t UTF-8 ...), or "
-                               f"pass --allow-binary to keep it (undecodable bytes become U+FFFD)")
+            raise _binary_error(corpus.files[doc], binary, nbytes)
         full, offset = len(toks), skip if doc == first else 0  # offset: its tokens written before a resume
         toks = toks[offset:]
         if args.max_tokens is not None and len(toks) > args.max_tokens - meta["tokens"] - buffered:
@@ -342,29 +342,48 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
-    if not meta["tokens"] + buffered:
-        raise PrepareError("the corpus has no text: " + ("it has no documents" if not empty else
-                           "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))
-    if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
-        # checked before the last write: a val shard alone would be a finished-looking folder with no train data
-        raise PrepareError(f"the corpus gave only {plural(meta['tokens'] + buffered, 'token')}, none left "
-                           f"for training after the val split (--val-tokens {args.val_tokens:,}); lower "
-                           f"--val-tokens{' (with --overwrite)' * bool(meta['shards'])} or add documents")
+    _check_training_left(meta, buffered, empty, args.val_tokens)
     if buffered:
         _write_next(args.out, meta, np.concatenate(buf))
     meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
     # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
     meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]
     write_json(args.out / META, meta)
-    rate = (meta["tokens"] - written) / max(time.time() - t0, 1e-9)
+    _report(args.out, meta, done, empty, (meta["tokens"] - written) / max(time.time() - t0, 1e-9), worst)
+    return meta
+
+
+def _binary_error(path: Path, binary: int, nbytes: int) -> PrepareError:
+    """The error for the document at `path`, `binary` of whose `nbytes` bytes are not UTF-8 text."""
+    return PrepareError(f"{path}: {binary / nbytes:.1%} of its {nbytes:,} bytes are not UTF-8 "
+                        f"text (undecodable or NUL): a binary file, or text in another encoding. Remove it "
+                        f"(or narrow --files), convert it to UTF-8 (iconv -f ENCODING -t UTF-8 ...), or "
+                        f"pass --allow-binary to keep it (undecodable bytes become U+FFFD)")
+
+
+def _check_training_left(meta: dict, buffered: int, empty: int, val_tokens: int) -> None:
+    """Refuse a corpus with no text, or with none left for a train shard after the val split (`buffered`
+    tokens not yet written; `empty` documents skipped)."""
+    if not meta["tokens"] + buffered:
+        raise PrepareError("the corpus has no text: " + ("it has no documents" if not empty else
+                           "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))
+    if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
+        # checked before the last write: a val shard alone would be a finished-looking folder with no train data
+        raise PrepareError(f"the corpus gave only {plural(meta['tokens'] + buffered, 'token')}, none left "
+                           f"for training after the val split (--val-tokens {val_tokens:,}); lower "
+                           f"--val-tokens{' (with --overwrite)' * bool(meta['shards'])} or add documents")
+
+
+def _report(out: Path, meta: dict, done: int, empty: int, rate: float, worst: tuple[float, Path | None]) -> None:
+    """The closing lines on stderr: what was written and how fast, and the bytes that were not UTF-8 text (the
+    most in the document `worst` names, with its share)."""
     skipped = f" ({empty:,} empty, skipped)" if empty else ""
     print(f"prepare: {plural(done, 'document')}{skipped}, {plural(meta['tokens'], 'token')} in "
-          f"{plural(len(meta['shards']), 'shard')} -> {args.out} ({rate:,.0f} tokens/s)", file=sys.stderr)
+          f"{plural(len(meta['shards']), 'shard')} -> {out} ({rate:,.0f} tokens/s)", file=sys.stderr)
     if meta["binary_bytes"]:
         most = f"; the most in {worst[1]} ({worst[0]:.1%} of its bytes)" if worst[1] else ""
         print(f"prepare: warning: {plural(meta['binary_bytes'], 'byte')} not UTF-8 text (undecodable "
               f"ones became U+FFFD){most}", file=sys.stderr)
-    return meta
 
 
 def _write_next(out: Path, meta: dict, tokens: np.ndarray) -> np.ndarray:

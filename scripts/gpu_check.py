@@ -203,8 +203,8 @@ def eval_tokens(argv: list[str], batches: int) -> int:
     """Val tokens for `batches` full eval batches of this run (one compiled shape): windows of T+1 tokens, T
     being eval.seq_len where the config has that key (issue #12's long eval), else train.seq_len."""
     cfg = parse_train_args(argv)
-    t, e = cfg.train, cfg.eval
-    return batches * (e.batch_size or t.batch_size) * ((e.seq_len or t.seq_len) + 1)
+    train, eval_cfg = cfg.train, cfg.eval
+    return batches * (eval_cfg.batch_size or train.batch_size) * ((eval_cfg.seq_len or train.seq_len) + 1)
 
 
 def read_json(path: Path) -> dict:

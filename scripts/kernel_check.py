@@ -95,31 +95,24 @@ def seconds_per_call(fn: Callable, cuda: bool, repeat: int = 5) -> float:
 
 def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     """FlexAttention against SDPA at the speedrun's head size, window and document mask (module docstring)."""
-    m = cfg.model
+    model_cfg = cfg.model
     if flex_attention is None:
         return {"status": "n/a: this torch build has no FlexAttention"}
     # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
     # 49,152-token sequences would need 230 GB
     B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
     # None for no window: model/gpt.py reads a window of 0 as "none" and, since issue #12, None
-    H, D, window = (2 if cpu else m.n_head), m.head_dim, (min(m.window, T // 4) if cpu else m.window) or None
+    window = (min(model_cfg.window, T // 4) if cpu else model_cfg.window) or None
+    H, D = (2 if cpu else model_cfg.n_head), model_cfg.head_dim
     gen = torch.Generator().manual_seed(0)
-    idx = documents(B, T, m.bos_id, max(2, T // 600), gen).to(device)  # FineWeb: ~1,000 tokens a document
+    idx = documents(B, T, model_cfg.bos_id, max(2, T // 600), gen).to(device)  # FineWeb: ~1,000 tokens a document
     q, k, v, dy = (torch.randn(B, H, T, D, generator=gen).to(device, torch.bfloat16) for _ in range(4))
-    mask = attention_mask(idx, window, m.doc_causal, m.bos_id)
+    mask = attention_mask(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
     ref = reference(q, k, v, dy, mask)
     res = {"shape": {"batch": B, "heads": H, "seq_len": T, "head_dim": D, "window": window,
-                     "doc_causal": m.doc_causal, "documents": int((idx == m.bos_id).sum())}}
+                     "doc_causal": model_cfg.doc_causal, "documents": int((idx == model_cfg.bos_id).sum())}}
     t0 = time.perf_counter()
-    if cpu:
-        # the model's rule (its mask_mod), evaluated densely: flex_block_mask compiled its builder, which took
-        # 15-60 s on this project's 2 CPU cores
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        block_mask = create_block_mask(flex_mask_mod(idx, window, m.doc_causal, m.bos_id), B, None, T, T,
-                                       device=device)
-    else:
-        block_mask = flex_block_mask(idx, window, m.doc_causal, m.bos_id)
+    block_mask = _block_mask(idx, window, model_cfg, device, cpu)
     res["block_mask_s"] = time.perf_counter() - t0
 
     def sdpa(q, k, v):
@@ -132,25 +125,44 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
         res["flex"].update({g: res["sdpa"][g] for g in ("dq", "dk", "dv")})
         res["grads_by"] = "sdpa: FlexAttention has no backward on CPU"
     else:
-        flex = torch.compile(flex_attention)  # as inside the compiled model: eager flex is a slow reference
-
-        def attend(q, k, v):
-            return flex(q, k, v, block_mask=block_mask)
-
-        t0 = time.perf_counter()
-        res["flex"] = attention_errors(attend, q, k, v, dy, ref, grads=True)
-        torch.cuda.synchronize()
-        res["compile_s"] = time.perf_counter() - t0
-        res["grads_by"] = "flex"
-
-        def forward_backward(attend: Callable) -> None:
-            leaves = (t.detach().requires_grad_() for t in (q, k, v))
-            attend(*leaves).backward(dy)
-
-        res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), cuda=True)
-                     for name, fn in (("flex", attend), ("sdpa", sdpa))}
+        res.update(_compiled_flex(block_mask, sdpa, q, k, v, dy, ref))
     res["tolerance"] = {name: tolerance(err) for name, err in res["sdpa"].items()}
     res["ok"] = {name: res["flex"][name] <= res["tolerance"][name] for name in res["sdpa"]}
+    return res
+
+
+def _block_mask(idx: torch.Tensor, window: int | None, model_cfg, device: torch.device, cpu: bool):
+    """FlexAttention's block mask for the [B, T] tokens `idx`, as the model builds it (densely on CPU)."""
+    if not cpu:
+        return flex_block_mask(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
+    # the model's rule (its mask_mod), evaluated densely: flex_block_mask compiled its builder, which took
+    # 15-60 s on this project's 2 CPU cores
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = idx.shape
+    mask_mod = flex_mask_mod(idx, window, model_cfg.doc_causal, model_cfg.bos_id)
+    return create_block_mask(mask_mod, B, None, T, T, device=device)
+
+
+def _compiled_flex(block_mask, sdpa: Callable, q, k, v, dy, ref: dict) -> dict:
+    """CUDA: compiled FlexAttention's errors and compile seconds, and both kernels' ms per forward + backward."""
+    flex = torch.compile(flex_attention)  # as inside the compiled model: eager flex is a slow reference
+
+    def attend(q, k, v):
+        return flex(q, k, v, block_mask=block_mask)
+
+    t0 = time.perf_counter()
+    res = {"flex": attention_errors(attend, q, k, v, dy, ref, grads=True)}
+    torch.cuda.synchronize()
+    res["compile_s"] = time.perf_counter() - t0
+    res["grads_by"] = "flex"
+
+    def forward_backward(attend: Callable) -> None:
+        leaves = (t.detach().requires_grad_() for t in (q, k, v))
+        attend(*leaves).backward(dy)
+
+    res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), cuda=True)
+                 for name, fn in (("flex", attend), ("sdpa", sdpa))}
     return res
 
 

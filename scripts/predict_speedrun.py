@@ -63,7 +63,7 @@ def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     """The README's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
     flops, attention = flops_per_token(cfg)
-    m = cfg.model
+    model_cfg = cfg.model
     peak = PEAK_BF16_FLOPS["H100"]
     tokens = RECORD["steps"] * RECORD["tokens_per_step"]
     tok_s = mfu * GPUS * peak / flops
@@ -75,8 +75,9 @@ def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
         got_time = f"{tokens / got:.0f} s"
     record_mfu = tokens / RECORD["train_s"] * flops / (GPUS * peak)
     rows = [
-        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "", f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, "
-         f"mean over the window schedule {m.window_start or m.window} -> {m.window} (causal; short layers half): "
+        ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "",
+         f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, mean over the window schedule "
+         f"{model_cfg.window_start or model_cfg.window} -> {model_cfg.window} (causal; short layers half): "
          f"attention {attention:.0%} of it"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
          f"record {RECORD['name']}: {RECORD['steps']:,} steps x {RECORD['tokens_per_step']:,} tokens"),

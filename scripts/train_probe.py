@@ -153,7 +153,7 @@ class Probe:
     def save(self, stage: str) -> None:
         """Rewrite OUT.json with everything measured so far (rank 0)."""
         self.result["stage"] = stage
-        if self.run is None or self.run.d.master:
+        if self.run is None or self.run.dist.master:
             write_json(self.out, self.result)
 
     # --- marks ------------------------------------------------------------------------------------------------
@@ -180,23 +180,24 @@ class Probe:
         return out
 
     # --- the stages of a run ----------------------------------------------------------------------------------
-    def on_setup(self, real: Callable, cfg, d):
-        run = real(cfg, d)
-        self.run, self.marks = run, Marks(d.cuda)
+    def on_setup(self, real: Callable, cfg, dist):
+        run = real(cfg, dist)
+        self.run, self.marks = run, Marks(dist.cuda)
         run.loader = Batches(run.loader, self)
         for opt in run.optimizers:
             name = type(opt).__name__.lower()
             opt.register_step_pre_hook(lambda *_, name=name: self.mark(name))
             opt.register_step_post_hook(lambda o, *_: self._after_optimizer(o))
-        t, m = cfg.train, run.model.module
+        train, module = cfg.train, run.model.module
         self.result["shape"] = {
-            "batch_size": t.batch_size, "seq_len": t.seq_len, "grad_accum": t.grad_accum,
-            "world_size": d.world_size, "tokens_per_step": run.tokens_per_step, "params": m.num_params(),
-            "param_gb": sum(p.numel() * p.element_size() for p in m.parameters()) / GB,
-            "flops_per_token": m.flops_per_token(t.seq_len), "compile": t.compile, "eval_batch": self.eval_shape(cfg)}
-        self.result["device"] = {"name": torch.cuda.get_device_name(d.device) if d.cuda else "cpu",
-                                 "total_gb": torch.cuda.get_device_properties(d.device).total_memory / GB
-                                 if d.cuda else None}
+            "batch_size": train.batch_size, "seq_len": train.seq_len, "grad_accum": train.grad_accum,
+            "world_size": dist.world_size, "tokens_per_step": run.tokens_per_step, "params": module.num_params(),
+            "param_gb": sum(p.numel() * p.element_size() for p in module.parameters()) / GB,
+            "flops_per_token": module.flops_per_token(train.seq_len), "compile": train.compile,
+            "eval_batch": self.eval_shape(cfg)}
+        self.result["device"] = {"name": torch.cuda.get_device_name(dist.device) if dist.cuda else "cpu",
+                                 "total_gb": torch.cuda.get_device_properties(dist.device).total_memory / GB
+                                 if dist.cuda else None}
         self._reset_peak()
         self.save("setup")
         return run
@@ -295,7 +296,7 @@ class Probe:
         """Allocated memory now ("static") or its peak since the last reset, and the reserved peak (GB); on CPU
         the process's peak RSS."""
         if not self.marks.cuda:  # the process's peak RSS is all a CPU tells
-            return {"static_gb": None} if kind == "static" else {"peak_gb": peak_mem_gb(self.run.d)}
+            return {"static_gb": None} if kind == "static" else {"peak_gb": peak_mem_gb(self.run.dist)}
         if kind == "static":
             return {"static_gb": torch.cuda.memory_allocated() / GB}
         return {"peak_gb": torch.cuda.max_memory_allocated() / GB,

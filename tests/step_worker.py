@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from atomic import atomic_path
@@ -27,44 +27,44 @@ CASES = {"ddp": dict(parallel="ddp"), "fsdp": dict(parallel="fsdp"), "fsdp_compi
                                                                                          compile=True)}
 
 
-def clipped(case: str, d: Dist) -> tuple[float, float, dict[str, torch.Tensor]]:
+def clipped(case: str, dist: Dist) -> tuple[float, float, dict[str, torch.Tensor]]:
     """(gradient norm, mean loss, full clipped gradients) of one backward on this rank's share of a fixed batch."""
     torch.manual_seed(0)
-    model = parallelize(get_model(GPT_CONFIG), TrainConfig(**CASES[case]), d)
+    model = parallelize(get_model(GPT_CONFIG), TrainConfig(**CASES[case]), dist)
     idx = torch.randint(0, GPT_CONFIG["vocab_size"], (4, 17), generator=torch.Generator().manual_seed(1))
-    idx = idx.chunk(d.world_size)[d.rank]
+    idx = idx.chunk(dist.world_size)[dist.rank]
     loss = model(idx[:, :-1], idx[:, 1:])[1]
     loss.backward()
     norm = model.clip_grads(CLIP)
     grads = {name.removeprefix("module."): p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
              for name, p in model.wrapped.named_parameters()}
-    loss = distributed.all_reduce(loss.detach().clone()) / d.world_size
+    loss = distributed.all_reduce(loss.detach().clone()) / dist.world_size
     return norm.item(), loss.item(), grads
 
 
-def late(d: Dist) -> list:
+def late(dist: Dist) -> list:
     """collect() after each start(): rank 0 raises the device flag at call 1, the last rank a host flag at call 2."""
-    flags, got = LateMax(2, 1, d.device), []
+    flags, got = LateMax(2, 1, dist.device), []
     for call in range(4):
         got.append(flags.collect())
-        on_device = torch.tensor([float(call == 1 and d.rank == 0)], dtype=torch.float64)
-        flags.start([float(10 * d.rank + call), float(call == 2 and d.rank == d.world_size - 1)], on_device)
+        on_device = torch.tensor([float(call == 1 and dist.rank == 0)], dtype=torch.float64)
+        flags.start([float(10 * dist.rank + call), float(call == 2 and dist.rank == dist.world_size - 1)], on_device)
     return got + [flags.collect(), flags.collect()]
 
 
 def main(out: str) -> None:
-    d = distributed.init(60)
+    dist = distributed.init(60)
     results: dict = {"clip": {}, "compiled": {}}
     for case in CASES:
         torch._dynamo.reset()
-        results["clip"][case] = clipped(case, d)
+        results["clip"][case] = clipped(case, dist)
         # dynamo's compiled entries per function (a debug API, but the plain way to ask what was compiled)
         results["compiled"][case] = tuple(len(_debug_get_cache_entry_list(f.__code__)) > 0
                                           for f in (Block.forward, GPT.head_loss))
-    every = [None] * d.world_size
-    dist.all_gather_object(every, late(d))
+    every = [None] * dist.world_size
+    tdist.all_gather_object(every, late(dist))
     results["late"] = every
-    if d.master:
+    if dist.master:
         with atomic_path(out) as tmp:
             torch.save(results, tmp)
     distributed.close()

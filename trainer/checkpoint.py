@@ -107,21 +107,21 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
 
 
-def save_resume(run_dir: Path, d: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
+def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
     (all ranks call). `replicated`: every rank holds the same model and optimizer state (DDP), so only rank 0
     writes them and load_resume hands them to the others."""
-    if replicated and not d.master:
+    if replicated and not dist.master:
         # 32 copies of the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run
         state = {k: v for k, v in state.items() if k not in ("model", "optim")}
     root, folder = run_dir / "resume", f"step{step:07d}"
-    if d.master and (root / "done.json").exists():
+    if dist.master and (root / "done.json").exists():
         # what a save that failed on some rank left (its other ranks' files): space the new state needs
         _remove_steps(root, keep={folder, json.loads((root / "done.json").read_text())["dir"]})
-    _save(state, root / folder / f"rank{d.rank}.pt")
+    _save(state, root / folder / f"rank{dist.rank}.pt")
     distributed.barrier()
-    if d.master:
-        write_json(root / "done.json", {"dir": folder, "step": step, "world_size": d.world_size, "config": config})
+    if dist.master:
+        write_json(root / "done.json", {"dir": folder, "step": step, "world_size": dist.world_size, "config": config})
         _remove_steps(root, keep={folder})
     distributed.barrier()
 
@@ -133,33 +133,33 @@ def _remove_steps(root: Path, keep: set[str]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def resume_marker(run_dir: Path, d: Dist) -> dict[str, Any] | None:
+def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
     """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
     "config" being the config the state was saved under; every rank gets the same."""
     done = run_dir / "resume" / "done.json"
     marker = None
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    if d.master and done.exists():
+    if dist.master and done.exists():
         marker = json.loads(done.read_text())
         if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
             marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
     marker = distributed.broadcast(marker)
-    if marker is not None and marker["world_size"] != d.world_size:
+    if marker is not None and marker["world_size"] != dist.world_size:
         raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
-                          f"world size {d.world_size}; resume with the same world size or start a new log.run_id")
+                          f"world size {dist.world_size}; resume with the same world size or start a new log.run_id")
     return marker
 
 
-def load_resume(run_dir: Path, d: Dist, marker: dict[str, Any]) -> dict[str, Any]:
+def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, Any]:
     """This rank's part of the resume state that `marker` (resume_marker's answer) names."""
     folder = run_dir / "resume" / marker["dir"]
-    if not (folder / f"rank{d.rank}.pt").exists():
-        raise ConfigError(f"{folder / f'rank{d.rank}.pt'} is missing, though rank 0 resumes from "
+    if not (folder / f"rank{dist.rank}.pt").exists():
+        raise ConfigError(f"{folder / f'rank{dist.rank}.pt'} is missing, though rank 0 resumes from "
                           f"{run_dir / 'resume' / 'done.json'}: every node must see the same log.dir (a shared "
                           f"filesystem); or start a new log.run_id")
-    state = torch.load(folder / f"rank{d.rank}.pt", weights_only=True, map_location=d.device)
-    if d.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
-        shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=d.device)
+    state = torch.load(folder / f"rank{dist.rank}.pt", weights_only=True, map_location=dist.device)
+    if dist.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
+        shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=dist.device)
         state.update(model=shared["model"], optim=shared["optim"])
     return state

@@ -72,8 +72,8 @@ class Clock:
 
     def lr_mult(self, step: int) -> float:
         """The LR multiplier for the step about to run (`step` steps done so far)."""
-        c = self.cfg
-        return lr_multiplier(self.progress(step), c.lr_warmup_frac, c.lr_decay_frac, c.lr_final_frac)
+        train = self.cfg
+        return lr_multiplier(self.progress(step), train.lr_warmup_frac, train.lr_decay_frac, train.lr_final_frac)
 
     def sync(self, elapsed: float) -> None:
         """Adopt `elapsed`, the same on every rank (the max of their clocks), as the schedule's time."""

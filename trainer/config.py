@@ -290,7 +290,7 @@ def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, shape: bool
 
 def validate(cfg: Config) -> None:
     """Refuse combinations that cannot run, naming the keys to change."""
-    t = cfg.train
+    train = cfg.train
     try:  # the model's and optimizer's own checks (vocab_size 0 is resolved later, from meta.json)
         GPTConfig(**{**dataclasses.asdict(cfg.model), "vocab_size": cfg.model.vocab_size or 1})
         OptimConfig(**dataclasses.asdict(cfg.optim))
@@ -298,12 +298,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
     if not cfg.data.train:
         raise ConfigError("data.train is empty: set it to a glob of token shards (or pass --data_dir)")
-    if t.budget_s < 0:
-        raise ConfigError(f"train.budget_s = {t.budget_s} is negative; give seconds > 0 (or 0 for no budget "
+    if train.budget_s < 0:
+        raise ConfigError(f"train.budget_s = {train.budget_s} is negative; give seconds > 0 (or 0 for no budget "
                           f"with train.schedule = 'step')")
-    if t.schedule == "time" and t.budget_s <= 0:
+    if train.schedule == "time" and train.budget_s <= 0:
         raise ConfigError("train.schedule = 'time' needs train.budget_s > 0 (or set train.schedule = 'step')")
-    if t.schedule == "step" and t.max_steps <= 0:
+    if train.schedule == "step" and train.max_steps <= 0:
         raise ConfigError("train.schedule = 'step' needs train.max_steps > 0")
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s", "eval.tokens"]
@@ -320,12 +320,12 @@ def validate(cfg: Config) -> None:
                                                                           else [value])):
                 raise ConfigError(f"{section}.{key} = {value} must hold finite numbers only")
     for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
-        if not 0 <= getattr(t, key) <= 1:
-            raise ConfigError(f"train.{key} = {getattr(t, key)} must lie in [0, 1]")
-    if not 0 <= t.lr_warmup_frac + t.lr_decay_frac <= 1:
+        if not 0 <= getattr(train, key) <= 1:
+            raise ConfigError(f"train.{key} = {getattr(train, key)} must lie in [0, 1]")
+    if not 0 <= train.lr_warmup_frac + train.lr_decay_frac <= 1:
         raise ConfigError("train.lr_warmup_frac + train.lr_decay_frac must lie in [0, 1]")
-    if t.seq_len > cfg.model.block_size:
-        raise ConfigError(f"train.seq_len = {t.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
+    if train.seq_len > cfg.model.block_size:
+        raise ConfigError(f"train.seq_len = {train.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
                           f"raise model.block_size or lower train.seq_len")
     block = cfg.model.block_size
     if not cfg.model.rotary and cfg.eval.seq_len > block:

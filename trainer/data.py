@@ -48,31 +48,32 @@ def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
             raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
                               f"set --model.vocab_size=N")
         cfg.model.vocab_size = int(meta["vocab_size"])
-    m = cfg.model
-    if m.doc_causal and meta.get("eot_token", m.bos_id) != m.bos_id:
-        raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {m.bos_id}, but {meta_path} says "
-                          f"the token before each document is eot_token = {meta['eot_token']}; set "
+    model_cfg = cfg.model
+    if model_cfg.doc_causal and meta.get("eot_token", model_cfg.bos_id) != model_cfg.bos_id:
+        raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {model_cfg.bos_id}, but {meta_path} "
+                          f"says the token before each document is eot_token = {meta['eot_token']}; set "
                           f"--model.bos_id={meta['eot_token']}")
-    if m.doc_causal and not 0 <= m.bos_id < m.vocab_size:
-        raise ConfigError(f"model.doc_causal: model.bos_id = {m.bos_id} is not a token of the vocabulary "
-                          f"(model.vocab_size = {m.vocab_size}), so no document would ever end; set "
+    if model_cfg.doc_causal and not 0 <= model_cfg.bos_id < model_cfg.vocab_size:
+        raise ConfigError(f"model.doc_causal: model.bos_id = {model_cfg.bos_id} is not a token of the vocabulary "
+                          f"(model.vocab_size = {model_cfg.vocab_size}), so no document would ever end; set "
                           f"model.bos_id to the data's document token or turn model.doc_causal off")
 
 
-def train_loader(cfg: Config, d: Dist, files: list[str], meta: dict) -> TokenLoader:
+def train_loader(cfg: Config, dist: Dist, files: list[str], meta: dict) -> TokenLoader:
     """This rank's training stream over `files` (resolve_data's, with its `meta`) as the config says."""
-    t, data = cfg.train, cfg.data
+    train, data = cfg.train, cfg.data
     bos_id = meta.get("eot_token", cfg.model.bos_id) if data.bos_aligned else None
-    return TokenLoader(files, t.batch_size, t.seq_len, rank=d.rank, world_size=d.world_size, seed=data.seed,
-                       bos_id=bos_id, device=d.device, fmt=data.format, raw_dtype=data.raw_dtype,
+    return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
+                       seed=data.seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
                        vocab_size=cfg.model.vocab_size if data.vocab_check else None,
                        holdout_tokens=cfg.eval.tokens if data.val == "holdout" else 0,
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 
 
-def val_loader(cfg: Config, d: Dist, val_files: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
-    e = cfg.eval
-    return val_batches(val_files, e.batch_size or cfg.train.batch_size, e.seq_len or cfg.train.seq_len, e.tokens,
-                       rank=d.rank, world_size=d.world_size, device=d.device, fmt=cfg.data.format,
-                       raw_dtype=cfg.data.raw_dtype, tail_tokens=e.tokens if cfg.data.val == "holdout" else 0)
+    eval_cfg = cfg.eval
+    return val_batches(val_files, eval_cfg.batch_size or cfg.train.batch_size, eval_cfg.seq_len or cfg.train.seq_len,
+                       eval_cfg.tokens, rank=dist.rank, world_size=dist.world_size, device=dist.device,
+                       fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
+                       tail_tokens=eval_cfg.tokens if cfg.data.val == "holdout" else 0)

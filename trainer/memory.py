@@ -32,31 +32,33 @@ GB = 1e9
 NEAR = 0.6
 
 
-def activation_bytes(m: GPTConfig, tokens: int, dtype_bytes: int) -> dict[str, float]:
+def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dict[str, float]:
     """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors and the logits."""
-    C, hidden = m.n_embd, m.mlp_ratio * m.n_embd
+    C, hidden = model_cfg.n_embd, model_cfg.mlp_ratio * model_cfg.n_embd
     # Per block and token, in units of C: the norm input and output, q/k/v, the attention output and its
     # contiguous copy (7); the normalised and rotated q and k (2 each); the value-embedding mix (2).
-    attn = 7 + 2 * m.qk_norm + 2 * m.rotary
-    mlp = 2 * C + hidden * (3 if m.activation == "relu2" else 2)  # norm in/out; fc out, activation (relu, square)
-    ve_layers = 2 * m.value_embeds
-    per_token = m.n_layer * (attn * C + mlp) + ve_layers * 2 * C + m.value_embeds * C  # + the value tables' rows
+    attn = 7 + 2 * model_cfg.qk_norm + 2 * model_cfg.rotary
+    # norm in/out; fc out, activation (relu, square)
+    mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
+    ve_layers = 2 * model_cfg.value_embeds
+    # the last term: the value tables' rows
+    per_token = model_cfg.n_layer * (attn * C + mlp) + ve_layers * 2 * C + model_cfg.value_embeds * C
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
     # output, one more in backward; under bf16 autocast also the head's bf16 output.
-    copies = (4 if m.logit_softcap else 3) + (0.5 if dtype_bytes == 2 else 0)
-    parts["logits"] = copies * tokens * m.padded_vocab * 4
+    copies = (4 if model_cfg.logit_softcap else 3) + (0.5 if dtype_bytes == 2 else 0)
+    parts["logits"] = copies * tokens * model_cfg.padded_vocab * 4
     return parts
 
 
 def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = None) -> dict[str, float]:
     """Bytes of each part of one process's memory for `cfg` (at `batch_size`, default train.batch_size)."""
-    t, m = cfg.train, cfg.model
+    train, model_cfg = cfg.train, cfg.model
     with torch.device("meta"):  # shapes only: nothing is allocated
         model = get_model(cfg.to_dict())
     sizes = {role: sum(p.numel() for p in params) for role, params in param_roles(model).items()}
     total = sum(sizes.values())
-    fsdp = t.parallel == "fsdp" and world_size > 1
+    fsdp = train.parallel == "fsdp" and world_size > 1
     shard = world_size if fsdp else 1
     adam = total - sizes["matrix"] if cfg.optim.name == "muon" else total
     parts = {"parameters": 4 * total / shard, "gradients": 4 * total / shard,
@@ -65,24 +67,24 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     if fsdp:
         # the root's own parameters (embeddings, head) stay gathered; blocks are gathered two at a time
         block = sum(p.numel() for p in model.blocks[0].parameters())
-        gathered = total - m.n_layer * block + 2 * block
-        parts["gathered"] = 2 * gathered * (2 if cuda and t.dtype == "bfloat16" else 4)  # weights and grads
+        gathered = total - model_cfg.n_layer * block + 2 * block
+        parts["gathered"] = 2 * gathered * (2 if cuda and train.dtype == "bfloat16" else 4)  # weights and grads
     elif world_size > 1:
         parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients
-    tokens = (batch_size or t.batch_size) * t.seq_len
-    dtype_bytes = 2 if cuda and t.dtype == "bfloat16" else 4
-    parts.update(activation_bytes(m, tokens, dtype_bytes))
-    if (m.window or m.doc_causal) and not (cuda and m.attention == "flex"):
+    tokens = (batch_size or train.batch_size) * train.seq_len
+    dtype_bytes = 2 if cuda and train.dtype == "bfloat16" else 4
+    parts.update(activation_bytes(model_cfg, tokens, dtype_bytes))
+    if (model_cfg.window or model_cfg.doc_causal) and not (cuda and model_cfg.attention == "flex"):
         # SDPA with an explicit mask (no FlexAttention) keeps it as B x H x T x T floats (measured on CPU)
-        parts["mask"] = (batch_size or t.batch_size) * m.n_head * t.seq_len ** 2 * 4
+        parts["mask"] = (batch_size or train.batch_size) * model_cfg.n_head * train.seq_len ** 2 * 4
     return parts
 
 
-def available(d: Dist) -> tuple[float, str] | None:
+def available(dist: Dist) -> tuple[float, str] | None:
     """Bytes this process may use and where that number comes from; None where it cannot be known."""
-    if d.cuda:
-        free, _ = torch.cuda.mem_get_info(d.device)
-        return free, f"free on {torch.cuda.get_device_name(d.device)}"
+    if dist.cuda:
+        free, _ = torch.cuda.mem_get_info(dist.device)
+        return free, f"free on {torch.cuda.get_device_name(dist.device)}"
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():
         return None
@@ -96,16 +98,16 @@ def available(d: Dist) -> tuple[float, str] | None:
 
 def _advice(cfg: Config, world_size: int, cuda: bool, limit: float) -> str:
     """The keys to change, with a batch size that would fit comfortably when one does."""
-    t = cfg.train
-    fits = [b for b in range(t.batch_size - 1, 0, -1)
-            if t.batch_size % b == 0 and sum(estimate(cfg, world_size, cuda, b).values()) <= NEAR * limit]
+    train = cfg.train
+    fits = [b for b in range(train.batch_size - 1, 0, -1)
+            if train.batch_size % b == 0 and sum(estimate(cfg, world_size, cuda, b).values()) <= NEAR * limit]
     if fits:
         keys = (f"lower train.batch_size to {fits[0]} and raise train.grad_accum to "
-                f"{t.grad_accum * t.batch_size // fits[0]} (the same tokens per step)")
+                f"{train.grad_accum * train.batch_size // fits[0]} (the same tokens per step)")
     else:
         keys = "even train.batch_size = 1 would not fit: shrink the model (model.n_layer, model.n_embd)"
     keys += ", or lower train.seq_len"
-    if world_size > 1 and t.parallel != "fsdp":
+    if world_size > 1 and train.parallel != "fsdp":
         keys += "; train.parallel = 'fsdp' shards the parameters, gradients and optimizer state"
     if not cuda:
         keys += "; fewer processes per node (NPROC) leave each one more memory"
@@ -118,10 +120,11 @@ def verdict(cfg: Config, world_size: int, cuda: bool, limit: float, source: str)
     need = sum(parts.values())
     if need <= NEAR * limit:
         return None
-    t = cfg.train
+    train = cfg.train
     what = (f"this config needs about {need / GB:.1f} GB per process ("
             + " + ".join(f"{name} {value / GB:.2f}" for name, value in parts.items() if value)
-            + f" GB, at {t.batch_size} x {t.seq_len} tokens per micro-step), and a process has {limit / GB:.1f} GB"
+            + f" GB, at {train.batch_size} x {train.seq_len} tokens per micro-step), and a process has "
+              f"{limit / GB:.1f} GB"
             + (f" ({source})" if source else ""))
     advice = _advice(cfg, world_size, cuda, limit)
     if need > limit:
@@ -130,18 +133,18 @@ def verdict(cfg: Config, world_size: int, cuda: bool, limit: float, source: str)
     return "warn", f"{what}: {need / limit:.0%} of it, a near fit. If it is killed, {advice}."
 
 
-def check_memory(cfg: Config, d: Dist) -> None:
+def check_memory(cfg: Config, dist: Dist) -> None:
     """Refuse (ConfigError) a config that cannot fit in the tightest process's memory; warn on a near fit."""
-    limit, source = available(d) or (math.inf, "")
+    limit, source = available(dist) or (math.inf, "")
     # every rank judges by the tightest one, so that all of them stop, or go on, together
-    tightest = -distributed.max_over_ranks([-limit], d.device)[0]
+    tightest = -distributed.max_over_ranks([-limit], dist.device)[0]
     if math.isinf(tightest):
         return
-    found = verdict(cfg, d.world_size, d.cuda, tightest, source if tightest == limit else "the tightest rank")
+    found = verdict(cfg, dist.world_size, dist.cuda, tightest, source if tightest == limit else "the tightest rank")
     if found is None:
         return
     level, message = found
     if level == "refuse" and os.environ.get("SHARDRUN_MEMORY_CHECK") != "warn":
         raise ConfigError(message)
-    if d.master:
+    if dist.master:
         print(f"train.py: warning: {message}", file=sys.stderr)

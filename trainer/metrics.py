@@ -52,17 +52,17 @@ class Summary:
     wall: dict[str, float]           # seconds by phase: init, warmup, train, eval, checkpoint
 
 
-def hardware(d: Dist) -> str:
+def hardware(dist: Dist) -> str:
     """A short description of the devices the run uses."""
-    if d.cuda:
-        return f"{d.world_size} x {torch.cuda.get_device_name(d.device)}"
-    return f"{d.world_size} x CPU process ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    if dist.cuda:
+        return f"{dist.world_size} x {torch.cuda.get_device_name(dist.device)}"
+    return f"{dist.world_size} x CPU process ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def peak_mem_gb(d: Dist) -> float:
+def peak_mem_gb(dist: Dist) -> float:
     """Peak memory of this rank: allocated GPU memory, or the process's max RSS on CPU."""
-    if d.cuda:
-        return torch.cuda.max_memory_allocated(d.device) / 1e9
+    if dist.cuda:
+        return torch.cuda.max_memory_allocated(dist.device) / 1e9
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
@@ -84,8 +84,8 @@ def git_commit() -> str | None:
 class RunLog:
     """Rank 0's console + log.txt + metrics.jsonl (+ wandb); every method is a no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, d: Dist, *, metrics_bytes: int = 0, wandb_cfg: dict | None = None):
-        self.run_dir, self.master = run_dir, d.master
+    def __init__(self, run_dir: Path, dist: Dist, *, metrics_bytes: int = 0, wandb_cfg: dict | None = None):
+        self.run_dir, self.master = run_dir, dist.master
         self.wandb = None
         if not self.master:
             return
@@ -119,14 +119,14 @@ class RunLog:
         """Current length of metrics.jsonl (saved with the resume state)."""
         return self.metrics_file.tell() if self.master else 0
 
-    def environment(self, d: Dist) -> None:
+    def environment(self, dist: Dist) -> None:
         """Record versions, hardware, code version and command line at the top of the run's log."""
         cuda = f"CUDA {torch.version.cuda}" if torch.cuda.is_available() else "no CUDA"
         self.print(f"python {sys.version.split()[0]} | torch {torch.__version__} | {cuda} | {platform.platform()}")
-        self.print(f"hardware: {hardware(d)} | git commit: {git_commit()}")
+        self.print(f"hardware: {hardware(dist)} | git commit: {git_commit()}")
         self.print("command: " + " ".join(sys.argv))
-        if peak_flops(d):
-            self.print(f"MFU assumes {peak_flops(d) / 1e12:.0f} TFLOP/s dense bf16 peak per GPU")
+        if peak_flops(dist):
+            self.print(f"MFU assumes {peak_flops(dist) / 1e12:.0f} TFLOP/s dense bf16 peak per GPU")
 
     def summary(self, summary: Summary) -> None:
         """Write summary.json."""

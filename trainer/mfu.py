@@ -18,12 +18,12 @@ def gpu_peak_flops(name: str) -> float | None:
     return max(matches) if matches else None
 
 
-def peak_flops(d: Dist) -> float | None:
+def peak_flops(dist: Dist) -> float | None:
     """Assumed peak bf16 FLOP/s of one of this run's GPUs, or None (CPU, unknown GPU)."""
-    return gpu_peak_flops(torch.cuda.get_device_name(d.device)) if d.cuda else None
+    return gpu_peak_flops(torch.cuda.get_device_name(dist.device)) if dist.cuda else None
 
 
-def mfu_of(flops_per_token: float, tok_s: float, d: Dist) -> float | None:
+def mfu_of(flops_per_token: float, tok_s: float, dist: Dist) -> float | None:
     """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only)."""
-    peak = peak_flops(d)
-    return None if peak is None else flops_per_token * tok_s / (peak * d.world_size)
+    peak = peak_flops(dist)
+    return None if peak is None else flops_per_token * tok_s / (peak * dist.world_size)

@@ -82,27 +82,27 @@ class ParallelModel:
         self.wrapped.zero_grad(set_to_none=True)
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, d: Dist) -> ParallelModel:
-    """Move `model` to d.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
-    model.to(d.device)
-    if d.world_size > 1 and cfg.parallel == "fsdp":
-        return ParallelModel(model, _fully_shard(model, cfg, d), sharded=True, master=d.master)
+def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist) -> ParallelModel:
+    """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
+    model.to(dist.device)
+    if dist.world_size > 1 and cfg.parallel == "fsdp":
+        return ParallelModel(model, _fully_shard(model, cfg, dist), sharded=True, master=dist.master)
     if cfg.compile:
         # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
         # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
         model.compile()
     # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
     # rank 0 before every forward, DDP's default, would be a collective for nothing.
-    wrapped = model if d.world_size == 1 else DDP(model, device_ids=[d.local_rank] if d.cuda else None,
-                                                  broadcast_buffers=False)
-    return ParallelModel(model, wrapped, sharded=False, master=d.master)
+    wrapped = model if dist.world_size == 1 else DDP(model, device_ids=[dist.local_rank] if dist.cuda else None,
+                                                     broadcast_buffers=False)
+    return ParallelModel(model, wrapped, sharded=False, master=dist.master)
 
 
-def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
+def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
-    if d.cuda and cfg.dtype == "bfloat16":
+    if dist.cuda and cfg.dtype == "bfloat16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # One FSDP unit per block, so only one block's full weights are gathered at a time. Each block is compiled
     # before it is sharded, as torchtitan does (models/llama3/parallelize.py: compile, then fully_shard): FSDP2's
@@ -120,8 +120,8 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     return model
 
 
-def autocast(d: Dist, dtype: str) -> ContextManager:
+def autocast(dist: Dist, dtype: str) -> ContextManager:
     """bf16 autocast on GPU; CPU runs in fp32 (CPU autocast is slow and changes results)."""
-    if d.cuda and dtype == "bfloat16":
+    if dist.cuda and dtype == "bfloat16":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
