@@ -7,6 +7,7 @@ The test runs the same steps in one process (`train` with no wrapping) and compa
 """
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -156,3 +157,9 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # Skip the C++ teardown: on a loaded machine 1 run in 24 aborted there after main returned ("terminate called
+    # without an active exception", no Python frame, always rank 1), a thread of the DDP/FSDP2 runs still
+    # joinable at exit; the results are saved and the group destroyed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
