@@ -25,7 +25,7 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
 
 from model import get_model
 from trainer.config import Config, parse_args as parse_train_args
-from trainer.mfu import PEAK_BF16_FLOPS
+from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
 CONFIG = "configs/speedrun_8xh100.toml"
 GPUS = 8
@@ -59,21 +59,21 @@ def measured(path: Path | None) -> dict | None:
     return rows[0]
 
 
-def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
+def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     """The README's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
     flops, attention = flops_per_token(cfg)
     model_cfg = cfg.model
     peak = PEAK_BF16_FLOPS["H100"]
     tokens = RECORD["steps"] * RECORD["tokens_per_step"]
-    tok_s = mfu * GPUS * peak / flops
+    tok_s = assumed_mfu * GPUS * peak / flops
     budget = math.ceil(tokens / tok_s * BUDGET_MARGIN / 10) * 10
     got_mfu = got_tok_s = got_time = "not yet"
     if gpu_check is not None:  # one GPU measured: x 8 for the 8-GPU run, as if the all-reduce cost nothing
         got = GPUS * gpu_check["tok_s"]
-        got_mfu, got_tok_s = f"{got * flops / (GPUS * peak):.0%}", f"{got / 1e6:.2f}M"
+        got_mfu, got_tok_s = f"{mfu(flops, got, peak, GPUS):.0%}", f"{got / 1e6:.2f}M"
         got_time = f"{tokens / got:.0f} s"
-    record_mfu = tokens / RECORD["train_s"] * flops / (GPUS * peak)
+    record_mfu = mfu(flops, tokens / RECORD["train_s"], peak, GPUS)
     rows = [
         ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "",
          f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, mean over the window schedule "
@@ -81,7 +81,7 @@ def table(mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
          f"attention {attention:.0%} of it"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
          f"record {RECORD['name']}: {RECORD['steps']:,} steps x {RECORD['tokens_per_step']:,} tokens"),
-        ("MFU", f"{mfu:.0%} (assumed)", got_mfu,
+        ("MFU", f"{assumed_mfu:.0%} (assumed)", got_mfu,
          f"the record: {record_mfu:.0%} by this count ({1000 * RECORD['train_s'] / RECORD['steps']:.2f} ms a step)"),
         ("tokens/s on 8 x H100", f"{tok_s / 1e6:.2f}M", got_tok_s,
          f"{peak / 1e12:.0f} TFLOP/s bf16 per GPU; measured: scripts/gpu_check.sh's one GPU x 8"),

@@ -23,7 +23,12 @@ def peak_flops(dist: Dist) -> float | None:
     return gpu_peak_flops(torch.cuda.get_device_name(dist.device)) if dist.cuda else None
 
 
+def mfu(flops_per_token: float, tok_s: float, peak: float, gpus: int) -> float:
+    """Model FLOPs utilisation of `gpus` GPUs of `peak` FLOP/s each, training `tok_s` tokens/s between them."""
+    return flops_per_token * tok_s / (peak * gpus)
+
+
 def mfu_of(flops_per_token: float, tok_s: float, dist: Dist) -> float | None:
     """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only)."""
     peak = peak_flops(dist)
-    return None if peak is None else flops_per_token * tok_s / (peak * dist.world_size)
+    return None if peak is None else mfu(flops_per_token, tok_s, peak, dist.world_size)
