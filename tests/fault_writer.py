@@ -1,11 +1,13 @@
 """A writer that dies mid-write, for tests/test_faults.py.
 
 usage: python tests/fault_writer.py checkpoint PATH    # save_checkpoint, dying between the write and the rename
-       python tests/fault_writer.py shard PATH TOKENS  # write_shard of TOKENS ids (the test SIGKILLs it mid-write)
+       python tests/fault_writer.py shard PATH TOKENS  # write_shard of TOKENS ids, killed by the kernel mid-write
 """
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import sys
 
 import numpy as np
@@ -17,6 +19,7 @@ from trainer.checkpoint import save_checkpoint
 
 CONFIG = {"model": {"vocab_size": 257, "block_size": 16, "n_layer": 1, "n_head": 1, "n_embd": 16}}
 DIED_AT_RENAME = 3
+FILE_LIMIT = 1 << 20  # bytes: the kernel kills the shard writer when a write would pass this
 
 
 def die(*_args, **_kwargs) -> None:
@@ -32,6 +35,11 @@ def main(mode: str, path: str, *rest: str) -> None:
         os.replace = die
         save_checkpoint(path, CONFIG, model.state_dict(), step=99)
     else:
+        # a kill sent from outside can come after a fast disk finished the write; a file-size limit stops it
+        # at a known byte on any machine. Python ignores SIGXFSZ, so restore its default action: death.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         write_shard(path, np.arange(int(rest[0]), dtype=np.uint16) % 50000)
 
 
