@@ -22,7 +22,7 @@ skipped. So windows start at document starts, at most one a slot, and run on thr
 that one as in the sequential stream; tokens no window covers (the rest of a document longer than a
 window, a document that starts after another in the same slot and outlasts its window) are skipped; and a
 token may be read twice in an epoch, at the end of one slot's window and in the next slot's, never more.
-A slot's bos_id is looked for only when the background thread gets to the slot, in the slot alone (a
+A slot's bos_id is looked for only when the reading thread gets to the slot, in the slot alone (a
 vector of slots at a time).
 
 The sequential stream (shuffle=False). Each epoch visits the files front to back. With bos_id=None a
@@ -39,16 +39,17 @@ run may even resume with another world size or batch size and still never repeat
 epoch. With bos_id set every rank looks for the bos_id of all the global batch's slots (to know where the
 other ranks' windows are), so every node reads the pages of the whole global batch.
 
-The copies (both streams). The background thread fills a ring buffer with a group of batches at a time,
-casting the tokens to int64 on the way. Sequential: a group's windows lie back to back in a file, one copy
-per stretch of them. Shuffled: the files of one dtype are seen through one strided view, no copy, whose row s is
-the window from token s of the lowest map (every map lies at a fixed offset from it, see _Span), so one
-fancy index gathers all of a group's windows, from every file, in row order; one slice-copy per 2 KiB
-window cost more in numpy's per-call overhead than in copying, and one fancy index per file as much when
-there are ~100 files. The first token of every window is read just before, so that their cache misses
-overlap.
+The copies (both streams). Two background threads fill a ring buffer with a group of batches at a time: the
+first plans the group and reads its windows (read()), the second casts them to int64 into the next ring slot
+(fill()), so that one group's reads overlap the previous group's cast. Sequential: a group's windows lie back
+to back in a file, and fill() cast-copies each stretch of them straight from the map. Shuffled: the files of
+one dtype are seen through one strided view, no copy, whose row s is the window from token s of the lowest
+map (every map lies at a fixed offset from it, see _Span), so one fancy index gathers all of a group's
+windows, from every file, in row order, in the files' dtype; one slice-copy per 2 KiB window cost more in
+numpy's per-call overhead than in copying, and one fancy index per file as much when there are ~100 files.
+The first token of every window is read just before, so that their cache misses overlap.
 
-Nothing is read at construction beyond the file headers. The background thread asks the kernel for the
+Nothing is read at construction beyond the file headers. The reading thread asks the kernel for the
 pages ahead of the copies (MADV_WILLNEED): in the sequential stream the next READAHEAD_TOKENS of the file;
 in the shuffled one each window (with bos_id: each slot and the next) of the next HINT_BATCHES global
 batches, unless a sample of them is in the page cache already, and it marks its maps MADV_RANDOM so that a
@@ -85,7 +86,7 @@ except (OSError, AttributeError, TypeError):  # not a POSIX libc
 
 BOS_SCAN_TOKENS = 1 << 16   # BOS positions are searched this many tokens at a time (memory stays bounded)
 READAHEAD_TOKENS = 1 << 24  # ask the kernel for this much of the file ahead of the stream (32 MiB of uint16)
-GROUP_BATCHES = 16          # the thread fills and hands over this many batches at once,
+GROUP_BATCHES = 16          # the threads fill and hand over this many batches at once,
 GROUP_TOKENS = 1 << 18      # or fewer, to keep a group under this many tokens (2 MiB of int64)
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
 LEGACY = {"shuffle": False, "shuffle_shards": 0}  # what a state saved before these keys existed meant
@@ -187,6 +188,7 @@ class _Region:
 # A stretch of windows: (region, first start, number of windows), the windows back to back in the region, so
 # that one copy reads them all (the sequential stream's plan is a list of them).
 Stretch = tuple[_Region, int, int]
+Part = tuple[slice | np.ndarray, np.ndarray]  # rows of a group, and their windows in the files' dtype
 
 
 def _open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[_Region]:
@@ -295,10 +297,15 @@ class _Stream:
             states.append(self.state())
         return stretches, states
 
-    def gather(self, stretches: list[Stretch], out: np.ndarray, vocab_size: int | None) -> None:
-        """Copy the planned windows into the rows of out, refusing token ids >= vocab_size (None: no check)."""
+    def read(self, stretches: list[Stretch], vocab_size: int | None) -> list[Stretch]:
+        """The planned windows, for fill(), after refusing token ids >= vocab_size (None: no check). Nothing is
+        copied here: a stretch lies back to back in its file, and fill() casts it in one pass."""
         if vocab_size is not None:
             _check_vocab(stretches, self.length, vocab_size)
+        return stretches
+
+    def fill(self, stretches: list[Stretch], out: np.ndarray) -> None:
+        """Cast-copy the windows read() returned into the rows of out."""
         _gather(stretches, self.length, out)
 
     def read_ahead(self) -> None:
@@ -498,18 +505,23 @@ class _Shuffled:
             found[rows] = np.where(fits, start, -1)
         return found
 
-    def gather(self, windows: tuple[np.ndarray, np.ndarray], out: np.ndarray, vocab_size: int | None) -> None:
-        """Copy window i (of region which[i], from token starts[i]) into out[i], refusing token ids >= vocab_size
-        (None: no check)."""
+    def read(self, windows: tuple[np.ndarray, np.ndarray], vocab_size: int | None) -> list[Part]:
+        """Gather window i (of region which[i], from token starts[i]) as row i, in the files' dtype, for fill(),
+        refusing token ids >= vocab_size (None: no check)."""
         which, starts = windows
-        out = out[:len(which)]
-        for rows, got in self._read(which, starts):
-            if vocab_size is not None and got.max() >= vocab_size:  # in the file's dtype: a quarter of the bytes
-                _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
-                             self.length, vocab_size)  # names the first bad token in row order
+        parts = list(self._read(which, starts))
+        if vocab_size is not None and any(got.max() >= vocab_size for _, got in parts):  # a quarter of the bytes
+            _check_vocab([(self.regions[r], s, 1) for r, s in zip(which.tolist(), starts.tolist())],
+                         self.length, vocab_size)  # names the first bad token in row order
+        return parts
+
+    def fill(self, parts: list[Part], out: np.ndarray) -> None:
+        """Cast-copy the windows read() returned into the rows of out."""
+        out = out[:sum(len(got) for _, got in parts)]  # the first group is one batch, not a slot's worth
+        for rows, got in parts:
             out[rows] = got
 
-    def _read(self, which: np.ndarray, starts: np.ndarray) -> Iterator[tuple[slice | np.ndarray, np.ndarray]]:
+    def _read(self, which: np.ndarray, starts: np.ndarray) -> Iterator[Part]:
         """(rows, their windows) for the windows (region which[i], from token starts[i]), in the files' dtype: one
         fancy index for all the files (see _Span), or one per span where the files' dtypes differ."""
         # The spans reach memory that is not the files' (see _Span): a start outside its region must raise here,
@@ -668,18 +680,24 @@ def _meta_vouches(paths: list[Path], vocab_size: int) -> bool:
     return True
 
 
-def _groups(stream: _Stream | _Shuffled, group: int, vocab_size: int | None, ring: list[np.ndarray],
-            events: list) -> Iterator[tuple[int, list[tuple[int, int, int]]]]:
-    """The producer: fill the next ring slot with this rank's next `group` batches (the first time: one, so
-    start-up and resume do not wait for a whole group); yield (slot, the stream state after each batch)."""
+def _reads(stream: _Stream | _Shuffled, group: int, vocab_size: int | None) -> Iterator[tuple[list, list]]:
+    """The producer's first stage: read this rank's next `group` batches (the first time: one, so start-up
+    and resume do not wait for a whole group); yield (what stream.read returned, the state after each batch)."""
     for step in itertools.count():
         windows, states = stream.plan(group if step else 1)
+        yield stream.read(windows, vocab_size), states
+        stream.read_ahead()
+
+
+def _fills(reads: Iterator[tuple[list, list]], stream: _Stream | _Shuffled, ring: list[np.ndarray],
+           events: list) -> Iterator[tuple[int, list[tuple[int, int, int]]]]:
+    """The producer's second stage: cast each group read into the next ring slot; yield (slot, states)."""
+    for step, (parts, states) in enumerate(reads):
         slot = step % len(ring)
         if events:
             events[slot].synchronize()  # the device copies of this slot's previous batches have finished
-        stream.gather(windows, ring[slot], vocab_size)
+        stream.fill(parts, ring[slot])
         yield slot, states
-        stream.read_ahead()
 
 
 def _rank_stretches(stream: _Stream, before: int, rows: int, after: int, stretches: list[Stretch]) -> None:
@@ -690,7 +708,7 @@ def _rank_stretches(stream: _Stream, before: int, rows: int, after: int, stretch
 
 
 def _pump(items: Iterator, q: queue.Queue, stop: threading.Event, cuda_device: int | None) -> None:
-    """Background thread: move items into the queue until stopped; an exception is queued for the consumer."""
+    """Background thread: move items into the queue until stopped; an exception is queued for the next stage."""
     if cuda_device is not None:
         # A new thread starts on GPU 0: without this, its event waits can open a CUDA context there from every
         # rank. Set the consumer's device, as torch's own pin-memory thread does.
@@ -701,6 +719,18 @@ def _pump(items: Iterator, q: queue.Queue, stop: threading.Event, cuda_device: i
                 return
     except BaseException as e:  # noqa: BLE001 - re-raised in the consumer's thread
         _put(q, e, stop)
+
+
+def _drain(q: queue.Queue, stop: threading.Event) -> Iterator:
+    """The items a _pump thread puts in q, until stopped; an exception it queued is raised here."""
+    while not stop.is_set():
+        try:
+            item = q.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
@@ -718,17 +748,17 @@ class TokenLoader:
     """Infinite iterator of (inputs, targets) int64 [batch_size, seq_len] batches on `device` (see module doc).
 
     inputs and targets are views of one [batch_size, seq_len + 1] tensor of windows (not contiguous: use
-    reshape, not view): one copy per batch instead of two. The background thread fills a ring of reused host
+    reshape, not view): one copy per batch instead of two. The background threads fill a ring of reused host
     buffers of a group of batches each (pinned for CUDA, where an event per buffer guards its reuse) at most
     `prefetch` batches (rounded up to whole groups) ahead; on CPU the batch *is* a view of a ring buffer: it
     stays valid until the next __next__ call, clone it to keep it longer.
-    Call close() (or use `with`) when done: it stops the background thread. `wait_s` accumulates the
-    seconds __next__ spent waiting for the background thread; `tokens_per_step` counts the target tokens of
+    Call close() (or use `with`) when done: it stops the background threads. `wait_s` accumulates the
+    seconds __next__ spent waiting for them; `tokens_per_step` counts the target tokens of
     one global batch (all ranks). shuffle=False, or seed=None, gives the sequential stream; shuffle_shards=K
     shuffles within K files at a time (0, or K at least the number of files: all of them at once).
     """
 
-    _thread: threading.Thread | None = None  # also what close() sees if __init__ failed
+    _threads: list[threading.Thread] = []  # also what close() sees if __init__ failed
 
     def __init__(self, files, batch_size: int, seq_len: int, *, rank: int = 0, world_size: int = 1,
                  seed: int | None = 0, bos_id: int | None = None, device: str | torch.device = "cpu",
@@ -780,7 +810,7 @@ class TokenLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._thread is None:
+        if not self._threads:
             self._start()
         if not self._ready:
             t0 = time.perf_counter()
@@ -803,19 +833,28 @@ class TokenLoader:
         self._queue: queue.Queue = queue.Queue(maxsize=self._queued_groups)
         self._ready: collections.deque = collections.deque()
         self._stop = threading.Event()
-        items = _groups(self._stream, self._group, self._vocab, [t.numpy() for t in self._ring], self._events)
+        # Two threads, so that the next group's random reads overlap this group's cast to int64. Shuffled,
+        # B=16, T=1024, on 2 vCPUs: reading (plan, gather, hints) takes ~150 us a group of 15 batches and the
+        # cast ~105 us when both run; one thread doing both delivered 0.36-0.37 of the memcpy ceiling, two
+        # 0.52-0.58 (scripts/bench_loader.py, three runs each, side by side).
+        read = queue.Queue(maxsize=1)
+        fills = _fills(_drain(read, self._stop), self._stream, [t.numpy() for t in self._ring], self._events)
         cuda_device = torch.cuda.current_device() if self._events else None
-        self._thread = threading.Thread(target=_pump, args=(items, self._queue, self._stop, cuda_device),
-                                        daemon=True, name="TokenLoader")
-        self._thread.start()
+        self._threads = [threading.Thread(target=_pump, args=args, daemon=True, name=f"TokenLoader {name}")
+                         for name, args in (("read", (_reads(self._stream, self._group, self._vocab), read,
+                                                       self._stop, None)),
+                                            ("fill", (fills, self._queue, self._stop, cuda_device)))]
+        for thread in self._threads:
+            thread.start()
 
     def close(self) -> None:
-        """Stop the background thread; iterating again restarts it where the consumer stopped."""
-        if self._thread is None:
+        """Stop the background threads; iterating again restarts them where the consumer stopped."""
+        if not self._threads:
             return
         self._stop.set()
-        self._thread.join()
-        self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def __enter__(self) -> TokenLoader:
         return self

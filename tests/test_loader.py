@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -228,11 +229,11 @@ def test_fancy_index_gather_equals_window_by_window(tmp_path, world, bos_id, hol
                 got += [torch.cat([x, y[:, -1:]], dim=1).clone() for x, y in (next(loader) for _ in range(steps))]
         return got
 
-    def window_by_window(self, windows, out, vocab_size):
-        for row, (r, start) in enumerate(zip(*(w.tolist() for w in windows))):
-            out[row] = self.regions[r].array[start:start + self.length]
+    def window_by_window(self, windows, vocab_size):
+        return [(slice(None), np.stack([self.regions[r].array[start:start + self.length]
+                                        for r, start in zip(*(w.tolist() for w in windows))]))]
     fancy = batches()
-    monkeypatch.setattr(data.loader._Shuffled, "gather", window_by_window)
+    monkeypatch.setattr(data.loader._Shuffled, "read", window_by_window)
     assert all(torch.equal(a, b) for a, b in zip(fancy, batches(), strict=True))
     assert {int(row[row != BOS][0]) // STRIDE for b in fancy for row in b} == {0, 2, 3}  # every file with slots
 
@@ -242,11 +243,11 @@ def test_a_window_outside_its_file_raises_instead_of_reading_other_memory(tmp_pa
     be refused before it is read (a start one token into the next file, or past the region's end)."""
     coded_shards(tmp_path, [40 * L + 7, 31 * L])
     with TokenLoader(str(tmp_path / "*.bin"), B, T, holdout_tokens=5) as loader:
-        stream, out = loader._stream, np.empty((1, L), dtype=np.int64)
+        stream = loader._stream
         for region, start in ((0, -1), (0, stream.ends[0] - L + 1), (1, stream.ends[1] - L + 1)):  # 1: the holdout
             with pytest.raises(RuntimeError, match="outside its file"):
-                stream.gather((np.array([region]), np.array([start])), out, None)
-        stream.gather((np.array([1]), np.array([stream.ends[1] - L])), out, None)  # the last window that fits
+                stream.read((np.array([region]), np.array([start])), None)
+        stream.read((np.array([1]), np.array([stream.ends[1] - L])), None)  # the last window that fits
 
 @pytest.mark.parametrize("shuffle,shards", [(False, 0), (True, 0), (True, 1)])
 @pytest.mark.parametrize("bos_id,consumed", [(None, 0), (None, 5), (None, 37), (7, 3), (7, 29)])
@@ -262,7 +263,9 @@ def test_resume_continues_exactly(tmp_path, bos_id, consumed, shuffle, shards):
     state_path = tmp_path / "state.pt"
     torch.save(old.state_dict(), state_path)
     expected = [torch.stack(next(old)) for _ in range(25)]
+    time.sleep(0.05)  # both stages blocked on full queues: close() must stop them there
     old.close()
+    assert not [t.name for t in threading.enumerate() if t.name in ("TokenLoader read", "TokenLoader fill")]
     resumed = new()
     resumed.load_state_dict(torch.load(state_path, weights_only=True))
     assert all(torch.equal(torch.stack(next(resumed)), e) for e in expected)
