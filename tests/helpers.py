@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,12 @@ def torchrun(args: Sequence, *, nproc: int = 2, timeout: float = 300, env: dict 
              check: bool = True, extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Launch `args` (a script path and its arguments) under a real standalone torchrun on CPU."""
     return run(torchrun_cmd(args, nproc=nproc, extra=extra), timeout=timeout, env=env, check=check)
+
+
+def exit_skipping_teardown() -> NoReturn:
+    """End a torchrun test worker whose results are saved and whose group is destroyed, without the C++
+    teardown: on a loaded machine 1 run in 24 aborted there after main returned ("terminate called without an
+    active exception", no Python frame, always rank 1), a thread of the DDP/FSDP2 runs still joinable at exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -43,5 +43,5 @@ def test_a_disk_too_small_for_the_big_set_is_a_clear_skip(tmp_path, monkeypatch,
     folder = tmp_path / "big"  # not there yet, as in main(): sizing must not need it to exist
     result = bench_memory.big_part(folder)
     assert result["skipped"].startswith(f"needs 1000000000 GB + 5 GB spare on {folder}")
-    assert f"larger than memory: skipped (needs 1000000000 GB" in capsys.readouterr().out
+    assert "larger than memory: skipped (needs 1000000000 GB" in capsys.readouterr().out
     assert list(folder.iterdir()) == []

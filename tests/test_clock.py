@@ -1,8 +1,9 @@
 """trainer/clock.py: the LR schedule's shape and the pausable budget clock."""
-import time
+from types import SimpleNamespace
 
 import pytest
 
+import trainer.clock
 from trainer.clock import Clock, lr_multiplier
 from trainer.config import TrainConfig
 
@@ -17,19 +18,20 @@ def test_lr_multiplier_without_warmup_or_decay_is_flat():
     assert [lr_multiplier(p, 0.0, 0.0, 0.0) for p in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
 
 
-def test_time_schedule_follows_the_budget_and_pauses():
-    clock = Clock(TrainConfig(budget_s=0.2, schedule="time", lr_decay_frac=1.0, lr_final_frac=0.0))
+def test_time_schedule_follows_the_budget_and_pauses(monkeypatch):
+    now = [64.0]  # a clock the test moves: no sleep whose overrun on a loaded machine could spend the budget
+    monkeypatch.setattr(trainer.clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    clock = Clock(TrainConfig(budget_s=0.25, schedule="time", lr_decay_frac=1.0, lr_final_frac=0.0))
     assert clock.elapsed() == 0.0 and clock.lr_mult(0) == 1.0 and not clock.time_up()
     clock.start()
-    time.sleep(0.1)
+    now[0] += 0.125  # binary fractions: exact sums
     with clock.paused():
-        charged = clock.elapsed()
-        time.sleep(0.2)
-        assert clock.elapsed() == charged  # nothing charged while paused
-    assert 0.1 <= clock.elapsed() < 0.2 and clock.lr_mult(0) == 1.0  # the LR moves only with the agreed time
+        now[0] += 0.25
+        assert clock.elapsed() == 0.125  # nothing charged while paused
+    assert clock.elapsed() == 0.125 and clock.lr_mult(0) == 1.0  # the LR moves with the agreed time
     clock.sync(clock.elapsed())
-    assert 0.0 < clock.lr_mult(0) <= 0.5
-    time.sleep(0.1)
+    assert clock.lr_mult(0) == 0.5
+    now[0] += 0.125
     clock.sync(clock.elapsed())
     assert clock.time_up() and clock.lr_mult(0) == 0.0
     clock.pause()

@@ -291,9 +291,9 @@ def test_random_documents_look_like_fineweb_shards():
 def test_a_check_past_its_timeout_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "child.pid"
     t0 = time.time()
-    rc, _ = gpu_check.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path / "out.log", 1,
-                                  gpu_check.CPU, tmp_path)
-    assert rc == "timeout" and time.time() - t0 < 10
+    rc, _ = gpu_check.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path / "out.log", 3,
+                                  gpu_check.CPU, tmp_path)  # 3 s: time for bash to start and write the pid
+    assert rc == "timeout" and time.time() - t0 < 12
     assert gone(int(pid_file.read_text()))
 
 
@@ -301,7 +301,7 @@ def test_a_check_in_flight_is_killed_when_the_script_is_stopped(tmp_path):
     # gpu_check.sh's outer timeout SIGTERMs the script, whose handler exits: the check's group must go too
     pid_file = tmp_path / "child.pid"
     previous = signal.signal(signal.SIGALRM, lambda *_: sys.exit("stopped"))
-    signal.alarm(2)
+    signal.alarm(4)  # time for bash to start and write the pid
     try:
         with pytest.raises(SystemExit):
             gpu_check.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path / "out.log", 50,

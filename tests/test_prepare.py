@@ -1,6 +1,7 @@
 """`python -m data.prepare` and `python -m scripts.fetch_fineweb` end to end on real files."""
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -154,8 +155,8 @@ def test_demo_corpus_is_the_stdlib_sources(tmp_path):
     shuffled = [sources.text_corpus(sources.stdlib_files(), seed).files for seed in (0, 0, 1)]
     assert shuffled[0] == shuffled[1] != shuffled[2] and sorted(shuffled[2]) == sorted(shuffled[0])
     assert shuffled[0] != sorted(shuffled[0])
-    stored = run_prepare("--demo", "--max-docs", "12", "--no-shuffle", "--out", str(tmp_path / "stored"),
-                         "--val-tokens", "5000", "--shard-tokens", "20000")
+    run_prepare("--demo", "--max-docs", "12", "--no-shuffle", "--out", str(tmp_path / "stored"),
+                "--val-tokens", "5000", "--shard-tokens", "20000")
     assert documents_of(token_stream(tmp_path / "stored")) == demo_documents(12, seed=None)
     # --max-tokens cuts the same stream exactly
     cut = run_prepare("--demo", "--max-docs", "12", "--max-tokens", "12345", "--out", str(tmp_path / "cut"),
@@ -175,17 +176,11 @@ def test_two_workers_write_the_same_bytes_as_one(tmp_path):
 def test_killed_runs_resume_to_the_same_output(tmp_path):
     common = ["--demo", "--max-docs", "200", "--val-tokens", "10000", "--shard-tokens", "100000", "--workers", "1"]
     out = tmp_path / "killed"
-    for kill in (1, 2):
-        proc = subprocess.Popen([sys.executable, "-m", "data.prepare", *common, "--out", str(out)], cwd=ROOT,
-                                stderr=subprocess.DEVNULL)
-        done_before = len(list(out.glob("demo_train_*.bin")))
-        deadline = time.time() + 120
-        while len(list(out.glob("demo_train_*.bin"))) <= done_before and proc.poll() is None:
-            assert time.time() < deadline
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert proc.returncode == -signal.SIGKILL, f"run {kill} finished before it could be killed"
+    for shards in (3, 2):  # SIGKILLed right after its 3rd (then 2nd) shard is renamed, before meta.json lists it
+        proc = subprocess.run([sys.executable, str(ROOT / "tests" / "die_at.py"), "data.shards:write_shard",
+                               str(shards), "-m", "data.prepare", *common, "--out", str(out)], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
         assert not json.loads((out / "meta.json").read_text())["complete"]
     run_prepare(*common, "--out", str(out))
     whole = run_prepare(*common, "--out", str(tmp_path / "whole"))
