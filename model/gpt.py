@@ -17,7 +17,7 @@ from torch import Tensor
 from model.config import GPTConfig  # re-exported: `from model.gpt import GPTConfig` keeps working
 
 try:
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # torch builds without FlexAttention fall back to SDPA
     flex_attention = None
 
