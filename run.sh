@@ -99,20 +99,29 @@ cpu_track() {
   echo "[run.sh] a sample from runs/$run_id/checkpoint.pt:"
   "$PY" -m scripts.sample "runs/$run_id/checkpoint.pt" --prompt "def " --tokens 300 --seed 0
   echo
+  summary "$run_id" "def "
+}
+
+# Where a finished run's files are, and the command that samples from its checkpoint.
+summary() {
+  local run_id=$1 prompt=$2
   echo "[run.sh] done: the run is in runs/$run_id/"
   if [ -f "runs/$run_id/loss.png" ]; then echo "  curves      runs/$run_id/loss.png"
   else echo "  curves      not drawn (train.py said why above)"; fi
   echo "  checkpoint  runs/$run_id/checkpoint.pt"
-  echo "  sample      bash run.sh sample runs/$run_id/checkpoint.pt --prompt \"def \" --tokens 300"
+  echo "  sample      bash run.sh sample runs/$run_id/checkpoint.pt --prompt \"$prompt\" --tokens 300"
 }
 
 gpu_track() {
-  local ngpu=$1 config
+  local ngpu=$1 config run_id
   config=${CONFIG:-configs/speedrun_8xh100.toml}
   [ "$ngpu" = 1 ] && [ -z "${CONFIG:-}" ] && config=configs/speedrun_1gpu.toml
   echo "[run.sh] speedrun track on $ngpu GPU(s): fetching pre-tokenized FineWeb shards if missing"
   "$PY" -m scripts.fetch_fineweb --shards "${FINEWEB_SHARDS:-9}" --out shards/fineweb10B
-  NPROC=${NPROC:-$ngpu} launch --config "$config"
+  # Every node must name the same folder: a multi-node job's RDZV_ID, else this launch's time.
+  run_id=$(basename "$config" .toml)-${RDZV_ID:-$(date +%Y%m%d-%H%M%S)}
+  NPROC=${NPROC:-$ngpu} launch --config "$config" --log.run_id="$run_id"
+  summary "$run_id" "The "
 }
 
 # A benchmark name that is not scripts/bench_NAME.py: list the ones there are (before any install).
