@@ -65,28 +65,31 @@ def test_verdict_refuses_warns_or_passes():
     assert verdict(cfg, 2, False, need / NEAR * 1.01, "") is None
 
 
-@pytest.fixture
-def too_big():
-    """The hackathon config, which this machine cannot hold in one process (skipped on a machine that can)."""
-    cfg = hackathon()
+def too_big(processes: int) -> list[str]:
+    """The hackathon shape (208M parameters, 32 x 1024 tokens a rank, which a 24-GiB machine cannot hold in two
+    processes), its micro-batch doubled until this machine's MemAvailable cannot hold it either."""
     have = available(Dist())
-    if have is None or have[0] > sum(estimate(cfg, 1, cuda=False).values()):
-        pytest.skip("this machine has the memory for the hackathon model")
-    return cfg
+    assert have is not None, "/proc/meminfo has no MemAvailable"
+    batch = hackathon().train.batch_size
+    per_process = have[0] / processes
+    while sum(estimate(hackathon(f"--train.batch_size={batch}"), processes, cuda=False).values()) <= per_process:
+        batch *= 2
+    return [f"--train.batch_size={batch}"]
 
 
-def test_check_memory_refuses_unless_told_to_warn(too_big, monkeypatch, capsys):
+def test_check_memory_refuses_unless_told_to_warn(monkeypatch, capsys):
+    cfg = hackathon(*too_big(1))
     with pytest.raises(ConfigError, match=r"this config needs about \d+\.\d GB per process .* a process has"):
-        check_memory(too_big, Dist())
+        check_memory(cfg, Dist())
     monkeypatch.setenv("SHARDRUN_MEMORY_CHECK", "warn")
-    check_memory(too_big, Dist())
+    check_memory(cfg, Dist())
     assert capsys.readouterr().err.startswith("train.py: warning: this config needs about")
 
 
-def test_the_hackathon_shape_under_the_organizers_flags_is_refused_at_once(too_big, tmp_path):
+def test_the_hackathon_shape_under_the_organizers_flags_is_refused_at_once(tmp_path):
     # Two ranks of 208M parameters and 32 x 1024 tokens each: a 12 GB rank was killed with -9 on this machine.
     make_shards(tmp_path / "data", [100_000], vocab=32000, header=False, pattern="chunk_{:04d}.bin")
-    proc = torchrun([TRAIN, *STARTER, "--data_dir", tmp_path / "data", f"--log.dir={tmp_path / 'runs'}",
+    proc = torchrun([TRAIN, *STARTER, *too_big(2), "--data_dir", tmp_path / "data", f"--log.dir={tmp_path / 'runs'}",
                      "--log.run_id=big"], check=False, timeout=120)
     assert proc.returncode == 1  # the ranks' own exit with the message, not -9
     out = proc.stdout + proc.stderr
