@@ -37,7 +37,7 @@ from atomic import write_json
 from model import get_model
 from trainer.config import parse_args as parse_train_args
 from trainer.data import resolve_data
-from trainer.plots import plot_runs
+from trainer.plots import plot_runs, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"baseline": "configs/baseline_cpu.toml", "modern": "configs/cpu.toml"}
@@ -152,11 +152,7 @@ def wait(args: argparse.Namespace, recipe: str, proc: subprocess.Popen, run_ids:
 
 def time_to_reach(run_dir: Path, loss: float) -> float | None:
     """Training seconds at the first eval of the run with val loss <= `loss` (None if never)."""
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["type"] == "eval" and record["val_loss"] <= loss:
-            return record["elapsed_s"]
-    return None
+    return next((r["elapsed_s"] for r in read_run(run_dir).evals if r["val_loss"] <= loss), None)
 
 
 def results(args: argparse.Namespace, run_ids: dict[str, str], params: dict[str, int],
@@ -166,7 +162,7 @@ def results(args: argparse.Namespace, run_ids: dict[str, str], params: dict[str,
     target, baseline_time = summaries["baseline"]["final_val_loss"], summaries["baseline"]["train_time_s"]
     reached = time_to_reach(args.runs / run_ids["modern"], target)
     keys = ("run_id", "final_val_loss", "final_val_bpb", "steps", "tokens_seen", "tokens_per_s", "train_time_s",
-            "world_size")
+            "world_size", "git_commit")
     return {"budget_s": args.budget, "eval_every_s": args.eval_every, "overrides": args.override, "ab": args.ab,
             "cpu_count": os.cpu_count(),
             "recipes": {r: {"config": args.recipes[r], "params": params[r], **{k: summaries[r][k] for k in keys},

@@ -32,8 +32,8 @@ def num_params(cfg) -> int:
 
 
 def tokens_per_step(cfg, world: int) -> int:
-    t = cfg.train
-    return t.batch_size * t.seq_len * t.grad_accum * world
+    train = cfg.train
+    return train.batch_size * train.seq_len * train.grad_accum * world
 
 
 def test_speedrun_recipe_matches_the_record_runs():
@@ -60,9 +60,10 @@ def test_one_gpu_speedrun_is_the_eight_gpu_run_with_eight_times_the_accumulation
 
 def test_gpt2_baseline_is_plain_gpt2_small_with_adamw():
     cfg, speedrun = load("baseline_8xh100"), load("speedrun_8xh100")
-    m = cfg.model
-    assert (m.n_layer, m.n_head, m.n_embd, m.bias, m.tie_embeddings, m.rotary) == (12, 12, 768, True, True, False)
-    assert m.norm == "layernorm" and m.activation == "gelu" and cfg.optim.name == "adamw"
+    gpt2 = cfg.model
+    assert (gpt2.n_layer, gpt2.n_head, gpt2.n_embd, gpt2.bias, gpt2.tie_embeddings, gpt2.rotary) == (
+        12, 12, 768, True, True, False)
+    assert gpt2.norm == "layernorm" and gpt2.activation == "gelu" and cfg.optim.name == "adamw"
     assert 120e6 < num_params(cfg) < 130e6  # GPT-2 small: 124M
     assert tokens_per_step(cfg, 8) == 524_288  # llm.c's batch
     assert (cfg.eval.target_loss, cfg.eval.tokens, cfg.data.val) == (3.28, 10_485_760, speedrun.data.val)
