@@ -102,15 +102,9 @@ def test_the_check_fails_on_a_mask_that_breaks_the_graph(compiled, monkeypatch):
 
 def test_train_step_sets_the_window_of_the_lr_schedules_progress(tmp_path):
     import train
-    from tests.helpers import make_shards
-    from trainer.config import parse_args
-    from trainer.distributed import Dist
+    from tests.helpers import growing_window_run
 
-    make_shards(tmp_path, [20_000], vocab=257)
-    cfg = parse_args(["--config", "configs/tiny.toml", f"--data.train={tmp_path}/*_train_*.bin", "--data.val=",
-                      "--model.vocab_size=257", "--model.window=40", "--model.window_start=8",
-                      "--model.window_pattern=LS", f"--log.dir={tmp_path}/runs", "--log.run_id=w"])
-    run = train.setup(cfg, Dist())
+    run = growing_window_run(tmp_path)
     batches = iter(run.loader)
     try:
         for step in (0, 15, 30):  # tiny.toml: a step schedule over max_steps = 30
