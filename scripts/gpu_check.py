@@ -91,7 +91,8 @@ class Sizes:
 
 
 GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
-            demo_args=["--max-tokens", "21000000", "--shard-tokens", "10000000", "--val-tokens", "1048576"],
+            # the text check's val set: 4 eval sequences of 262,144 targets and the token before the first
+            demo_args=["--max-tokens", "21000000", "--shard-tokens", "10000000", "--val-tokens", "1048577"],
             # training seconds: ~50-150 steps, past the probe's window (the compiles take most of each timeout)
             budget_s={"speedrun": 10, "text": 15, "hackathon": 10},
             timeout_s={"data": 30, "speedrun": 165, "kernels": 60, "hackathon": 80, "text": 65}, deadline_s=450,

@@ -291,6 +291,16 @@ def test_eval_tokens_give_whole_batches_of_the_eval_shape(tmp_path, name, sizes,
     assert len(got) == 3 and all(y.shape == batch and (y != PAD_TARGET).all() for y in got)
 
 
+@pytest.mark.parametrize("sizes", [gpu_check.CPU, gpu_check.GPU])
+def test_each_checks_val_data_holds_its_eval(sizes):
+    # eval_tokens targets need one token more (the first is an input only); the hackathon's holdout needs its
+    # chunk to keep one token for training
+    held = {"speedrun": sizes.val_tokens, "hackathon": sizes.train_tokens,
+            "text": int(sizes.demo_args[sizes.demo_args.index("--val-tokens") + 1])}
+    for name, tokens in held.items():
+        assert gpu_check.eval_tokens(gpu_check.check_args(name, Path("/w"), sizes)[0], sizes.eval_batches) < tokens
+
+
 def test_random_documents_look_like_fineweb_shards():
     tokens = gpu_check.random_documents(2_000_000, 50257, 50256, np.random.default_rng(0))
     starts = np.flatnonzero(tokens == 50256)
