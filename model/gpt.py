@@ -283,7 +283,7 @@ class GPT(nn.Module):
         return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
 
     def set_progress(self, progress: float) -> None:
-        """Use the window of `progress` (train.py: the LR schedule's; an eval of the finished run: 1)."""
+        """Use the window of `progress` (train.py: the LR schedule's, each step; its evals keep the last step's)."""
         window = self.window_at(progress)
         if window != self.window:
             self._use_window(window)
