@@ -91,7 +91,8 @@ class Sizes:
 
 
 GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
-            demo_args=["--max-tokens", "21000000", "--shard-tokens", "10000000", "--val-tokens", "1048576"],
+            # the text check's val set: 4 eval sequences of 262,144 targets and the token before the first
+            demo_args=["--max-tokens", "21000000", "--shard-tokens", "10000000", "--val-tokens", "1048577"],
             # training seconds: ~50-150 steps, past the probe's window (the compiles take most of each timeout)
             budget_s={"speedrun": 10, "text": 15, "hackathon": 10},
             timeout_s={"data": 30, "speedrun": 165, "kernels": 60, "hackathon": 80, "text": 65}, deadline_s=450,
@@ -200,11 +201,12 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
 
 
 def eval_tokens(argv: list[str], batches: int) -> int:
-    """Val tokens for `batches` full eval batches of this run (one compiled shape): windows of T+1 tokens, T
-    being eval.seq_len where the config has that key (issue #12's long eval), else train.seq_len."""
+    """Val tokens for `batches` full eval batches of this run (one compiled shape): val_batches cuts the stream
+    every T tokens, T being eval.seq_len where the config has that key (issue #12's long eval), else
+    train.seq_len, so any more would start a batch of padding."""
     cfg = parse_train_args(argv)
     train, eval_cfg = cfg.train, cfg.eval
-    return batches * (eval_cfg.batch_size or train.batch_size) * ((eval_cfg.seq_len or train.seq_len) + 1)
+    return batches * (eval_cfg.batch_size or train.batch_size) * (eval_cfg.seq_len or train.seq_len)
 
 
 def read_json(path: Path) -> dict:

@@ -70,6 +70,20 @@ def tiny_args(data: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
     return train_args(data, runs, run_id, f"--model.vocab_size={VOCAB}", "--eval.tokens=2048", *extra)
 
 
+def growing_window_run(folder: Path, *extra: str):
+    """train.setup in this process: configs/tiny.toml without evals on a random shard written to `folder`, its
+    window growing from 8 to 40 tokens (S layers half) over the 30-step schedule; close its loader and log."""
+    import train  # here, not at the top: the subprocess helpers need no torch
+    from trainer.config import parse_args
+    from trainer.distributed import Dist
+
+    make_shards(folder, [20_000], vocab=VOCAB)
+    cfg = parse_args(["--config", "configs/tiny.toml", f"--data.train={folder}/*_train_*.bin", "--data.val=",
+                      f"--model.vocab_size={VOCAB}", "--model.window=40", "--model.window_start=8",
+                      "--model.window_pattern=LS", f"--log.dir={folder}/runs", "--log.run_id=w", *extra])
+    return train.setup(cfg, Dist())
+
+
 def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,
         check: bool = True) -> subprocess.CompletedProcess:
     """Run a command with the test environment; on failure show its whole output."""

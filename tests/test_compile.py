@@ -1,4 +1,6 @@
 """Compile health: the compiled train step has no graph break, and the growing window never recompiles it."""
+import warnings
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -65,31 +67,44 @@ def test_train_step_compiles_once_without_graph_breaks(compiled):
     assert_one_graph()
 
 
-def test_flex_forward_compiles_once_without_graph_breaks(compiled, monkeypatch):
-    # The CUDA path: BlockMasks built inside the compiled forward. Forward only, as CPU has no flex backward.
+def flex_forwards(compiled, monkeypatch, steps: list[float]) -> None:
+    """The CUDA path on CPU: a compiled forward per progress in `steps`, building its BlockMasks inside, each
+    checked against SDPA. Forward only, as CPU has no flex backward."""
     monkeypatch.setattr(model.gpt, "flex_available", lambda device: True)
     sdpa = get_model({**SPEEDRUN, "attention": "sdpa"})
     sdpa.load_state_dict(compiled.state_dict())
     with torch.no_grad():
-        for step, progress in enumerate(PROGRESS):
+        for step, progress in enumerate(steps):
             compiled.set_progress(progress)
             sdpa.set_progress(progress)
             x = documents(step)
             torch.testing.assert_close(compiled(x[:, :-1])[0], sdpa(x[:, :-1])[0], atol=1e-5, rtol=0)
+
+
+def test_flex_forward_compiles_once_without_graph_breaks(compiled, monkeypatch):
+    flex_forwards(compiled, monkeypatch, PROGRESS)
     assert_one_graph()
+
+
+@pytest.mark.filterwarnings("ignore:mask built")
+def test_the_check_fails_on_a_mask_that_breaks_the_graph(compiled, monkeypatch):
+    # What create_block_mask(_compile=True) does from torch 2.10 on: a warnings.warn, which dynamo cannot trace
+    build = model.gpt.flex_block_mask
+
+    def warning_build(*args):
+        warnings.warn("mask built")
+        return build(*args)
+    monkeypatch.setattr(model.gpt, "flex_block_mask", warning_build)
+    flex_forwards(compiled, monkeypatch, PROGRESS[:1])
+    with pytest.raises(AssertionError, match="graph breaks: .*warn"):
+        assert_one_graph()
 
 
 def test_train_step_sets_the_window_of_the_lr_schedules_progress(tmp_path):
     import train
-    from tests.helpers import make_shards
-    from trainer.config import parse_args
-    from trainer.distributed import Dist
+    from tests.helpers import growing_window_run
 
-    make_shards(tmp_path, [20_000], vocab=257)
-    cfg = parse_args(["--config", "configs/tiny.toml", f"--data.train={tmp_path}/*_train_*.bin", "--data.val=",
-                      "--model.vocab_size=257", "--model.window=40", "--model.window_start=8",
-                      "--model.window_pattern=LS", f"--log.dir={tmp_path}/runs", "--log.run_id=w"])
-    run = train.setup(cfg, Dist())
+    run = growing_window_run(tmp_path)
     batches = iter(run.loader)
     try:
         for step in (0, 15, 30):  # tiny.toml: a step schedule over max_steps = 30

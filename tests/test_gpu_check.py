@@ -16,9 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from data.loader import PAD_TARGET
 from scripts import gpu_check, kernel_check, train_probe
 from tests.helpers import ROOT, make_shards, run
 from trainer.config import parse_args as parse_train_args
+from trainer.data import val_loader
+from trainer.distributed import Dist
 
 
 @pytest.mark.slow
@@ -275,10 +278,27 @@ def test_record_folder_is_named_by_date_and_gpu_and_never_taken_by_a_rehearsal()
         gpu_check.record_dir("auto", env, cpu=True)
 
 
-def test_eval_tokens_give_whole_batches_of_the_eval_shape():
-    # windows of T + 1 tokens: the rehearsal evaluates 2 x 128 tokens a batch, the hackathon 32 x 1,024
-    assert gpu_check.eval_tokens(gpu_check.check_args("speedrun", Path("/w"), gpu_check.CPU)[0], 2) == 2 * 2 * 129
-    assert gpu_check.eval_tokens(gpu_check.check_args("hackathon", Path("/w"), gpu_check.GPU)[0], 4) == 4 * 32 * 1025
+@pytest.mark.parametrize("name, sizes, batch", [("speedrun", gpu_check.CPU, (2, 128)),
+                                               ("hackathon", gpu_check.GPU, (32, 1024))])
+def test_eval_tokens_give_whole_batches_of_the_eval_shape(tmp_path, name, sizes, batch):
+    argv = gpu_check.check_args(name, Path("/w"), sizes)[0]
+    tokens = gpu_check.eval_tokens(argv, 3)
+    assert tokens == 3 * batch[0] * batch[1]
+    # what train.py's evals then read: exactly 3 batches, with no target left out
+    cfg = parse_train_args([*argv, f"--eval.tokens={tokens}"])
+    [val] = make_shards(tmp_path, [tokens + 1], vocab=257, header=cfg.data.format != "raw")
+    got = [y for _, y in val_loader(cfg, Dist(), [str(val)])]
+    assert len(got) == 3 and all(y.shape == batch and (y != PAD_TARGET).all() for y in got)
+
+
+@pytest.mark.parametrize("sizes", [gpu_check.CPU, gpu_check.GPU])
+def test_each_checks_val_data_holds_its_eval(sizes):
+    # eval_tokens targets need one token more (the first is an input only); the hackathon's holdout needs its
+    # chunk to keep one token for training
+    held = {"speedrun": sizes.val_tokens, "hackathon": sizes.train_tokens,
+            "text": int(sizes.demo_args[sizes.demo_args.index("--val-tokens") + 1])}
+    for name, tokens in held.items():
+        assert gpu_check.eval_tokens(gpu_check.check_args(name, Path("/w"), sizes)[0], sizes.eval_batches) < tokens
 
 
 def test_random_documents_look_like_fineweb_shards():

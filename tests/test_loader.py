@@ -5,6 +5,7 @@ yields maps back to (file, start) and any read across a file end or any overlap 
 """
 import json
 import os
+import queue
 import re
 import sys
 import threading
@@ -494,3 +495,22 @@ def test_a_file_without_documents_is_skipped_in_every_epoch(tmp_path):
         for _ in range(300):  # 160 windows per epoch: several epochs and orders
             x, _ = next(loader)
             assert (x[:, 0] == 0).all()
+
+
+def test_the_fill_thread_sets_the_consumers_cuda_device_before_its_first_item(tmp_path, monkeypatch):
+    # CPU has no CUDA device to check which one a thread uses, so record the call: thread, device, items so far
+    calls, q = [], queue.Queue()
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda device: calls.append((threading.current_thread().name, device, q.qsize())))
+    for device in (3, None):  # a CUDA loader's fill thread, then its read thread (and both of a CPU loader)
+        thread = threading.Thread(target=data.loader._pump, args=(iter("ab"), q, threading.Event(), device),
+                                  name=f"pump {device}")
+        thread.start()
+        thread.join()
+        assert [q.get_nowait() for _ in "ab"] == ["a", "b"]
+    assert calls == [("pump 3", 3, 0)]
+    coded_shards(tmp_path, SIZES)
+    with TokenLoader(str(tmp_path / "*.bin"), B, T) as loader:
+        next(loader)
+        assert sorted(t.name for t in loader._threads) == ["TokenLoader fill", "TokenLoader read"]
+    assert calls == [("pump 3", 3, 0)]  # a CPU loader's threads set no device

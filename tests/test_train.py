@@ -4,6 +4,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ from torch.distributed.tensor import DTensor
 
 from data.loader import PAD_TARGET, TokenLoader, val_batches
 from model import get_model
-from tests.helpers import ROOT, TRAIN, demo_data, free_port, make_shards, run, torchrun, train_args
+from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run, torchrun,
+                           train_args)
 
 
 @pytest.fixture(scope="session")
@@ -269,3 +271,23 @@ def test_a_diverging_run_stops_a_step_later_and_keeps_the_last_good_checkpoint(d
     assert ckpt["step"] == bad - 1 and all(v.isfinite().all() for v in ckpt["model"].values())
     assert json.loads((tmp_path / "nan" / "resume" / "done.json").read_text())["step"] == bad - 1
 
+
+
+def test_the_summarys_mfu_counts_each_steps_flops_at_its_own_window(tmp_path, monkeypatch):
+    import train
+    import trainer.mfu
+
+    monkeypatch.setattr(trainer.mfu, "peak_flops", lambda dist: 1e12)  # CPU has no peak of its own
+    run = growing_window_run(tmp_path, "--train.max_steps=6")
+    try:
+        status = train.train(run)
+    finally:
+        run.loader.close()
+        run.log.close()
+    summary = train.summarize(run, status, None)
+    gpt = run.model.module
+    windows = [gpt.window_at(step / 6) for step in range(6)]  # a step schedule: step s at progress s / 6
+    assert windows == [8, 13, 19, 24, 29, 35] and summary.steps == 6
+    spent = statistics.fmean(gpt.flops_per_token(run.cfg.train.seq_len, w) for w in windows)
+    assert summary.mfu == pytest.approx(trainer.mfu.mfu(spent, summary.tokens_per_s, 1e12, 1), rel=1e-12)
+    assert run.mfu(summary.tokens_per_s) > 1.01 * summary.mfu  # what the last step's window alone read

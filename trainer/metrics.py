@@ -42,7 +42,7 @@ class Summary:
     tokens_per_s: float | None
     train_time_s: float
     budget_s: float | None
-    mfu: float | None
+    mfu: float | None                # of the whole run: each step's FLOPs at its own attention window
     peak_mem_gb: float
     data_wait_frac: float | None
     world_size: int
