@@ -55,7 +55,7 @@ from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 
-from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
+from atomic import DiskFullError, existing_folder, write_text  # noqa: E402
 from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
@@ -584,7 +584,5 @@ if __name__ == "__main__":
         report(f"train.py: data error: {e}")
     except Diverged:
         sys.exit(1)  # rank 0 has printed why
-    except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
-        if e.errno not in NO_SPACE:
-            raise
+    except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
         report(f"train.py: disk full: {e}")

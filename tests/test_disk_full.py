@@ -1,7 +1,8 @@
 """A full disk: the failed write says so (path, bytes needed, bytes free) and leaves nothing half-written.
 
-The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from a 2 MB tmpfs that train.py
-fills for real, mounted in a private mount namespace (`unshare`; skipped where the machine forbids it).
+The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from small tmpfs filesystems that
+train.py and prepare fill for real, mounted in a private mount namespace (`unshare`; skipped where the machine
+forbids it).
 """
 import os
 import re
@@ -9,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from tests.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
 from trainer.checkpoint import save_checkpoint, save_resume, tensor_bytes
 from trainer.distributed import Dist
+from trainer.metrics import RunLog
 
 
 def test_a_failed_write_removes_its_file_and_the_folders_it_made(tmp_path):
@@ -85,29 +88,68 @@ def unshare_tmpfs_reason() -> str | None:
 NO_TMPFS = unshare_tmpfs_reason()
 
 
-@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
-def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
-    data = tiny_data(tmp_path / "data")
-    disk, after = tmp_path / "disk", tmp_path / "after"
+def on_small_disk(disk: Path, argv: list[str], *, size: str, free: int | None = None) -> subprocess.CompletedProcess:
+    """Run `argv` with a `size` tmpfs mounted on `disk`, all but `free` bytes of it taken by a file first (if
+    given); afterwards the tmpfs's files (that one left out) are copied to `disk`/../after, since the tmpfs goes
+    with the private mount namespace."""
+    after = disk.parent / "after"
     disk.mkdir()
     after.mkdir()
+    # a spare file of `free` bytes, the rest filled until the kernel says ENOSPC, then the spare removed
+    fill = (f"head -c {free} /dev/zero > {disk}/.spare && (cat /dev/zero > {disk}/.filler 2>/dev/null; "
+            f"rm {disk}/.spare) && " if free is not None else "")
+    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {fill}{shlex.join(argv)}; status=$?; "
+              f"rm -f {disk}/.filler; cp -a {disk}/. {after}/; exit $status")
+    return run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
+
+
+def disk_full_line(path: Path, error: str) -> str:
+    """The pattern of atomic.py's DiskFullError message for `path`, after `error` (the program's prefix)."""
+    return (rf"{re.escape(error)}{re.escape(str(path))}: no space left on device while writing it: it needs about "
+            r"([\d,]+) bytes, ([\d,]+) bytes are free there; free some space or write to another filesystem")
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
     # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
-    argv = [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9", "--log.every_steps=0")]
-    script = (f"mount -t tmpfs -o size=2m tmpfs {disk} && {shlex.join(argv)}; status=$?; "
-              f"cp -a {disk}/. {after}/; exit $status")  # the tmpfs goes with the namespace: copy it out
-    proc = run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9",
+                                                           "--log.every_steps=0")], size="2m")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but a save needs about ([\d,]+) there", proc.stdout)
     assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     # the first save is due after step 1 and, read a step late like every flag, comes after step 2
     rank0 = disk / "full" / "resume" / "step0000002" / "rank0.pt"
-    assert re.fullmatch(rf"train\.py: disk full: {re.escape(str(rank0))}: no space left on device while writing "
-                        r"it: it needs about [\d,]+ bytes, [\d,]+ bytes are free there; free some space or write "
-                        r"to another filesystem", last), last
+    assert re.fullmatch(disk_full_line(rank0, "train.py: disk full: "), last), last
     # no half-written file, no empty resume/step0000002/; the checkpoint written before it is whole
-    run_dir = after / "full"
+    run_dir = tmp_path / "after" / "full"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
     assert ckpt["step"] == 2
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_a_full_disk_under_the_run_log_names_the_file_and_the_bytes(tmp_path):
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
+    # two 4 KiB pages free: config.toml takes one, log.txt's first lines the other, and metrics.jsonl's first
+    # record finds none
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "log")], size="256k", free=8192)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    said = re.fullmatch(disk_full_line(disk / "log" / "metrics.jsonl", "train.py: disk full: "), last)
+    assert said, last
+    record = (tmp_path / "after" / "log" / "metrics.jsonl").read_text()
+    assert record == "" and 100 < int(said.group(1).replace(",", "")) < 400  # step 1's record, one JSON line
+    assert "run log " in (tmp_path / "after" / "log" / "log.txt").read_text()
+
+
+def test_a_full_disk_under_log_txt_names_it(tmp_path):
+    (tmp_path / "log.txt").symlink_to("/dev/full")  # every write fails with the kernel's ENOSPC
+    log = RunLog(tmp_path, Dist())
+    with pytest.raises(DiskFullError) as e:
+        log.print("step 1 | loss 5.5")
+    assert re.fullmatch(disk_full_line(tmp_path / "log.txt", ""), str(e.value)), e.value
+    assert str(e.value).startswith(f"{tmp_path / 'log.txt'}: no space left on device while writing it: it needs "
+                                   f"about 18 bytes, ")  # the line and its newline
