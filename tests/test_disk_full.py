@@ -4,6 +4,7 @@ The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from sm
 train.py and prepare fill for real, mounted in a private mount namespace (`unshare`; skipped where the machine
 forbids it).
 """
+import json
 import os
 import re
 import shlex
@@ -153,3 +154,26 @@ def test_a_full_disk_under_log_txt_names_it(tmp_path):
     assert re.fullmatch(disk_full_line(tmp_path / "log.txt", ""), str(e.value)), e.value
     assert str(e.value).startswith(f"{tmp_path / 'log.txt'}: no space left on device while writing it: it needs "
                                    f"about 18 bytes, ")  # the line and its newline
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_prepare_on_a_full_filesystem_says_so_in_one_line_and_keeps_what_it_finished(tmp_path):
+    disk = tmp_path / "disk"
+
+    def prepare(out: Path) -> list[str]:
+        return [sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(out),
+                "--max-tokens", "200000", "--val-tokens", "20000", "--shard-tokens", "50000", "--workers", "1"]
+
+    # 128 KiB: the val shard (20,000 tokens: 41 KB) fits, the first train shard (50,000: 101 KB) not
+    proc = on_small_disk(disk, prepare(disk / "demo"), size="128k")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    said = re.fullmatch(disk_full_line(disk / "demo" / "demo_train_000001.bin", "prepare: error: ")
+                        + r"; the same command, run again, continues after the last complete shard", last)
+    assert said and said.group(1) == f"{1024 + 2 * 50000:,}", last  # the header and 50,000 uint16 tokens
+    out = tmp_path / "after" / "demo"
+    assert sorted(p.name for p in out.iterdir()) == ["demo_val_000000.bin", "meta.json"]
+    assert json.loads((out / "meta.json").read_text())["shards"] == [{"file": "demo_val_000000.bin", "tokens": 20000}]
+    # as the message says: where there is space, the same command goes on from the val shard
+    assert "-> " in run(prepare(out)).stderr
+    assert [s["tokens"] for s in json.loads((out / "meta.json").read_text())["shards"]] == [20000, *[50000] * 3, 30000]
