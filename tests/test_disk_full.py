@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from atomic import DiskFullError, atomic_path, write_text
 from model import get_model
 from tests.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
-from trainer.checkpoint import save_checkpoint, save_resume, tensor_bytes
+from trainer.checkpoint import save_checkpoint, save_resume, save_space, tensor_bytes
 from trainer.distributed import Dist
 from trainer.metrics import RunLog
 
@@ -77,6 +78,27 @@ def test_a_resume_save_first_frees_what_a_failed_save_left_and_keeps_the_complet
     assert (root / "done.json").read_text() == done and list((root / "step0000009").iterdir()) == []
 
 
+def test_the_space_saves_need_counts_the_old_copies_that_stay_until_the_new_ones_are_complete(tmp_path):
+    checkpoint, done = tmp_path / "checkpoint.pt", tmp_path / "run" / "resume" / "done.json"
+    files = [(checkpoint, 600), (done, 1600)]  # written in this order, as train.py's save does
+    assert save_space(files, 1) == {tmp_path: 2200}             # a fresh run that saves once: each file once
+    assert save_space(files, 2) == {tmp_path: 600 + 2 * 1600}   # then the first resume state stays during the second
+    # a resumed run: both old copies are on disk already, so the free space needs to hold the larger new file
+    checkpoint.write_bytes(b"x")
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    assert save_space(files, 1) == save_space(files, 2) == {tmp_path: 1600}
+    # an old checkpoint.pt alone (a fresh run in an old folder): it stays while the new one is written
+    done.unlink()
+    assert save_space(files, 1) == {tmp_path: 1600} and save_space(files, 2) == {tmp_path: 2 * 1600}
+    if os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:  # a checkpoint on another filesystem counts there
+        elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm")) / "checkpoint.pt"
+        try:
+            assert save_space([(elsewhere, 600), (done, 1600)], 2) == {elsewhere.parent: 1200, done.parent: 3200}
+        finally:
+            elsewhere.parent.rmdir()
+
+
 def unshare_tmpfs_reason() -> str | None:
     """Why a tmpfs cannot be mounted in a private mount namespace here, or None if it can."""
     if shutil.which("unshare") is None:
@@ -117,7 +139,8 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9",
                                                            "--log.every_steps=0")], size="2m")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but a save needs about ([\d,]+) there", proc.stdout)
+    warning = re.search(r"warning: (\S+) has [\d,]+ bytes free, but the run.s saves need about [\d,]+ there .*; its "
+                        r"first save will fail", proc.stdout)
     assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     # the first save is due after step 1 and, read a step late like every flag, comes after step 2
@@ -129,6 +152,27 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
     assert ckpt["step"] == 2
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_a_run_that_saves_twice_is_warned_when_the_second_save_does_not_fit(tmp_path):
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
+    # 3 MiB: one save (checkpoint.pt 0.6 MB + resume state 1.6 MB) fits, but the second holds the first's resume
+    # state until its own is complete (3.9 MB)
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "twice", "--train.checkpoint_every_s=1e-9",
+                                                           "--log.every_steps=0")], size="3m")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but the run's saves need about ([\d,]+) there "
+                        r".*; its second save will fail", proc.stdout)
+    assert warning and warning.group(1) == str(disk / "twice"), proc.stdout[-3000:]
+    free, need = (int(warning.group(i).replace(",", "")) for i in (2, 3))
+    assert 2.2e6 < free < need < 4e6
+    last = proc.stderr.strip().splitlines()[-1]
+    failed = re.fullmatch(disk_full_line(disk / "twice" / "resume", "train.py: disk full: ").replace(
+        re.escape("resume"), r"resume/(step\d+)/rank0\.pt"), last)
+    assert failed, last  # as warned: not the first save (step 2, complete in the run folder), a later one
+    done = json.loads((tmp_path / "after" / "twice" / "resume" / "done.json").read_text())
+    assert done["step"] == 2 and failed.group(1) != "step0000002"
 
 
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
