@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from trainer.config import Config, ConfigError, check_resume, parse_args, to_toml
+from trainer.config import Change, Config, ConfigError, check_resume, parse_args, to_toml
 
 
 def fail(message: str, first: bool) -> None:
@@ -86,6 +86,9 @@ class Progress:
     data_wait: float = 0.0
     wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
                                                     checkpoint_s=0.0))
+    # every key a resume changed, {"step", "key", "saved", "now"}: config.toml shows only the last values, and
+    # the leaderboard keeps a run whose result a change can move apart from runs given those values from the start
+    resume_changes: list = field(default_factory=list)
 
 
 @dataclass
@@ -178,6 +181,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
+        run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
@@ -216,7 +220,7 @@ def warn_if_the_saves_do_not_fit(run: Run) -> None:
                           f"train.checkpoint_path")
 
 
-def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
+def report_changes(run: Run, saved_train: dict, changes: list[Change]) -> None:
     """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
     for change in changes:
         run.log.print(f"resume: {change}")
@@ -572,7 +576,7 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
         budget_s=cfg.train.budget_s or None, mfu=run.mfu(tok_s) if tok_s else None,
         peak_mem_gb=peak_mem_gb(dist), data_wait_frac=progress.data_wait / train_time if train_time > 0 else None,
         world_size=dist.world_size, hardware=hardware(dist), torch_version=torch.__version__,
-        git_commit=git_commit(), wall=progress.wall)
+        git_commit=git_commit(), wall=progress.wall, resume_changes=progress.resume_changes)
 
 
 def report(message: str) -> None:

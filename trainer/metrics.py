@@ -50,6 +50,7 @@ class Summary:
     torch_version: str
     git_commit: str | None
     wall: dict[str, float]           # seconds by phase: init, warmup, train, eval, checkpoint
+    resume_changes: list[dict]       # each key a resume changed: {"step", "key", "saved", "now"}, in order
 
 
 def hardware(dist: Dist) -> str:
