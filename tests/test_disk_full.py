@@ -126,26 +126,35 @@ def on_small_disk(disk: Path, argv: list[str], *, size: str, free: int | None = 
     return run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
 
 
-def disk_full_line(path: Path, error: str) -> str:
-    """The pattern of atomic.py's DiskFullError message for `path`, after `error` (the program's prefix)."""
-    return (rf"{re.escape(error)}{re.escape(str(path))}: no space left on device while writing it: it needs about "
-            r"([\d,]+) bytes, ([\d,]+) bytes are free there; free some space or write to another filesystem")
+def disk_full_line(path: str, error: str) -> str:
+    """The pattern of atomic.py's DiskFullError message for a file that `path` (a pattern) matches, after `error`
+    (the program's prefix)."""
+    return (rf"{re.escape(error)}{path}: no space left on device while writing it: it needs about ([\d,]+) bytes, "
+            r"([\d,]+) bytes are free there; free some space or write to another filesystem")
+
+
+def saving_every_step(tmp_path: Path, run_id: str, size: str) -> tuple[subprocess.CompletedProcess, re.Match]:
+    """The tiny config, saving after every step on a `size` tmpfs, which it fills: its process (exit 1, no
+    traceback) and its warning line (groups: folder, bytes free, bytes needed, which save fails)."""
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, run_id, "--train.checkpoint_every_s=1e-9",
+                                                           "--log.every_steps=0")], size=size)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but the run's saves need about ([\d,]+) there "
+                        r".*; its (\w+) save will fail", proc.stdout)
+    assert warning and warning.group(1) == str(disk / run_id), proc.stdout[-3000:]
+    return proc, warning
 
 
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
 def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
-    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
     # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
-    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9",
-                                                           "--log.every_steps=0")], size="2m")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    warning = re.search(r"warning: (\S+) has [\d,]+ bytes free, but the run.s saves need about [\d,]+ there .*; its "
-                        r"first save will fail", proc.stdout)
-    assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
+    proc, warning = saving_every_step(tmp_path, "full", "2m")
+    assert warning.group(4) == "first"
     last = proc.stderr.strip().splitlines()[-1]
     # the first save is due after step 1 and, read a step late like every flag, comes after step 2
-    rank0 = disk / "full" / "resume" / "step0000002" / "rank0.pt"
-    assert re.fullmatch(disk_full_line(rank0, "train.py: disk full: "), last), last
+    rank0 = tmp_path / "disk" / "full" / "resume" / "step0000002" / "rank0.pt"
+    assert re.fullmatch(disk_full_line(re.escape(str(rank0)), "train.py: disk full: "), last), last
     # no half-written file, no empty resume/step0000002/; the checkpoint written before it is whole
     run_dir = tmp_path / "after" / "full"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
@@ -156,20 +165,14 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
 
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
 def test_a_run_that_saves_twice_is_warned_when_the_second_save_does_not_fit(tmp_path):
-    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
     # 3 MiB: one save (checkpoint.pt 0.6 MB + resume state 1.6 MB) fits, but the second holds the first's resume
     # state until its own is complete (3.9 MB)
-    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "twice", "--train.checkpoint_every_s=1e-9",
-                                                           "--log.every_steps=0")], size="3m")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but the run's saves need about ([\d,]+) there "
-                        r".*; its second save will fail", proc.stdout)
-    assert warning and warning.group(1) == str(disk / "twice"), proc.stdout[-3000:]
+    proc, warning = saving_every_step(tmp_path, "twice", "3m")
     free, need = (int(warning.group(i).replace(",", "")) for i in (2, 3))
-    assert 2.2e6 < free < need < 4e6
+    assert warning.group(4) == "second" and 2.2e6 < free < need < 4e6
     last = proc.stderr.strip().splitlines()[-1]
-    failed = re.fullmatch(disk_full_line(disk / "twice" / "resume", "train.py: disk full: ").replace(
-        re.escape("resume"), r"resume/(step\d+)/rank0\.pt"), last)
+    resume = re.escape(str(tmp_path / "disk" / "twice" / "resume"))
+    failed = re.fullmatch(disk_full_line(rf"{resume}/(step\d+)/rank0\.pt", "train.py: disk full: "), last)
     assert failed, last  # as warned: not the first save (step 2, complete in the run folder), a later one
     done = json.loads((tmp_path / "after" / "twice" / "resume" / "done.json").read_text())
     assert done["step"] == 2 and failed.group(1) != "step0000002"
@@ -183,7 +186,8 @@ def test_a_full_disk_under_the_run_log_names_the_file_and_the_bytes(tmp_path):
     proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "log")], size="256k", free=8192)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    said = re.fullmatch(disk_full_line(disk / "log" / "metrics.jsonl", "train.py: disk full: "), last)
+    said = re.fullmatch(disk_full_line(re.escape(str(disk / "log" / "metrics.jsonl")), "train.py: disk full: "),
+                        last)
     assert said, last
     record = (tmp_path / "after" / "log" / "metrics.jsonl").read_text()
     assert record == "" and 100 < int(said.group(1).replace(",", "")) < 400  # step 1's record, one JSON line
@@ -195,7 +199,7 @@ def test_a_full_disk_under_log_txt_names_it(tmp_path):
     log = RunLog(tmp_path, Dist())
     with pytest.raises(DiskFullError) as e:
         log.print("step 1 | loss 5.5")
-    assert re.fullmatch(disk_full_line(tmp_path / "log.txt", ""), str(e.value)), e.value
+    assert re.fullmatch(disk_full_line(re.escape(str(tmp_path / "log.txt")), ""), str(e.value)), e.value
     assert str(e.value).startswith(f"{tmp_path / 'log.txt'}: no space left on device while writing it: it needs "
                                    f"about 18 bytes, ")  # the line and its newline
 
@@ -212,7 +216,7 @@ def test_prepare_on_a_full_filesystem_says_so_in_one_line_and_keeps_what_it_fini
     proc = on_small_disk(disk, prepare(disk / "demo"), size="128k")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    said = re.fullmatch(disk_full_line(disk / "demo" / "demo_train_000001.bin", "prepare: error: ")
+    said = re.fullmatch(disk_full_line(re.escape(str(disk / "demo" / "demo_train_000001.bin")), "prepare: error: ")
                         + r"; the same command, run again, continues after the last complete shard", last)
     assert said and said.group(1) == f"{1024 + 2 * 50000:,}", last  # the header and 50,000 uint16 tokens
     out = tmp_path / "after" / "demo"
