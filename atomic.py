@@ -31,21 +31,35 @@ def atomic_path(path: str | os.PathLike, *, size: int | None = None) -> Iterator
             break
         made.append(folder)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # the cleanup runs inside, so the free bytes the error gives are measured after the partial file is gone
+    with reporting_full_disk(path, size):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            for folder in made:
+                with contextlib.suppress(OSError):  # not empty: another rank's file is in it
+                    folder.rmdir()
+            raise
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path: str | os.PathLike, size: int | None = None) -> Iterator[None]:
+    """Turn a full disk met inside the block into a DiskFullError naming `path`, its `size` (the bytes being
+    written, if known) and the bytes free; any other exception passes unchanged."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        yield
+    except DiskFullError:
+        raise  # a nested write has named its own file already
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        for folder in made:
-            with contextlib.suppress(OSError):  # not empty: another rank's file is in it
-                folder.rmdir()
         code = _no_space(e)
-        if code is not None:
-            raise _disk_full(path, size, code) from e
-        raise
+        if code is None:
+            raise
+        raise _disk_full(Path(path), size, code) from e
 
 
 def _no_space(e: BaseException | None) -> int | None:
@@ -62,7 +76,7 @@ def _no_space(e: BaseException | None) -> int | None:
 
 
 def _disk_full(path: Path, size: int | None, code: int) -> DiskFullError:
-    """The error for a write of `path` that hit `code` (ENOSPC/EDQUOT), measured after the partial file is gone."""
+    """The error for a write of `path` that hit `code` (ENOSPC/EDQUOT), with the bytes free there now."""
     free = shutil.disk_usage(existing_folder(path)).free
     need = f"it needs about {size:,} bytes, " if size is not None else ""
     err = DiskFullError(f"{path}: {os.strerror(code).lower()} while writing it: {need}{free:,} bytes are free "

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from trainer.config import Config, ConfigError, check_resume, parse_args, to_toml
+from trainer.config import Change, Config, ConfigError, check_resume, parse_args, to_toml
 
 
 def fail(message: str, first: bool) -> None:
@@ -55,7 +55,7 @@ from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 
-from atomic import NO_SPACE, existing_folder, write_text  # noqa: E402
+from atomic import DiskFullError, write_text  # noqa: E402
 from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
@@ -63,7 +63,7 @@ from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (load_resume, restore, resume_marker, save_checkpoint, save_resume,  # noqa: E402
-                                training_state)
+                                save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
@@ -87,6 +87,9 @@ class Progress:
     data_wait: float = 0.0
     wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
                                                     checkpoint_s=0.0))
+    # every key a resume changed, {"step", "key", "saved", "now"}: config.toml shows only the last values, and
+    # the leaderboard keeps a run whose result a change can move apart from runs given those values from the start
+    resume_changes: list = field(default_factory=list)
 
 
 @dataclass
@@ -183,39 +186,46 @@ def setup(cfg: Config, dist: Dist) -> Run:
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
+        run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
               f"{cfg.train.parallel if dist.world_size > 1 else 'no wrapper'} | compile {cfg.train.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
-    warn_if_a_save_does_not_fit(run)
+    warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
 
 
-def warn_if_a_save_does_not_fit(run: Run) -> None:
-    """Rank 0 warns before the first step where the free space is short of one save: checkpoint.pt holds the
-    model's state dict, the resume state that and at most two optimizer moments per parameter (AdamW's), and
-    the old files stay until the new ones are complete."""
+def warn_if_the_saves_do_not_fit(run: Run) -> None:
+    """Rank 0 warns before the first step where the free space is short of what the run's saves will hold at
+    their peak: checkpoint.pt holds the model's state dict, the resume state that and at most two optimizer
+    moments per parameter (AdamW's), and each file's old copy stays until its new one is complete."""
     if not run.dist.master:
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
     model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
     moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
     checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
-    needs: dict[int, list] = {}  # filesystem -> [folder, bytes]
-    for folder, size in ((existing_folder(checkpoint), model), (run.run_dir, model + moments)):
-        needs.setdefault(folder.stat().st_dev, [folder, 0])[1] += size
-    for folder, need in needs.values():
+    # in the order save() writes them; the resume state is on disk where its done.json is
+    files = [(checkpoint, model), (run.run_dir / "resume" / "done.json", model + moments)]
+    every, budget = run.cfg.train.checkpoint_every_s, run.cfg.train.budget_s
+    # periodic saves, then the final one; a time budget that ends before the first periodic save leaves only the
+    # final one (evals off the clock can stretch the wall time that periodic saves follow: then one more comes)
+    saves = 2 if every > 0 and not 0 < budget <= every else 1
+    first = save_space(files, 1)
+    for folder, need in save_space(files, saves).items():
         free = shutil.disk_usage(folder).free
         if free < need:
-            run.log.print(f"warning: {folder} has {free:,} bytes free, but a save needs about {need:,} there "
-                          f"(checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
-                          f"{moments:,} of optimizer moments); the first save will fail: free space or move "
-                          f"log.dir / train.checkpoint_path")
+            which = "first" if free < first[folder] else "second"
+            run.log.print(f"warning: {folder} has {free:,} bytes free, but the run's saves need about {need:,} "
+                          f"there (checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
+                          f"{moments:,} of optimizer moments; each file's old copy stays until its new one is "
+                          f"complete); its {which} save will fail: free space or move log.dir / "
+                          f"train.checkpoint_path")
 
 
-def report_changes(run: Run, saved_train: dict, changes: list[str]) -> None:
+def report_changes(run: Run, saved_train: dict, changes: list[Change]) -> None:
     """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
     for change in changes:
         run.log.print(f"resume: {change}")
@@ -575,7 +585,7 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
         budget_s=cfg.train.budget_s or None, mfu=mfu,
         peak_mem_gb=peak_mem_gb(dist), data_wait_frac=progress.data_wait / train_time if train_time > 0 else None,
         world_size=dist.world_size, hardware=hardware(dist), torch_version=torch.__version__,
-        git_commit=git_commit(), wall=progress.wall)
+        git_commit=git_commit(), wall=progress.wall, resume_changes=progress.resume_changes)
 
 
 def report(message: str) -> None:
@@ -593,7 +603,5 @@ if __name__ == "__main__":
         report(f"train.py: data error: {e}")
     except Diverged:
         sys.exit(1)  # rank 0 has printed why
-    except OSError as e:  # DiskFullError names the file; log.txt and metrics.jsonl appends fail as plain ENOSPC
-        if e.errno not in NO_SPACE:
-            raise
+    except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
         report(f"train.py: disk full: {e}")

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from atomic import write_json
+from atomic import DiskFullError, write_json
 from data import sources
 from data.meta import META, MetaError, read_meta
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
@@ -403,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
         prepare(args)
     except (PrepareError, TokenizerError, sources.SourceError) as e:
         sys.exit(f"prepare: error: {e}")
+    except DiskFullError as e:  # meta.json names the shards already complete: a re-run resumes from them
+        sys.exit(f"prepare: error: {e}; the same command, run again, continues after the last complete shard")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def write_shard(path: str | os.PathLike, tokens, *, dtype=None, header: bool = T
         raise ShardError(f"{path}: shard dtype must be uint16 or uint32, got {dtype}")
     if hi > np.iinfo(dtype).max:
         raise ShardError(f"{path}: token id {hi} does not fit in {dtype.name}; use dtype=np.uint32")
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, size=HEADER_BYTES * header + arr.size * dtype.itemsize) as tmp, open(tmp, "wb") as f:
         if header:
             magic = MAGIC_FOR_DTYPE[dtype]
             head = np.zeros(HEADER_INTS, dtype="<i4")

@@ -6,7 +6,9 @@
 
 A row holds the runs whose resolved configs (the config.toml beside each summary.json) are identical
 except for run-specific keys (RUN_SPECIFIC: where a run writes, how it is logged, checkpointed and resumed),
-at the same world size. Different seeds make different rows unless --pool-seeds. The fingerprint column is
+at the same world size, and whose resumes (summary.json's resume_changes) made the same changes that can move a
+result (all but RESUME_NEUTRAL's): a run extended by --extend-budget is not pooled with runs given the longer
+budget from the start. Different seeds make different rows unless --pool-seeds. The fingerprint column is
 a hash of what a row's runs share; "differs" names the settings that set a row apart from the largest row of
 the same config name. A record claim needs p < 0.01 that the mean final val loss is <= the target
 (one-sided one-sample t-test, the speedrun's rule, computed by scipy.stats.ttest_1samp), so a p-value
@@ -42,6 +44,16 @@ COLUMNS = ("track", "config", "fingerprint", "runs", "reached", "time to target 
 RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
                 "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s")
 SEEDS = ("train.seed", "data.seed")
+# What a resume may change (trainer/config.py's RESUME_SAFE and, with --extend-budget, the budget) that cannot
+# move a run's result, so that the run stays in the row of the config it ended with: the run-specific keys, a
+# check of the data, a label, and the eval's grouping into batches (the same windows). Evals read the model
+# without changing it and, except where train.timing = "from_first_forward" puts them on the training clock,
+# take no time from training, so their frequency leaves the trajectory alone (the time to target is read at
+# them: from the resume on, at the new frequency). Every other change sets the run apart: a budget extension
+# (the LR schedule spans the new budget from the resume on), train.compile and train.warmup_steps (how fast the
+# clock runs, hence the time to target and the steps a time budget buys), and a key added to RESUME_SAFE later.
+RESUME_NEUTRAL = (*RUN_SPECIFIC, "data.vocab_check", "log.track", "eval.batch_size")
+EVAL_FREQUENCY = ("eval.every_steps", "eval.every_s")
 DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest
 
 
@@ -85,6 +97,11 @@ def load_summary(path: Path) -> dict:
         value = summary[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise SummaryError(f"{path}: {key} must be a number or null, got {value!r}")
+    changes = summary.setdefault("resume_changes", [])  # older summaries: written before resumes were recorded
+    if not isinstance(changes, list) or not all(isinstance(c, dict) and {"key", "saved", "now"} <= c.keys()
+                                                for c in changes):
+        raise SummaryError(f"{path}: resume_changes must be a list of {{\"step\", \"key\", \"saved\", \"now\"}} "
+                           f"objects, as train.py writes it; restore it from the run folder")
     summary["config"] = load_config(Path(path).parent / "config.toml")
     return summary
 
@@ -108,9 +125,21 @@ def load_config(path: Path) -> dict[str, Any]:
 
 
 def experiment(summary: dict, pool_seeds: bool = False) -> dict[str, Any]:
-    """What makes a run comparable: its config without run-specific keys (and seeds, if pooled), and world size."""
+    """What makes a run comparable: its config without run-specific keys (and seeds, if pooled), world size, and
+    the changes its resumes made that can move its result."""
     drop = RUN_SPECIFIC + (SEEDS if pool_seeds else ())
-    return {**{k: v for k, v in summary["config"].items() if k not in drop}, "world_size": summary["world_size"]}
+    exp = {**{k: v for k, v in summary["config"].items() if k not in drop}, "world_size": summary["world_size"]}
+    # not the step of the change: runs extended at the end of the same budget end it at different steps
+    resumed = [f"{c['key']} {c['saved']}->{c['now']}" for c in summary["resume_changes"]
+               if moves_result(c["key"], summary["config"])]
+    return {**exp, "resumed": "; ".join(resumed)} if resumed else exp
+
+
+def moves_result(key: str, config: dict[str, Any]) -> bool:
+    """Whether a resume's change of `key` can move the result of a run that ended with `config` (RESUME_NEUTRAL)."""
+    if key in EVAL_FREQUENCY:
+        return config["train.timing"] == "from_first_forward"
+    return key not in RESUME_NEUTRAL
 
 
 def fingerprint(exp: dict[str, Any]) -> str:

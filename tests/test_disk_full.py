@@ -1,14 +1,18 @@
 """A full disk: the failed write says so (path, bytes needed, bytes free) and leaves nothing half-written.
 
-The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from a 2 MB tmpfs that train.py
-fills for real, mounted in a private mount namespace (`unshare`; skipped where the machine forbids it).
+The kernel's own ENOSPC comes from /dev/full here (no mount needed), and from small tmpfs filesystems that
+train.py and prepare fill for real, mounted in a private mount namespace (`unshare`; skipped where the machine
+forbids it).
 """
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +21,9 @@ from atomic import DiskFullError, atomic_path, write_text
 from model import get_model
 from tests.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
-from trainer.checkpoint import save_checkpoint, save_resume, tensor_bytes
+from trainer.checkpoint import save_checkpoint, save_resume, save_space, tensor_bytes
 from trainer.distributed import Dist
+from trainer.metrics import RunLog
 
 
 def test_a_failed_write_removes_its_file_and_the_folders_it_made(tmp_path):
@@ -73,6 +78,27 @@ def test_a_resume_save_first_frees_what_a_failed_save_left_and_keeps_the_complet
     assert (root / "done.json").read_text() == done and list((root / "step0000009").iterdir()) == []
 
 
+def test_the_space_saves_need_counts_the_old_copies_that_stay_until_the_new_ones_are_complete(tmp_path):
+    checkpoint, done = tmp_path / "checkpoint.pt", tmp_path / "run" / "resume" / "done.json"
+    files = [(checkpoint, 600), (done, 1600)]  # written in this order, as train.py's save does
+    assert save_space(files, 1) == {tmp_path: 2200}             # a fresh run that saves once: each file once
+    assert save_space(files, 2) == {tmp_path: 600 + 2 * 1600}   # then the first resume state stays during the second
+    # a resumed run: both old copies are on disk already, so the free space needs to hold the larger new file
+    checkpoint.write_bytes(b"x")
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    assert save_space(files, 1) == save_space(files, 2) == {tmp_path: 1600}
+    # an old checkpoint.pt alone (a fresh run in an old folder): it stays while the new one is written
+    done.unlink()
+    assert save_space(files, 1) == {tmp_path: 1600} and save_space(files, 2) == {tmp_path: 2 * 1600}
+    if os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:  # a checkpoint on another filesystem counts there
+        elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm")) / "checkpoint.pt"
+        try:
+            assert save_space([(elsewhere, 600), (done, 1600)], 2) == {elsewhere.parent: 1200, done.parent: 3200}
+        finally:
+            elsewhere.parent.rmdir()
+
+
 def unshare_tmpfs_reason() -> str | None:
     """Why a tmpfs cannot be mounted in a private mount namespace here, or None if it can."""
     if shutil.which("unshare") is None:
@@ -85,29 +111,117 @@ def unshare_tmpfs_reason() -> str | None:
 NO_TMPFS = unshare_tmpfs_reason()
 
 
-@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
-def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
-    data = tiny_data(tmp_path / "data")
-    disk, after = tmp_path / "disk", tmp_path / "after"
+def on_small_disk(disk: Path, argv: list[str], *, size: str, free: int | None = None) -> subprocess.CompletedProcess:
+    """Run `argv` with a `size` tmpfs mounted on `disk`, all but `free` bytes of it taken by a file first (if
+    given); afterwards the tmpfs's files (that one left out) are copied to `disk`/../after, since the tmpfs goes
+    with the private mount namespace."""
+    after = disk.parent / "after"
     disk.mkdir()
     after.mkdir()
-    # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
-    argv = [sys.executable, *tiny_args(data, disk, "full", "--train.checkpoint_every_s=1e-9", "--log.every_steps=0")]
-    script = (f"mount -t tmpfs -o size=2m tmpfs {disk} && {shlex.join(argv)}; status=$?; "
-              f"cp -a {disk}/. {after}/; exit $status")  # the tmpfs goes with the namespace: copy it out
-    proc = run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
+    # a spare file of `free` bytes, the rest filled until the kernel says ENOSPC, then the spare removed
+    fill = (f"head -c {free} /dev/zero > {disk}/.spare && (cat /dev/zero > {disk}/.filler 2>/dev/null; "
+            f"rm {disk}/.spare) && " if free is not None else "")
+    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {fill}{shlex.join(argv)}; status=$?; "
+              f"rm -f {disk}/.filler; cp -a {disk}/. {after}/; exit $status")
+    return run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], check=False)
+
+
+def disk_full_line(path: str, error: str) -> str:
+    """The pattern of atomic.py's DiskFullError message for a file that `path` (a pattern) matches, after `error`
+    (the program's prefix)."""
+    return (rf"{re.escape(error)}{path}: no space left on device while writing it: it needs about ([\d,]+) bytes, "
+            r"([\d,]+) bytes are free there; free some space or write to another filesystem")
+
+
+def saving_every_step(tmp_path: Path, run_id: str, size: str) -> tuple[subprocess.CompletedProcess, re.Match]:
+    """The tiny config, saving after every step on a `size` tmpfs, which it fills: its process (exit 1, no
+    traceback) and its warning line (groups: folder, bytes free, bytes needed, which save fails)."""
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, run_id, "--train.checkpoint_every_s=1e-9",
+                                                           "--log.every_steps=0")], size=size)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but a save needs about ([\d,]+) there", proc.stdout)
-    assert warning and warning.group(1) == str(disk / "full"), proc.stdout[-3000:]
+    warning = re.search(r"warning: (\S+) has ([\d,]+) bytes free, but the run's saves need about ([\d,]+) there "
+                        r".*; its (\w+) save will fail", proc.stdout)
+    assert warning and warning.group(1) == str(disk / run_id), proc.stdout[-3000:]
+    return proc, warning
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_partial_state(tmp_path):
+    # 2 MB: the first save's checkpoint.pt (0.5 MB) fits, its resume state (model + Adam moments, 1.6 MB) not
+    proc, warning = saving_every_step(tmp_path, "full", "2m")
+    assert warning.group(4) == "first"
     last = proc.stderr.strip().splitlines()[-1]
     # the first save is due after step 1 and, read a step late like every flag, comes after step 2
-    rank0 = disk / "full" / "resume" / "step0000002" / "rank0.pt"
-    assert re.fullmatch(rf"train\.py: disk full: {re.escape(str(rank0))}: no space left on device while writing "
-                        r"it: it needs about [\d,]+ bytes, [\d,]+ bytes are free there; free some space or write "
-                        r"to another filesystem", last), last
+    rank0 = tmp_path / "disk" / "full" / "resume" / "step0000002" / "rank0.pt"
+    assert re.fullmatch(disk_full_line(re.escape(str(rank0)), "train.py: disk full: "), last), last
     # no half-written file, no empty resume/step0000002/; the checkpoint written before it is whole
-    run_dir = after / "full"
+    run_dir = tmp_path / "after" / "full"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
     assert ckpt["step"] == 2
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_a_run_that_saves_twice_is_warned_when_the_second_save_does_not_fit(tmp_path):
+    # 3 MiB: one save (checkpoint.pt 0.6 MB + resume state 1.6 MB) fits, but the second holds the first's resume
+    # state until its own is complete (3.9 MB)
+    proc, warning = saving_every_step(tmp_path, "twice", "3m")
+    free, need = (int(warning.group(i).replace(",", "")) for i in (2, 3))
+    assert warning.group(4) == "second" and 2.2e6 < free < need < 4e6
+    last = proc.stderr.strip().splitlines()[-1]
+    resume = re.escape(str(tmp_path / "disk" / "twice" / "resume"))
+    failed = re.fullmatch(disk_full_line(rf"{resume}/(step\d+)/rank0\.pt", "train.py: disk full: "), last)
+    assert failed, last  # as warned: not the first save (step 2, complete in the run folder), a later one
+    done = json.loads((tmp_path / "after" / "twice" / "resume" / "done.json").read_text())
+    assert done["step"] == 2 and failed.group(1) != "step0000002"
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_a_full_disk_under_the_run_log_names_the_file_and_the_bytes(tmp_path):
+    data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
+    # two 4 KiB pages free: config.toml takes one, log.txt's first lines the other, and metrics.jsonl's first
+    # record finds none
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "log")], size="256k", free=8192)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    said = re.fullmatch(disk_full_line(re.escape(str(disk / "log" / "metrics.jsonl")), "train.py: disk full: "),
+                        last)
+    assert said, last
+    record = (tmp_path / "after" / "log" / "metrics.jsonl").read_text()
+    assert record == "" and 100 < int(said.group(1).replace(",", "")) < 400  # step 1's record, one JSON line
+    assert "run log " in (tmp_path / "after" / "log" / "log.txt").read_text()
+
+
+def test_a_full_disk_under_log_txt_names_it(tmp_path):
+    (tmp_path / "log.txt").symlink_to("/dev/full")  # every write fails with the kernel's ENOSPC
+    log = RunLog(tmp_path, Dist())
+    with pytest.raises(DiskFullError) as e:
+        log.print("step 1 | loss 5.5")
+    assert re.fullmatch(disk_full_line(re.escape(str(tmp_path / "log.txt")), ""), str(e.value)), e.value
+    assert str(e.value).startswith(f"{tmp_path / 'log.txt'}: no space left on device while writing it: it needs "
+                                   f"about 18 bytes, ")  # the line and its newline
+
+
+@pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
+def test_prepare_on_a_full_filesystem_says_so_in_one_line_and_keeps_what_it_finished(tmp_path):
+    disk = tmp_path / "disk"
+
+    def prepare(out: Path) -> list[str]:
+        return [sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(out),
+                "--max-tokens", "200000", "--val-tokens", "20000", "--shard-tokens", "50000", "--workers", "1"]
+
+    # 128 KiB: the val shard (20,000 tokens: 41 KB) fits, the first train shard (50,000: 101 KB) not
+    proc = on_small_disk(disk, prepare(disk / "demo"), size="128k")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    said = re.fullmatch(disk_full_line(re.escape(str(disk / "demo" / "demo_train_000001.bin")), "prepare: error: ")
+                        + r"; the same command, run again, continues after the last complete shard", last)
+    assert said and said.group(1) == f"{1024 + 2 * 50000:,}", last  # the header and 50,000 uint16 tokens
+    out = tmp_path / "after" / "demo"
+    assert sorted(p.name for p in out.iterdir()) == ["demo_val_000000.bin", "meta.json"]
+    assert json.loads((out / "meta.json").read_text())["shards"] == [{"file": "demo_val_000000.bin", "tokens": 20000}]
+    # as the message says: where there is space, the same command goes on from the val shard
+    assert "-> " in run(prepare(out)).stderr
+    assert [s["tokens"] for s in json.loads((out / "meta.json").read_text())["shards"]] == [20000, *[50000] * 3, 30000]

@@ -17,14 +17,16 @@ TARGET = 3.28
 
 
 def summary(run_id, loss, *, ttt=None, track="speedrun", config="speedrun_8xh100", hardware="8x H100",
-            torch_version="2.6.0", target=TARGET):
-    """A summary.json dict in train.py's contract form (null where not applicable)."""
+            torch_version="2.6.0", target=TARGET, resumed=()):
+    """A summary.json dict in train.py's contract form (null where not applicable); `resumed`: its resumes'
+    changes, (step, key, saved, now) each."""
     return {"run_id": run_id, "config_name": config, "track": track, "status": "ok", "final_val_loss": loss,
             "best_val_loss": loss, "final_val_bpb": None, "target_loss": target, "time_to_target_s": ttt,
             "steps": 100, "tokens_seen": 1000, "tokens_per_s": 10.0, "train_time_s": 100.0, "budget_s": None,
             "mfu": None, "peak_mem_gb": None, "data_wait_frac": 0.0, "world_size": 8, "hardware": hardware,
             "torch_version": torch_version, "git_commit": None,
-            "wall": {"init_s": 1.0, "warmup_s": 2.0, "train_s": 100.0, "eval_s": 1.0, "checkpoint_s": 1.0}}
+            "wall": {"init_s": 1.0, "warmup_s": 2.0, "train_s": 100.0, "eval_s": 1.0, "checkpoint_s": 1.0},
+            "resume_changes": [dict(zip(("step", "key", "saved", "now"), c)) for c in resumed]}
 
 
 def resolved(s: dict, *overrides: str) -> dict:
@@ -149,6 +151,28 @@ def test_rows_never_pool_unlike_configs(tmp_path):
     assert [r["runs"] for r in pooled] == [4] and pooled[0]["final val loss"] == "0.2050 ± 0.0129"
 
 
+def test_a_resumed_run_is_set_apart_only_by_changes_that_can_move_its_result(tmp_path):
+    # every run ends with the same config; how their resumes got there differs
+    extended = [(60, "train.budget_s", 20.0, 25.0)]
+    runs = {"fresh": (), "logged": [(50, "eval.every_s", 5.0, 10.0), (50, "log.every_steps", 1, 5),
+                                    (50, "eval.batch_size", 4, 8), (50, "data.vocab_check", True, False)],
+            "compiled": [(50, "train.compile", False, True)], "ext1": extended,
+            "ext2": [(64, *extended[0][1:])]}  # the same extension, resumed at the end of the same budget
+    for run_id, resumed in runs.items():
+        write_runs(tmp_path, [summary(run_id, 0.2, config="tiny", resumed=resumed)], "--train.timing=exclude_warmup")
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    assert sorted((sorted(s["run_id"] for s in r["summaries"]), r["differs"]) for r in rows) == [
+        (["compiled"], "resumed=train.compile False->True"), (["ext1", "ext2"], "resumed=train.budget_s 20.0->25.0"),
+        (["fresh", "logged"], "-")]
+    # where evals run on the training clock, their frequency takes time from training: apart
+    on_clock = tmp_path / "on_clock"
+    write_runs(on_clock, [summary("fresh", 0.2, config="tiny"),
+                          summary("logged", 0.2, config="tiny", resumed=runs["logged"][:1])],
+               "--train.timing=from_first_forward")
+    rows = group_rows([load_summary(p) for p in find_summaries([on_clock])])
+    assert sorted(r["differs"] for r in rows) == ["-", "resumed=eval.every_s 5.0->10.0"]
+
+
 def test_plot_draws_each_run_against_its_target(tmp_path):
     write_runs(tmp_path, [summary(f"s{i}", x, ttt=[90.0, None, 95.0][i]) for i, x in enumerate([3.277, 3.281, 3.278])])
     write_runs(tmp_path, [summary("n16", 3.25, ttt=80.0)], "--model.n_layer=16")
@@ -200,6 +224,14 @@ def test_non_numeric_loss_is_refused(tmp_path):
     write_runs(tmp_path, [summary("r", "3.2")])
     with pytest.raises(SummaryError, match="final_val_loss must be a number or null"):
         load_summary(tmp_path / "r" / "summary.json")
+
+
+def test_bad_resume_changes_are_refused(tmp_path):
+    write_runs(tmp_path, [{**summary("r", 3.2), "resume_changes": [{"key": "train.max_steps"}]}])
+    with pytest.raises(SummaryError, match=re.escape(f"{tmp_path / 'r' / 'summary.json'}: resume_changes must be")):
+        load_summary(tmp_path / "r" / "summary.json")
+    write_runs(tmp_path, [{k: v for k, v in summary("old", 3.2).items() if k != "resume_changes"}])
+    assert load_summary(tmp_path / "old" / "summary.json")["resume_changes"] == []  # written before the key was
 
 
 def test_missing_paths_are_refused(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 
@@ -98,7 +99,27 @@ def test_keys_added_or_removed_since_the_save_are_not_differences():
     with pytest.raises(ConfigError, match=r"train\.max_steps: saved 30, now 50 \(or pass --extend-budget"):
         check_resume(saved, cfg, "runs/x")
     cfg.extend_budget = True
-    assert check_resume(saved, cfg, "runs/x") == ["train.max_steps: saved 30, now 50"]
+    assert [str(c) for c in check_resume(saved, cfg, "runs/x")] == ["train.max_steps: saved 30, now 50"]
     saved["model"]["rope_base"] = 5.0         # a saved value that is not the default is a difference
     with pytest.raises(ConfigError, match=r"model\.rope_base: saved 5\.0, now 10000\.0"):
         check_resume(saved, cfg, "runs/x")
+
+
+def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(finished, tmp_path):
+    data, r1 = finished
+    board = tmp_path / "runs"
+    extended = copy_of(r1, tmp_path)
+    relaunch(data, extended, "--train.max_steps=40", "--extend-budget")
+    run([sys.executable, *tiny_args(data, board, "fresh40", "--train.max_steps=40")])
+    # relaunched from another folder under another id: changes where it logs, not what it trained
+    again = Path(shutil.copytree(r1, board / "again"))
+    relaunch(data, again)
+    saved = json.loads((extended / "summary.json").read_text())["resume_changes"]
+    assert saved == [{"step": 30, "key": "train.max_steps", "saved": 30, "now": 40},
+                     {"step": 30, "key": "log.dir", "saved": str(r1.parent), "now": str(board)}]
+    assert json.loads((r1 / "summary.json").read_text())["resume_changes"] == []
+    # the extended run's LR schedule was 30 steps' for 30 steps, then 40's: not a sample of fresh 40-step runs
+    rows = group_rows([load_summary(p) for p in find_summaries([r1, board])])
+    assert sorted((r["runs"], r["differs"]) for r in rows) == [
+        (1, "resumed=train.max_steps 30->40, train.max_steps=40"), (1, "train.max_steps=40"), (2, "-")]
+    assert {s["run_id"] for r in rows if r["runs"] == 2 for s in r["summaries"]} == {"r1", "again"}

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
-from atomic import atomic_path, write_json
+from atomic import atomic_path, existing_folder, write_json
 from data.loader import TokenLoader
 from model import get_model
 from trainer import distributed
@@ -131,6 +131,33 @@ def _remove_steps(root: Path, keep: set[str]) -> None:
     for old in root.glob("step*"):
         if old.name not in keep:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def save_space(files: list[tuple[Path, int]], saves: int) -> dict[Path, int]:
+    """The free bytes `saves` saves need on each filesystem (named by the first of its folders in `files`): the
+    most that `files` ((path, bytes) in the order a save writes them) hold there at once, less what their copies
+    on disk already hold.
+
+    A file's old copy stays until its new one is complete (atomic_path; save_resume deletes the old step folder
+    after done.json), so the disk holds every file once and the one being written twice: from the first save
+    for a file already on disk, from the second for the others."""
+    held = {path: size if path.exists() else 0 for path, size in files}
+    folders = {path: existing_folder(path) for path in held}
+    device = {path: folders[path].stat().st_dev for path in held}
+
+    def on(dev: int) -> int:
+        return sum(size for path, size in held.items() if device[path] == dev)
+
+    before = {dev: on(dev) for dev in device.values()}
+    peak = dict(before)
+    for _ in range(min(saves, 2)):  # a third save holds what the second did
+        for path, size in files:
+            peak[device[path]] = max(peak[device[path]], on(device[path]) + size)
+            held[path] = size
+    named: dict[int, Path] = {}
+    for path, dev in device.items():
+        named.setdefault(dev, folders[path])
+    return {named[dev]: peak[dev] - before[dev] for dev in peak}
 
 
 def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:

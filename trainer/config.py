@@ -20,7 +20,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import tomli_w
 
@@ -104,6 +104,16 @@ RESUME_SAFE = frozenset({
 # How long the run trains: changed on resume only with --extend-budget (the README's "Resuming" says what it
 # does to the LR schedule)
 RESUME_BUDGET = frozenset({"train.budget_s", "train.max_steps"})
+
+
+class Change(NamedTuple):
+    """A key a resume changed (check_resume allowed it): its dotted name, saved value and new value."""
+    key: str
+    saved: Any
+    now: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: saved {self.saved!r}, now {self.now!r}"
 
 
 class ConfigError(ValueError):
@@ -336,9 +346,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 
 
-def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[str]:
+def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[Change]:
     """Refuse to resume the state saved under `saved` with `cfg` if a key outside RESUME_SAFE changed (or one
-    of RESUME_BUDGET without cfg.extend_budget); return a line per allowed change.
+    of RESUME_BUDGET without cfg.extend_budget); return the allowed changes.
 
     A key the saved config lacks (added to the code since) counts as its default; a key the code no longer has
     is ignored. `where` names the saved run in the error.
@@ -349,16 +359,15 @@ def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> l
             old = saved.get(section, {}).get(key, defaults[section][key])
             if old == value:
                 continue
-            dotted = f"{section}.{key}"
-            change = f"{dotted}: saved {old!r}, now {value!r}"
-            if dotted in RESUME_SAFE or (dotted in RESUME_BUDGET and cfg.extend_budget):
+            change = Change(f"{section}.{key}", old, value)
+            if change.key in RESUME_SAFE or (change.key in RESUME_BUDGET and cfg.extend_budget):
                 changes.append(change)
             else:
-                refused.append((dotted, old, change))
+                refused.append(change)
     if refused:
         lines = [f"  {change}" + (" (or pass --extend-budget to train the saved run longer)"
-                                  if dotted in RESUME_BUDGET else "") for dotted, _, change in refused]
-        saved_args = " ".join(shlex.quote(f"--{dotted}={_arg_text(old)}") for dotted, old, _ in refused)
+                                  if change.key in RESUME_BUDGET else "") for change in refused]
+        saved_args = " ".join(shlex.quote(f"--{change.key}={_arg_text(change.saved)}") for change in refused)
         raise ConfigError("\n".join([
             f"{where}: the run's resume state was saved under another config, and these keys decide the model, "
             f"the data stream, the optimizer state or the schedule:", *lines,

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
-from atomic import write_json
+from atomic import reporting_full_disk, write_json
 from trainer.distributed import Dist
 from trainer.mfu import peak_flops
 
@@ -50,6 +50,7 @@ class Summary:
     torch_version: str
     git_commit: str | None
     wall: dict[str, float]           # seconds by phase: init, warmup, train, eval, checkpoint
+    resume_changes: list[dict]       # each key a resume changed: {"step", "key", "saved", "now"}, in order
 
 
 def hardware(dist: Dist) -> str:
@@ -81,6 +82,13 @@ def git_commit() -> str | None:
         return None
 
 
+def _append(file: TextIO, line: str) -> None:
+    """Write `line` to `file` and flush it; a full disk raises DiskFullError naming the file."""
+    with reporting_full_disk(file.name, len(line.encode())):
+        file.write(line)
+        file.flush()
+
+
 class RunLog:
     """Rank 0's console + log.txt + metrics.jsonl (+ wandb); every method is a no-op on other ranks."""
 
@@ -104,14 +112,12 @@ class RunLog:
         """Print on rank 0 and append to log.txt."""
         if self.master:
             print(msg, flush=True)
-            self.log_file.write(msg + "\n")
-            self.log_file.flush()
+            _append(self.log_file, msg + "\n")
 
     def metric(self, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (and log it to wandb)."""
         if self.master:
-            self.metrics_file.write(json.dumps(record) + "\n")
-            self.metrics_file.flush()
+            _append(self.metrics_file, json.dumps(record) + "\n")
             if self.wandb is not None:
                 self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
