@@ -62,8 +62,8 @@ from model import get_model  # noqa: E402
 from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (load_resume, restore, resume_marker, save_checkpoint, save_resume,  # noqa: E402
-                                save_space, training_state)
+from trainer.checkpoint import (done_path, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
+                                save_resume, save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
@@ -117,6 +117,11 @@ class Run:
     def tokens_per_step(self) -> int:
         train_cfg = self.cfg.train
         return train_cfg.batch_size * train_cfg.seq_len * train_cfg.grad_accum * self.dist.world_size
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where checkpoint.pt goes: train.checkpoint_path, else the run folder."""
+        return Path(self.cfg.train.checkpoint_path or self.run_dir / "checkpoint.pt")
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token of a step at the attention window the model has now."""
@@ -206,9 +211,8 @@ def warn_if_the_saves_do_not_fit(run: Run) -> None:
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
     model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
     moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
-    checkpoint = Path(run.cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt")
     # in the order save() writes them; the resume state is on disk where its done.json is
-    files = [(checkpoint, model), (run.run_dir / "resume" / "done.json", model + moments)]
+    files = [(run.checkpoint_path, model), (done_path(run.run_dir), model + moments)]
     every, budget = run.cfg.train.checkpoint_every_s, run.cfg.train.budget_s
     # periodic saves, then the final one; a time budget that ends before the first periodic save leaves only the
     # final one (evals off the clock can stretch the wall time that periodic saves follow: then one more comes)
@@ -360,8 +364,7 @@ def save(run: Run) -> None:
     t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if dist.master:
-        save_checkpoint(cfg.train.checkpoint_path or run.run_dir / "checkpoint.pt", cfg.to_dict(), model_state,
-                        run.progress.step)
+        save_checkpoint(run.checkpoint_path, cfg.to_dict(), model_state, run.progress.step)
     state = {**training_state(run.model.module, run.optimizers, run.loader), "clock": run.clock.state_dict(),
              "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
     save_resume(run.run_dir, dist, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)

@@ -107,6 +107,11 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
 
 
+def done_path(run_dir: Path) -> Path:
+    """The marker of the run's last complete resume state (resume/done.json), beside the step folders."""
+    return run_dir / "resume" / "done.json"
+
+
 def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
     (all ranks call). `replicated`: every rank holds the same model and optimizer state (DDP), so only rank 0
@@ -114,14 +119,15 @@ def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], con
     if replicated and not dist.master:
         # 32 copies of the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run
         state = {k: v for k, v in state.items() if k not in ("model", "optim")}
-    root, folder = run_dir / "resume", f"step{step:07d}"
-    if dist.master and (root / "done.json").exists():
+    done, folder = done_path(run_dir), f"step{step:07d}"
+    root = done.parent
+    if dist.master and done.exists():
         # what a save that failed on some rank left (its other ranks' files): space the new state needs
-        _remove_steps(root, keep={folder, json.loads((root / "done.json").read_text())["dir"]})
+        _remove_steps(root, keep={folder, json.loads(done.read_text())["dir"]})
     _save(state, root / folder / f"rank{dist.rank}.pt")
     distributed.barrier()
     if dist.master:
-        write_json(root / "done.json", {"dir": folder, "step": step, "world_size": dist.world_size, "config": config})
+        write_json(done, {"dir": folder, "step": step, "world_size": dist.world_size, "config": config})
         _remove_steps(root, keep={folder})
     distributed.barrier()
 
@@ -163,7 +169,7 @@ def save_space(files: list[tuple[Path, int]], saves: int) -> dict[Path, int]:
 def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
     """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
     "config" being the config the state was saved under; every rank gets the same."""
-    done = run_dir / "resume" / "done.json"
+    done = done_path(run_dir)
     marker = None
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
@@ -180,10 +186,10 @@ def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
 
 def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, Any]:
     """This rank's part of the resume state that `marker` (resume_marker's answer) names."""
-    folder = run_dir / "resume" / marker["dir"]
+    folder = done_path(run_dir).parent / marker["dir"]
     if not (folder / f"rank{dist.rank}.pt").exists():
         raise ConfigError(f"{folder / f'rank{dist.rank}.pt'} is missing, though rank 0 resumes from "
-                          f"{run_dir / 'resume' / 'done.json'}: every node must see the same log.dir (a shared "
+                          f"{done_path(run_dir)}: every node must see the same log.dir (a shared "
                           f"filesystem); or start a new log.run_id")
     state = torch.load(folder / f"rank{dist.rank}.pt", weights_only=True, map_location=dist.device)
     if dist.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
