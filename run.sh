@@ -85,7 +85,7 @@ launch() {
 }
 
 cpu_track() {
-  local config=${CONFIG:-configs/cpu.toml} run_id
+  local config=${CONFIG:-configs/cpu.toml} run_id checkpoint
   run_id=cpu-$(date +%Y%m%d-%H%M%S)
   echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
   local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
@@ -96,20 +96,34 @@ cpu_track() {
   local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
   OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id"
-  echo "[run.sh] a sample from runs/$run_id/checkpoint.pt:"
-  "$PY" -m scripts.sample "runs/$run_id/checkpoint.pt" --prompt "def " --tokens 300 --seed 0
+  checkpoint=$(checkpoint_of "$run_id")
+  echo "[run.sh] a sample from $checkpoint:"
+  "$PY" -m scripts.sample "$checkpoint" --prompt "def " --tokens 300 --seed 0
   echo
   summary "$run_id" "def "
 }
 
+# The checkpoint a run saved: its config's train.checkpoint_path (a config such as the hackathon's sets one,
+# relative to this folder), else the run folder's checkpoint.pt.
+checkpoint_of() {
+  "$PY" - "runs/$1" <<'PY'
+import sys, tomllib
+from pathlib import Path
+run = Path(sys.argv[1])
+config = tomllib.loads((run / "config.toml").read_text()) if (run / "config.toml").is_file() else {}
+print(config.get("train", {}).get("checkpoint_path") or run / "checkpoint.pt")
+PY
+}
+
 # Where a finished run's files are, and the command that samples from its checkpoint.
 summary() {
-  local run_id=$1 prompt=$2
+  local run_id=$1 prompt=$2 checkpoint
+  checkpoint=$(checkpoint_of "$run_id")
   echo "[run.sh] done: the run is in runs/$run_id/"
   if [ -f "runs/$run_id/loss.png" ]; then echo "  curves      runs/$run_id/loss.png"
   else echo "  curves      not drawn (train.py said why above)"; fi
-  echo "  checkpoint  runs/$run_id/checkpoint.pt"
-  echo "  sample      bash run.sh sample runs/$run_id/checkpoint.pt --prompt \"$prompt\" --tokens 300"
+  echo "  checkpoint  $checkpoint"
+  echo "  sample      bash run.sh sample $checkpoint --prompt \"$prompt\" --tokens 300"
 }
 
 gpu_track() {

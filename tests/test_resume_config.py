@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import run, tiny_args, tiny_data
@@ -123,3 +124,19 @@ def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(fini
     assert sorted((r["runs"], r["differs"]) for r in rows) == [
         (1, "resumed=train.max_steps 30->40, train.max_steps=40"), (1, "train.max_steps=40"), (2, "-")]
     assert {s["run_id"] for r in rows if r["runs"] == 2 for s in r["summaries"]} == {"r1", "again"}
+
+
+def test_a_state_saved_before_flops_were_counted_resumes_with_its_steps_flops(finished, tmp_path):
+    """The summary's MFU is FLOPs / tokens: a state without the count resumed at 0 FLOPs for its 30 steps."""
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+
+    def state(folder: Path) -> Path:
+        return folder / "resume" / json.loads((folder / "resume" / "done.json").read_text())["dir"] / "rank0.pt"
+
+    old = torch.load(state(run_dir), weights_only=True)
+    per_token = old["progress"].pop("flops") / old["progress"]["tokens"]
+    torch.save(old, state(run_dir))
+    relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget")
+    progress = torch.load(state(run_dir), weights_only=True)["progress"]
+    assert progress["step"] == 40 and progress["flops"] / progress["tokens"] == pytest.approx(per_token)

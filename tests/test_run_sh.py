@@ -35,6 +35,16 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     assert imread(run_dir / "loss.png").shape[:2] == (600, 1000) and (run_dir / "checkpoint.pt").is_file()
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
 
+    # A config that names its checkpoint's place (as the hackathon's does): the sample and the summary use it.
+    config = (repo / "configs" / "cpu.toml").read_text().replace("[train]\n", '[train]\ncheckpoint_path = "out/cpu.pt"\n')
+    (repo / "configs" / "named.toml").write_text(config)
+    out = run(["bash", "run.sh"], cwd=repo, env={**env, "BUDGET": "2", "CONFIG": "configs/named.toml"},
+              timeout=900).stdout
+    assert "a sample from out/cpu.pt:" in out and (repo / "out" / "cpu.pt").is_file(), out[-3000:]
+    summary_lines = out.rsplit("[run.sh] done: ", 1)[1].splitlines()
+    assert summary_lines[2:] == ["  checkpoint  out/cpu.pt",
+                                 '  sample      bash run.sh sample out/cpu.pt --prompt "def " --tokens 300']
+
 
 @pytest.fixture
 def bare(tmp_path):
