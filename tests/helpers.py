@@ -6,6 +6,7 @@ torchrun_cmd). conftest.py only sets up the environment, before any test imports
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from data.shards import write_shard
+from trainer.checkpoint import done_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train.py")
@@ -115,3 +117,10 @@ def exit_skipping_teardown() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def resume_state_files(run_dir: Path) -> list[Path]:
+    """Every rank's file of the run's last complete resume state (the one resume/done.json names)."""
+    done = done_path(run_dir)
+    marker = json.loads(done.read_text())
+    return [done.parent / marker["dir"] / f"rank{r}.pt" for r in range(marker["world_size"])]

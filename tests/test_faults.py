@@ -19,7 +19,7 @@ import torch
 from data.shards import open_shard, write_shard
 from model import get_model
 from tests.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
-from tests.helpers import ROOT, free_port, tiny_args, tiny_data, torchrun_cmd
+from tests.helpers import ROOT, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
 STEPS = 12
@@ -96,9 +96,7 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
 
 def final_states(run_dir: Path) -> list[dict]:
     """Every rank's last complete resume state."""
-    done = json.loads((run_dir / "resume" / "done.json").read_text())
-    return [torch.load(run_dir / "resume" / done["dir"] / f"rank{r}.pt", weights_only=True)
-            for r in range(done["world_size"])]
+    return [torch.load(path, weights_only=True) for path in resume_state_files(run_dir)]
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
-from tests.helpers import run, tiny_args, tiny_data
+from tests.helpers import resume_state_files, run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 
 
@@ -130,13 +130,11 @@ def test_a_state_saved_before_flops_were_counted_resumes_with_its_steps_flops(fi
     """The summary's MFU is FLOPs / tokens: a state without the count resumed at 0 FLOPs for its 30 steps."""
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
-
-    def state(folder: Path) -> Path:
-        return folder / "resume" / json.loads((folder / "resume" / "done.json").read_text())["dir"] / "rank0.pt"
-
-    old = torch.load(state(run_dir), weights_only=True)
+    (state,) = resume_state_files(run_dir)
+    old = torch.load(state, weights_only=True)
     per_token = old["progress"].pop("flops") / old["progress"]["tokens"]
-    torch.save(old, state(run_dir))
+    torch.save(old, state)
     relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget")
-    progress = torch.load(state(run_dir), weights_only=True)["progress"]
+    (state,) = resume_state_files(run_dir)
+    progress = torch.load(state, weights_only=True)["progress"]
     assert progress["step"] == 40 and progress["flops"] / progress["tokens"] == pytest.approx(per_token)
