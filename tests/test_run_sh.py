@@ -36,7 +36,8 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
 
     # A config that names its checkpoint's place (as the hackathon's does): the sample and the summary use it.
-    config = (repo / "configs" / "cpu.toml").read_text().replace("[train]\n", '[train]\ncheckpoint_path = "out/cpu.pt"\n')
+    config = (repo / "configs" / "cpu.toml").read_text()
+    config = config.replace("[train]\n", '[train]\ncheckpoint_path = "out/cpu.pt"\n')
     (repo / "configs" / "named.toml").write_text(config)
     out = run(["bash", "run.sh"], cwd=repo, env={**env, "BUDGET": "2", "CONFIG": "configs/named.toml"},
               timeout=900).stdout
