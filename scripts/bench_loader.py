@@ -10,7 +10,9 @@ preallocated int64 buffer), the same copy of B windows from random places with o
 each with a warm and a cold page cache, shuffled within working sets of one shard (shuffle_shards=1) cold,
 a hackathon-starter-style loader (per-sample Python loop over np.memmap, astype(int64), torch.stack) and
 nanoGPT's get_batch (memmap re-created every batch, random offsets). The warm-cache loaders take turns in
-short rounds and each reports its median round, so that all of them see the same load on a shared host.
+short rounds and each reports its median round, so that all of them see the same load on a shared host,
+and the CPUs the process kept busy meanwhile: the shuffled loader's two threads need two, and a virtual
+machine whose host takes one of them away shows it there, not in the single-threaded ceiling.
 Then the time to the first batch on 1 GB and 4 GB datasets and on the hackathon's layout, 49 files of 1e9
 tokens (sparse raw files: only the file count and sizes matter at start-up), and the growth of anonymous
 RSS while streaming the whole set once in each order (the warm loaders' own first pass, so that their maps
@@ -82,12 +84,17 @@ def rate(next_batch: Callable[[], object], seconds: float) -> float:
 
 
 def rates(loaders: dict[str, Callable[[], object]], seconds: float, rounds: int) -> dict[str, dict]:
-    """Median tokens/s of each loader over `rounds` turns of seconds / rounds each, taken in turn."""
+    """Median tokens/s of each loader over `rounds` turns of seconds / rounds each, taken in turn, and the
+    median number of CPUs the process kept busy meanwhile (CPU seconds of all its threads per second)."""
     got: dict[str, list[float]] = {name: [] for name in loaders}
+    cpus: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(rounds):  # one loader after another for seconds each swung 2x with the load of other jobs
         for name, next_batch in loaders.items():
+            cpu, wall = time.process_time(), time.perf_counter()
             got[name].append(rate(next_batch, seconds / rounds))
-    return {name: {"tokens_per_s": statistics.median(v), "rounds": v} for name, v in got.items()}
+            cpus[name].append((time.process_time() - cpu) / (time.perf_counter() - wall))
+    return {name: {"tokens_per_s": statistics.median(v), "rounds": v, "cpus_busy": statistics.median(cpus[name])}
+            for name, v in got.items()}
 
 
 def positions(arrays: list[np.ndarray], step: int) -> Iterator[tuple[np.ndarray, int]]:
@@ -225,7 +232,7 @@ def report(r: dict) -> str:
     ceiling = r["memcpy"]["tokens_per_s"]
     lines = [f"B={B}, T={T}, {r['tokens']:,} tokens, {r['cpus']} CPUs, load average {r['load_avg_start']:.2f} "
              f"before, {r['load_avg_end']:.2f} after (this benchmark included)", "",
-             "| loader | tokens/s | / memcpy ceiling |", "|---|---:|---:|"]
+             "| loader | tokens/s | / memcpy ceiling | CPUs busy |", "|---|---:|---:|---:|"]
     for key, name in (("memcpy", "memcpy ceiling"), ("random_copy", "memcpy of B random windows, a slice each"),
                       ("ours", "TokenLoader sequential (warm cache)"),
                       ("shuffled", "TokenLoader shuffled (warm cache)"),
@@ -234,7 +241,8 @@ def report(r: dict) -> str:
                       ("shuffled_k1_cold", "TokenLoader shuffled, shuffle_shards=1 (cold cache)"),
                       ("starter", "starter-style loop"), ("nanogpt", "nanoGPT get_batch")):
         tps = r[key]["tokens_per_s"]
-        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {tps / ceiling:.2f} |")
+        busy = f"{r[key]['cpus_busy']:.2f}" if "cpus_busy" in r[key] else "-"  # warm rows only
+        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {tps / ceiling:.2f} | {busy} |")
     ours, shuffled = r["ours"]["tokens_per_s"], r["shuffled"]["tokens_per_s"]
     first = max(r["first_batch_ms"].values())
     checks = [("TokenLoader sequential / memcpy", ours / ceiling, TARGETS["vs_memcpy"], ">="),
