@@ -7,6 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$(pwd)
 VENV=${SHARDRUN_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
+WHEELS=${SHARDRUN_WHEELS:-$ROOT/wheels}
 
 usage() {
   cat <<'USAGE'
@@ -24,6 +25,8 @@ usage: bash run.sh [COMMAND] [ARGS...]
   plot RUN_DIR [...]     python -m scripts.plot: loss curves as a PNG (-o FILE, --x time|tokens|steps, --logy)
   sample CHECKPOINT [ARGS]
                          python -m scripts.sample: text from a checkpoint
+  wheels [ARGS]          a wheel folder for a node without network (python -m scripts.wheels --help)
+  gpu-check [ARGS]       bash scripts/gpu_check.sh: the one-shot check of the GPU recipes on one GPU
   help                   this text
 
 environment:
@@ -36,23 +39,26 @@ environment:
                          id per job, the same on every node: it names the run folder, so reusing an id
                          resumes that run
   FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs (default 9, 100M tokens each)
-  SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it
+  SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it (one with
+                         torch >= 2.6 keeps it and its packages)
+  SHARDRUN_WHEELS        wheel folder to install from, with no index, where it exists (default wheels/)
 USAGE
 }
 
-# Create or reuse the virtualenv and install requirements once (again only when they change).
-# A machine whose Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch.
+# Create or reuse the virtualenv and install requirements once (again only when they change). A machine whose
+# Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch and the packages beside it. A wheel
+# folder (bash run.sh wheels, for a node without network) is installed from with no index, its own list of lines.
 setup_env() {
-  local base=${PYTHON:-python3} req=requirements.txt keep_torch want
+  local base=${PYTHON:-python3} req=requirements.txt keep_torch want from=()
+  if [ -f "$WHEELS/requirements.txt" ]; then req=$WHEELS/requirements.txt; from=(--no-index --find-links "$WHEELS"); fi
   "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "shardrun needs Python 3.11+")'
-  # Only a base interpreter's torch: a venv made from another venv's python does not see that venv's packages.
-  keep_torch=$("$base" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6) and sys.prefix == sys.base_prefix))' 2>/dev/null || echo 0)
+  keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
   if [ ! -x "$PY" ]; then
-    if [ "$keep_torch" = 1 ]; then "$base" -m venv --system-site-packages "$VENV"; else "$base" -m venv "$VENV"; fi
+    if [ "$keep_torch" = 1 ]; then see_packages_of "$base"; else "$base" -m venv "$VENV"; fi
   fi
   want=$(sha256sum "$req" | cut -d' ' -f1)-$keep_torch
   if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
-    echo "[run.sh] installing requirements into $VENV (once) ..."
+    echo "[run.sh] installing requirements into $VENV (once)${from:+ from $WHEELS, no index} ..."
     "$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip -q >/dev/null 2>&1 || {
       echo "run.sh: $VENV has no pip (its creation failed or was interrupted; on Debian/Ubuntu install" \
         "python3-venv); delete $VENV and run again" >&2; exit 1; }
@@ -60,9 +66,37 @@ setup_env() {
       grep -v '^torch[=<>~ ]' "$req" > "$VENV/requirements.notorch.txt"
       req=$VENV/requirements.notorch.txt
     fi
-    "$PY" -m pip install -q --disable-pip-version-check -r "$req"
+    "$PY" -m pip install -q --disable-pip-version-check "${from[@]}" -r "$req"
     echo "$want" > "$VENV/.requirements.sha"
   fi
+}
+
+# A virtualenv that sees every package of the interpreter $1 (its torch above all). A base that is itself a venv
+# (a cluster's module, a conda env) shares nothing through --system-site-packages, so its site folders are added
+# by a .pth file, whose `import` lines run site.addsitedir: .pth files in those folders are read too.
+see_packages_of() {
+  if [ "$("$1" -c 'import sys; print(int(sys.prefix == sys.base_prefix))')" = 1 ]; then
+    "$1" -m venv --system-site-packages "$VENV"
+  else
+    "$1" -m venv "$VENV"
+    "$1" -c 'import site; print("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))' \
+      > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun-base.pth"
+  fi
+}
+
+# What scripts/gpu_check.sh runs on: a venv set up from the wheel folder where there is one; else the node's own
+# Python if it has what the check imports (nothing to install, no network needed); else a venv set up earlier; else
+# one line naming what is missing.
+gpu_check_env() {
+  local base=${PYTHON:-python3} missing
+  if [ -f "$WHEELS/requirements.txt" ]; then setup_env; return; fi
+  missing=$("$base" -c 'import importlib.util as u; print(" ".join(m for m in ("torch", "numpy", "tiktoken", "tomli_w", "tqdm") if u.find_spec(m) is None))')
+  if [ -z "$missing" ]; then PY=$base; return; fi
+  if [ -f "$VENV/.requirements.sha" ]; then setup_env; return; fi
+  echo "gpu_check: $base lacks ${missing// /, } and there is no wheel folder $WHEELS: on a machine with network" \
+    "run \`bash run.sh wheels --python-version $("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')\`" \
+    "(README: \"Offline nodes\") and copy wheels/ here" >&2
+  exit 1
 }
 
 num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
@@ -153,6 +187,8 @@ cmd=${1:-main}
 case "$cmd" in
   help|-h|--help) usage; exit 0 ;;
   test|prepare|train|bench|leaderboard|plot|sample|main) setup_env ;;
+  gpu-check) gpu_check_env ;;
+  wheels) exec "${PYTHON:-python3}" -m scripts.wheels "$@" ;;  # needs only that Python's pip
   *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac
 case "$cmd" in
@@ -173,6 +209,9 @@ case "$cmd" in
     exec "$PY" -m scripts.leaderboard "$@" ;;
   plot) exec "$PY" -m scripts.plot "$@" ;;
   sample) exec "$PY" -m scripts.sample "$@" ;;
+  # the Python body plans its checks to end by its deadline; this bound covers the rest (a hung import, NFS): TERM,
+  # then KILL after the grace in which the body stops the check in flight (scripts/gpu_check.py's DEADLINES)
+  gpu-check) exec timeout --kill-after=10 530 "$PY" -m scripts.gpu_check "$@" ;;
   main)
     ngpu=$(num_gpus)
     if [ "$ngpu" -gt 0 ]; then gpu_track "$ngpu"; else cpu_track; fi ;;

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from optional import import_optional
 from plural import plural
 
 # file suffix -> the `datasets` builder that reads it (None: read here, one document per file)
@@ -30,6 +31,9 @@ ESCAPED = re.compile("[\udc80-\udcff]")
 
 class SourceError(ValueError):
     """A corpus that cannot be read as asked; the message names it and the fix."""
+
+
+READERS_NEED = "reading .jsonl/.json/.parquet files and hub datasets"  # what the datasets package serves here
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def local_files(pattern: str) -> list[Path]:
 def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0, streaming: bool = False,
                buffer: int = SHUFFLE_BUFFER) -> Corpus:
     """The `text_field` of every row of local .jsonl/.json/.parquet files, read by `datasets`."""
-    import datasets
+    datasets = import_optional("datasets", READERS_NEED, SourceError)
 
     where = f"{files[0].parent}/*{files[0].suffix} ({plural(len(files), 'file')})"
 
@@ -123,7 +127,7 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
                seed: int | None = 0, streaming: bool = False, buffer: int = SHUFFLE_BUFFER) -> Corpus:
     """The `text_field` of every row of a Hugging Face hub dataset (or a local dataset folder)."""
-    import datasets
+    datasets = import_optional("datasets", READERS_NEED, SourceError)
 
     def load():
         try:
@@ -146,7 +150,7 @@ def _texts(rows: Any, field: str, where: str, unreadable: str, seed: int | None,
            start: int) -> Iterator[str]:
     """The `field` strings of a Dataset or IterableDataset from row `start` on, shuffled by `seed` (None: as
     stored): a Dataset as a whole (a permutation of its indices), an IterableDataset within `buffer` rows."""
-    import datasets
+    datasets = import_optional("datasets", READERS_NEED, SourceError)
 
     if isinstance(rows, datasets.IterableDataset):  # the columns are known only row by row
         rows = rows.shuffle(seed=seed, buffer_size=buffer) if seed is not None else rows

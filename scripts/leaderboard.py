@@ -27,11 +27,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from optional import import_optional
 from trainer.config import Config
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
@@ -161,6 +160,7 @@ def t_test_below(xs: list[float], target: float) -> tuple[float, float]:
         raise ValueError(f"a t-test needs at least 2 values, got {len(xs)}")
     if len(set(xs)) == 1:  # scipy warns of catastrophic cancellation and answers nan here
         return (-math.inf, 0.0) if xs[0] < target else (math.inf, 1.0)
+    stats = import_optional("scipy.stats", "the leaderboard's t-test", SummaryError)
     result = stats.ttest_1samp(xs, target, alternative="less")
     return float(result.statistic), float(result.pvalue)
 
@@ -257,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         summaries = [load_summary(p) for p in find_summaries(args.paths)]
+        rows = group_rows(summaries, args.target, args.pool_seeds)
     except SummaryError as e:
         print(f"leaderboard: {e}", file=sys.stderr)
         return 2
-    rows = group_rows(summaries, args.target, args.pool_seeds)
     print(format_table(rows, args.markdown))
     if args.plot:
         from trainer.plots import plot_leaderboard

@@ -124,3 +124,38 @@ def resume_state_files(run_dir: Path) -> list[Path]:
     done = done_path(run_dir)
     marker = json.loads(done.read_text())
     return [done.parent / marker["dir"] / f"rank{r}.pt" for r in range(marker["world_size"])]
+
+
+# A stock PyTorch GPU image's Python: these packages (and what they need), and nothing else of requirements.txt
+STOCK_IMAGE = ("torch", "numpy", "tiktoken", "tqdm", "scipy", "matplotlib", "pyarrow", "huggingface_hub",
+               "safetensors", "pytest")
+
+
+def stock_python(folder: Path, packages: Sequence[str] = STOCK_IMAGE) -> Path:
+    """A real interpreter that can import only `packages` and what they need: a venv whose site-packages holds
+    links to those distributions in this suite's venv (so its torch is the CPU build here)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = next((folder / "lib").glob("python3*/site-packages"))
+    todo, seen = list(packages), set()
+    while todo:
+        name = todo.pop()
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # not in this suite's venv (safetensors): nothing of ours imports it
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        for top in {Path(f).parts[0] for f in dist.files or () if not str(f).startswith("..")}:
+            if not (site / top).exists():
+                (site / top).symlink_to(Path(dist.locate_file(top)))
+        for line in dist.requires or ():
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return folder / "bin" / "python"

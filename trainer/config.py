@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import tomli_w
-
 from model.config import GPTConfig, OptimConfig, choices, value_type
+from optional import import_optional
 from trainer import starter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -383,4 +382,4 @@ def _arg_text(value: Any) -> str:
 
 def to_toml(sections: dict[str, dict[str, Any]]) -> str:
     """The sections as TOML text (tomllib reads it back equal)."""
-    return tomli_w.dumps(sections)
+    return import_optional("tomli_w", "writing config.toml", ConfigError).dumps(sections)

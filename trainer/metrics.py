@@ -18,6 +18,8 @@ from typing import Any, TextIO
 import torch
 
 from atomic import reporting_full_disk, write_json
+from optional import import_optional
+from trainer.config import ConfigError
 from trainer.distributed import Dist
 from trainer.mfu import peak_flops
 
@@ -104,8 +106,7 @@ class RunLog:
         self.log_file = open(run_dir / "log.txt", "a")
         self.metrics_file = open(metrics, "a")
         if wandb_cfg is not None:
-            import wandb
-
+            wandb = import_optional("wandb", "log.wandb = true", ConfigError)
             self.wandb = wandb.init(**wandb_cfg)
 
     def print(self, msg: str) -> None:

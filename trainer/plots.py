@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from atomic import atomic_path
+from optional import import_optional
 
 X_AXES = {"time": "training time (s)", "tokens": "tokens", "steps": "step"}
 SIZE_IN, DPI = (10.0, 6.0), 100  # 1000 x 600 pixels per panel row: readable in a README at full width
@@ -108,7 +109,8 @@ def smooth(values: Sequence[float], half_life: float) -> list[float]:
 
 def _figure(ncols: int):
     """A blank Agg figure of `ncols` panels side by side (the canvas renders PNG without any display)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg = import_optional("matplotlib.backends.backend_agg", "drawing loss curves",
+                                      PlotError).FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(SIZE_IN[0] * ncols, SIZE_IN[1]), dpi=DPI)
