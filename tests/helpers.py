@@ -159,3 +159,16 @@ def stock_python(folder: Path, packages: Sequence[str] = STOCK_IMAGE) -> Path:
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
     return folder / "bin" / "python"
+
+
+def stock_node(folder: Path) -> dict[str, str]:
+    """run.sh's environment on a node with a stock GPU image's Python (stock_python) and a wheel folder made by
+    `bash run.sh wheels` for it (this machine's Python version and glibc; wandb and datasets left out, as a
+    node that trains and checks needs neither): run.sh sets up folder/venv from it, with no index."""
+    python = stock_python(folder / "stock")
+    glibc = int(os.confstr("CS_GNU_LIBC_VERSION").split(".")[-1])
+    tags = [f"--platform=manylinux_2_{n}_x86_64" for n in range(17, glibc + 1)]
+    run(["bash", "run.sh", "wheels", f"--python-version={sys.version_info[0]}.{sys.version_info[1]}", *tags,
+         f"--have={','.join(STOCK_IMAGE)}", "--without=wandb,datasets", f"--out={folder / 'wheels'}"],
+        env={"PYTHON": sys.executable}, timeout=300)
+    return {"PYTHON": str(python), "SHARDRUN_WHEELS": str(folder / "wheels"), "SHARDRUN_VENV": str(folder / "venv")}

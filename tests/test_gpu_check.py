@@ -18,17 +18,18 @@ import torch.nn.functional as F
 
 from data.loader import PAD_TARGET
 from scripts import gpu_check, kernel_check, train_probe
-from tests.helpers import ROOT, make_shards, run
+from tests.helpers import ROOT, make_shards, run, stock_node
 from trainer.config import parse_args as parse_train_args
 from trainer.data import val_loader
 from trainer.distributed import Dist
 
 
 @pytest.mark.slow
-def test_cpu_rehearsal_runs_every_check(tmp_path):
+def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp_path):
     out, record = tmp_path / "check.json", tmp_path / "record"
     proc = run(["bash", "scripts/gpu_check.sh", "--cpu", "--json", str(out), "--work", str(tmp_path / "work"),
-                "--record", str(record)], env={"PYTHON": sys.executable}, timeout=480)
+                "--record", str(record)], env=stock_node(tmp_path / "node"), timeout=480)
+    assert "from " + str(tmp_path / "node" / "wheels") + ", no index" in proc.stdout  # set up from the folder
     res = json.loads(out.read_text())
     checks = {r["check"]: r for r in res["checks"]}
     assert list(checks) == list(gpu_check.CHECKS)
