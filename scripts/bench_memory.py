@@ -68,7 +68,7 @@ def stream(files: list[Path], results: mp.Queue, release: mp.Event) -> None:
     """One process: stream one epoch, sampling (seconds, tokens, RssAnon) 100 times; report; wait."""
     steps, samples = batches_per_epoch(files), []
     every = max(1, steps // SAMPLES)
-    with TokenLoader(files, B, T, seed=0, shuffle=False) as loader:  # the sequential stream its README rows measure
+    with TokenLoader(files, B, T, seed=0, shuffle=False) as loader:  # the sequential stream it measures
         t0 = time.perf_counter()
         for i in range(1, steps + 1):
             next(loader)

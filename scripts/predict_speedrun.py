@@ -1,6 +1,6 @@
 """The speedrun on paper: FLOPs per token, tokens/s on 8 x H100 at an assumed MFU, time to 3.28, budget_s.
 
-    python -m scripts.predict_speedrun                                # the README's predicted table
+    python -m scripts.predict_speedrun                                # docs/PERFORMANCE.md's table
     python -m scripts.predict_speedrun --mfu 0.35                     # at another assumed MFU
     python -m scripts.predict_speedrun --measured runs/gpu_check.json  # + what scripts/gpu_check.sh measured
 
@@ -60,7 +60,7 @@ def measured(path: Path | None) -> dict | None:
 
 
 def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
-    """The README's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
+    """docs/PERFORMANCE.md's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
     flops, attention = flops_per_token(cfg)
     model_cfg = cfg.model

@@ -1,4 +1,4 @@
-"""The README's config reference and commands stay in step with the code."""
+"""The README, docs/CONFIG.md's key reference and docs/DESIGN.md's layout stay in step with the code."""
 import dataclasses
 import fnmatch
 import re
@@ -11,30 +11,58 @@ from model.config import choices
 from trainer.config import SECTIONS
 
 README = (ROOT / "README.md").read_text()
+CONFIG = (ROOT / "docs" / "CONFIG.md").read_text()
 DESIGN = (ROOT / "docs" / "DESIGN.md").read_text()
 # not the repository's code: other checkouts' outputs and caches, and the tests, which DESIGN.md names as a folder
 NOT_CODE = {".venv", ".git", "__pycache__", ".pytest_cache", "runs", "shards", ".cache", "wandb", "tests"}
 
 
-def documented(section: str) -> dict[str, str]:
-    """{key: its meaning} of the README table under **[section]**, in the table's order."""
-    match = re.search(rf"^\*\*\[{section}\]\*\*\n\n((?:\|.*\n)+)", README, re.M)
-    assert match, f"README.md has no **[{section}]** table in its Configuration section"
-    return dict(re.findall(r"^\| `(\w+)` \| .*? \| (.*) \|$", match.group(1), re.M))
+def documented(section: str) -> list[tuple[str, str]]:
+    """(key, its meaning) for each row of docs/CONFIG.md's table under **[section]**, in the table's order."""
+    match = re.search(rf"^\*\*\[{section}\]\*\*\n\n((?:\|.*\n)+)", CONFIG, re.M)
+    assert match, f"docs/CONFIG.md has no **[{section}]** table"
+    return re.findall(r"^\| `(\w+)` \| .*? \| (.*) \|$", match.group(1), re.M)
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))
 def test_every_config_key_is_documented_once(section):
     code = [f.name for f in dataclasses.fields(SECTIONS[section])]
-    assert list(documented(section)) == code, f"README [{section}] table differs from {SECTIONS[section].__name__}"
+    keys = [key for key, _ in documented(section)]
+    assert keys == code, f"docs/CONFIG.md [{section}] table differs from {SECTIONS[section].__name__}"
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))
 def test_every_allowed_value_is_documented(section):
-    meanings = documented(section)
+    meanings = dict(documented(section))
     missing = [f"{section}.{key}: {value!r}" for key, hint in typing.get_type_hints(SECTIONS[section]).items()
                for value in choices(hint) if f'"{value}"' not in meanings[key]]
-    assert not missing, f"README's meaning of these keys does not name the value: {missing}"
+    assert not missing, f"docs/CONFIG.md's meaning of these keys does not name the value: {missing}"
+
+
+def anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/CONFIG.md", "docs/PERFORMANCE.md"])
+def test_links_resolve_to_files_and_headings(name):
+    # the README points into docs/ and docs/ back into the README: a moved section must not leave a dead link
+    path = ROOT / name
+    broken = []
+    for target, fragment in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", path.read_text()):
+        if "://" in target:
+            continue
+        linked = (path.parent / target).resolve() if target else path
+        if not linked.exists() or not linked.is_relative_to(ROOT):
+            broken.append(target)
+        elif fragment and fragment not in {anchor(h) for h in re.findall(r"^#+ (.+)$", linked.read_text(), re.M)}:
+            broken.append(f"{target}#{fragment}")
+    assert broken == [], f"{name} links to what is not there"
+
+
+def test_readme_links_the_key_reference_and_the_performance_tables():
+    assert "](docs/CONFIG.md)" in README and "](docs/PERFORMANCE.md)" in README
+    assert not re.search(r"^\*\*\[\w+\]\*\*$", README, re.M), "the key tables live in docs/CONFIG.md only"
 
 
 def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
