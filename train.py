@@ -208,7 +208,7 @@ def warn_if_the_saves_do_not_fit(run: Run) -> None:
     """Rank 0 warns before the first step where the free space is short of what the run's saves will hold at
     their peak: checkpoint.pt holds the model's state dict, the resume state that and at most two optimizer
     moments per parameter (AdamW's), and each file's old copy stays until its new one is complete."""
-    if not run.dist.master:
+    if not (run.dist.master and run.cfg.train.save_checkpoint):
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
     model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
@@ -362,8 +362,11 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
 
 
 def save(run: Run) -> None:
-    """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock."""
+    """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock. Nothing with
+    train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here."""
     t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
+    if not cfg.train.save_checkpoint:
+        return
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if dist.master:
         save_checkpoint(run.checkpoint_path, cfg.to_dict(), model_state, run.progress.step)

@@ -41,7 +41,8 @@ COLUMNS = ("track", "config", "fingerprint", "runs", "reached", "time to target 
 # Where a run writes, how it is watched, checkpointed or resumed: nothing it trains depends on these (a save
 # stops the training clock), so runs that differ only here repeat one experiment.
 RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
-                "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s")
+                "train.checkpoint_path", "train.checkpoint_every_s", "train.save_checkpoint", "train.resume",
+                "train.dist_timeout_s")
 SEEDS = ("train.seed", "data.seed")
 # What a resume may change (trainer/config.py's RESUME_SAFE and, with --extend-budget, the budget) that cannot
 # move a run's result, so that the run stays in the row of the config it ended with: the run-specific keys, a

@@ -20,14 +20,18 @@ to the next is charged to the phase the first one opens:
 
 Over PROBE_STEPS steps after PROBE_SKIP: each phase's median and mean GPU milliseconds (and host ones), the
 step's, tokens/s and MFU on the GPU's timeline, and memory. Compile health comes from dynamo's own books: graph
-breaks (torch._dynamo.utils.counters), recompiles (its guard failures) and frames compiled, for the warm-up, the
-timed loop and two evals run back to back; the second eval must compile nothing, and the difference of their
-times is the eval's compile time. OUT.json is rewritten after every stage, so a run stopped by a timeout leaves
-what it had measured.
+breaks (torch._dynamo.utils.counters), recompiles (its guard failures), frames compiled, and its record of each
+compiled graph's sizes (a symbolic size: a dimension marked dynamic; one code compiled twice at the same sizes:
+a recompile that no new shape asked for), for the warm-up, the timed loop, two evals run back to back, and the
+training after them when the first eval comes inside the loop (eval.every_s); the second eval must compile
+nothing, and the difference of their times is the eval's compile time. OUT.json is rewritten after every
+stage, and at the start of the warm-up and of the first eval (their epoch seconds, in "started"), so a run
+stopped by a timeout leaves what it had measured, and how long a compile in flight had run.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import statistics
 import sys
 import time
@@ -48,6 +52,7 @@ from trainer.metrics import peak_mem_gb
 
 PROBE_SKIP = 3     # timed steps left out first: the first ones after warm-up's restore may still allocate
 PROBE_STEPS = 30   # steps timed
+GRAPHS_KEPT = 10_000  # compiled graphs dynamo keeps a record of (its default, 64, a long run can pass)
 FLAG_FUNCTIONS = ("start_flags", "collect_flags")  # the exchange, read a step late (train.py's train)
 GB = 1e9
 
@@ -72,24 +77,63 @@ class Marks:
 
 
 def compile_state() -> dict:
-    """Dynamo's running totals: graph breaks by reason, guard failures (recompiles) by code, frames compiled."""
+    """Dynamo's running totals: graph breaks by reason, guard failures (recompiles) by code, frames compiled, and
+    the graphs it compiled (compiled_graphs)."""
     from torch._dynamo.utils import counters, guard_failures
 
     return {"breaks": dict(counters["graph_break"]), "frames": counters["frames"]["ok"],
-            "failures": {code: list(reasons) for code, reasons in guard_failures.items()}}
+            "failures": {code: list(reasons) for code, reasons in guard_failures.items()},
+            "graphs": compiled_graphs()}
+
+
+def compiled_graphs() -> list[dict]:
+    """Dynamo's record of each graph it compiled: an id, its code, its sizes (dynamo's graph_node_shapes: each
+    node's sizes, a symbolic one as its name) and the nodes of symbolic size; sizes None where this torch does
+    not record them."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    graphs = []
+    for m in get_compilation_metrics():
+        shapes = getattr(m, "graph_node_shapes", None)
+        graphs.append({"id": f"{m.compile_id}@{m.start_time}", "shapes": shapes,
+                       "code": f"{m.co_name} ({Path(m.co_filename or '?').name}:{m.co_firstlineno})",
+                       "symbolic": None if shapes is None else symbolic_nodes(shapes)})
+    return graphs
+
+
+def symbolic_nodes(shapes: str) -> list[str] | None:
+    """The nodes of dynamo's graph_node_shapes (a dict's repr: node name -> sizes, an int each, or a symbolic
+    size's name: 's0') that have a symbolic size, as "node [sizes]"; None if the text is not such a dict."""
+    try:
+        sizes = ast.literal_eval(shapes) if shapes else {}
+        return [f"{node} {dims}" for node, dims in sizes.items() if any(isinstance(d, str) for d in dims)]
+    except (ValueError, SyntaxError, TypeError, AttributeError):
+        return None
 
 
 def compile_delta(before: dict, after: dict) -> dict:
     """What dynamo did between two compile_state() snapshots: graph breaks, recompiles (with their first
-    reasons) and frames compiled."""
+    reasons), frames compiled, graphs of symbolic size (dynamic) and graphs of a code compiled again at sizes it
+    already had in the stretch (same_shape); those two None where this torch does not record sizes."""
     breaks = {reason: n - before["breaks"].get(reason, 0) for reason, n in after["breaks"].items()
               if n > before["breaks"].get(reason, 0)}
     recompiles = [reason for code, reasons in after["failures"].items()
                   for reason in reasons[len(before["failures"].get(code, [])):]]
+    seen = {g["id"] for g in before["graphs"]}
+    new = [g for g in after["graphs"] if g["id"] not in seen]
+    dynamic = [f"{g['code']}: {', '.join(g['symbolic'][:3])}" for g in new if g["symbolic"]]
+    compiled, again = set(), []
+    for g in new:
+        if (g["code"], g["shapes"]) in compiled:
+            again.append(g["code"])
+        compiled.add((g["code"], g["shapes"]))
+    sized = all(g["symbolic"] is not None for g in new)
     return {"graph_breaks": sum(breaks.values()), "recompiles": len(recompiles),
             "frames_compiled": after["frames"] - before["frames"],
             "break_reasons": [" ".join(reason.split())[:300] for reason in breaks][:5],
-            "recompile_reasons": [" ".join(str(reason).split())[:300] for reason in recompiles][:5]}
+            "recompile_reasons": [" ".join(str(reason).split())[:300] for reason in recompiles][:5],
+            "dynamic_graphs": len(dynamic) if sized else None, "dynamic_reasons": [r[:300] for r in dynamic][:5],
+            "same_shape_graphs": len(again) if sized else None, "same_shape_codes": again[:5]}
 
 
 def phase_summary(timeline: list[tuple[int, str, Any, float]], marks: Marks) -> dict:
@@ -134,6 +178,8 @@ class Probe:
         self.step = -1           # the timed loop's step being run
         self.new_step = True     # the next batch opens a step (set by the last optimizer's step)
         self.evals = 0
+        self.loop_start: dict | None = None     # compile_state() at the timed loop's start
+        self.resumed: tuple[dict, int] | None = None  # compile_state() and steps run when the loop resumed
 
     # --- installing -------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -142,6 +188,10 @@ class Probe:
                  ("evaluate", self.on_evaluate), *((name, self.on_flags) for name in FLAG_FUNCTIONS)]
         for name, hook in hooks:
             self._wrap(name, hook)
+        from torch._dynamo import utils
+
+        if hasattr(utils, "set_compilation_metrics_limit"):  # an older torch keeps its 64
+            utils.set_compilation_metrics_limit(GRAPHS_KEPT)
 
     @staticmethod
     def _wrap(name: str, hook: Callable) -> None:
@@ -207,7 +257,13 @@ class Probe:
         if opt is self.run.optimizers[-1]:
             self.new_step = True
 
+    def started(self, stage: str) -> None:
+        """Note when `stage` starts, on the wall clock a parent process shares, and write it out at once."""
+        self.result.setdefault("started", {})[stage] = time.time()
+        self.save(f"{stage} started")
+
     def on_warm_up(self, real: Callable, run) -> None:
+        self.started("warm_up")
         before, t0 = compile_state(), time.perf_counter()
         real(run)
         self._sync()
@@ -219,7 +275,7 @@ class Probe:
         self._sync()
         self.result["memory_static"] = self._memory("static")
         self._reset_peak()
-        before = compile_state()
+        self.loop_start = compile_state()
         self.in_loop = self.recording = self.new_step = True
         self.step = -1
         try:
@@ -228,8 +284,16 @@ class Probe:
             self.in_loop = False
             if self.recording:  # the loop ended before the window did: summarise the steps it holds
                 self.close_window()
-            self.result["train_loop"] = {"steps": self.step + 1, **compile_delta(before, compile_state())}
+            if self.resumed is None:
+                self.loop_until_now()
+            else:
+                since, steps = self.resumed
+                self.result["after_eval"] = {"steps": self.step + 1 - steps, **compile_delta(since, compile_state())}
             self.save("train")
+
+    def loop_until_now(self) -> None:
+        """The timed loop's steps and compile counts from its start to now."""
+        self.result["train_loop"] = {"steps": self.step + 1, **compile_delta(self.loop_start, compile_state())}
 
     def close_window(self) -> None:
         """Stop marking, wait for the device once, and turn the marks into phase times."""
@@ -247,6 +311,11 @@ class Probe:
         self.evals += 1
         if self.evals > 1:
             return real(run)
+        if self.in_loop:  # an eval inside the timed loop: the window and the loop's counts end here
+            if self.recording:
+                self.close_window()
+            self.loop_until_now()
+        self.started("eval")
         try:
             first = self._timed_eval(real, run)
         except torch.cuda.OutOfMemoryError as e:
@@ -257,10 +326,13 @@ class Probe:
             self.result["eval_oom"] = " ".join(str(e).split())[:500]
             torch.cuda.empty_cache()
             first = self._timed_eval(real, run)
+        self.result["eval"] = {"first": first, "shape": self.eval_shape(run.cfg)}
+        self.save("first eval")
         second = self._timed_eval(real, run)
-        self.result["eval"] = {"first": first, "second": second, "shape": self.eval_shape(run.cfg),
-                               "compile_s": max(first["seconds"] - second["seconds"], 0.0)}
+        self.result["eval"].update(second=second, compile_s=max(first["seconds"] - second["seconds"], 0.0))
         self.save("eval")
+        if self.in_loop:  # training resumes: what it compiles from here is counted apart
+            self.resumed = (compile_state(), self.step + 1)
         return first["val_loss"]
 
     @staticmethod

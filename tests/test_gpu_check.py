@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -18,9 +19,11 @@ import torch.nn.functional as F
 
 from data.loader import PAD_TARGET
 from scripts import gpu_check, kernel_check, train_probe
-from tests.helpers import ROOT, make_shards, run, stock_node
+from data.meta import read_meta
+from data.shards import open_shard
+from tests.helpers import ROOT, demo_data, make_shards, run, stock_node
 from trainer.config import parse_args as parse_train_args
-from trainer.data import val_loader
+from trainer.data import resolve_data, val_loader
 from trainer.distributed import Dist
 
 
@@ -45,10 +48,23 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
         assert probe["eval"]["second"]["frames_compiled"] == 0
         assert f"| {name} |" in proc.stdout
         assert [v["verdict"] for v in res["verdicts"] if v["check"] == name][:2] == ["PASS", "PASS"]
-    # random tokens teach nothing; the real text does
+        # the evals came halfway through the budget and training went on after them; every stage's compile
+        # counts were taken, and both compile figures recorded for the next run's budgets
+        assert probe["after_eval"]["steps"] >= 1 and probe["train_loop"]["steps"] >= 1
+        for stage in (probe["warm_up"], probe["train_loop"], probe["eval"]["first"], probe["after_eval"]):
+            assert stage["dynamic_graphs"] == stage["same_shape_graphs"] == 0
+        assert set(probe["started"]) == {"warm_up", "eval"}
+        assert r["compile_s"] is not None and r["eval_compile_s"] is not None and r["eval_first_s"] > 0
+        assert (tmp_path / "work" / "runs" / name / "summary.json").exists()
+    # no check saved a checkpoint or a resume state
+    assert [*(tmp_path / "work").rglob("checkpoint*"), *(tmp_path / "work").rglob("resume")] == []
+    # random tokens teach nothing; the real text does, at the speedrun's vocabulary
     assert checks["speedrun"]["val_loss"] == pytest.approx(math.log(50257), abs=0.1)
     assert checks["hackathon"]["val_loss"] == pytest.approx(math.log(32000), abs=0.1)
-    assert checks["text"]["val_loss"] < math.log(257) - 0.5
+    assert checks["text"]["init_loss"] == math.log(50257) and checks["text"]["val_loss"] < math.log(50257) - 1.5
+    text_cfg = tomllib.loads((tmp_path / "work" / "runs" / "text" / "config.toml").read_text())
+    assert text_cfg["model"]["vocab_size"] == 50257 and text_cfg["model"]["bos_id"] == 50256
+    assert "reuses the speedrun's compiled graphs" in [v["what"] for v in res["verdicts"] if v["check"] == "text"]
     # each check trained the recipe it names, on the data built for it; the speedrun: one 48K sequence a step
     assert "configs/hackathon_32gpu.toml" in checks["hackathon"]["args"]
     assert checks["speedrun"]["probe"]["shape"]["grad_accum"] == 1
@@ -67,13 +83,24 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
 @pytest.mark.parametrize("sizes", [gpu_check.GPU, gpu_check.CPU], ids=["gpu", "cpu"])
 def test_budgets_add_up_within_the_deadline_and_the_shell_bound(sizes):
     parts = sum(sizes.timeout_s.values()) + len(sizes.timeout_s) * gpu_check.KILL_GRACE_S
-    assert parts <= sizes.deadline_s
-    term, kill = map(int, re.search(r"timeout --kill-after=(\d+) (\d+)",
-                                    (ROOT / "scripts" / "gpu_check.sh").read_text()).groups()[::-1])
-    # the outer TERM comes after the deadline, leaves the script its kill grace, and all ends within 8 minutes
-    assert term > sizes.deadline_s and kill > gpu_check.KILL_GRACE_S and term + kill < 480
+    assert parts == sizes.planned_s() <= sizes.deadline_s
+    # gpu_check.sh runs `bash run.sh gpu-check`, which bounds the Python body
+    term, kill = map(int, re.search(r"gpu-check\) exec timeout --kill-after=(\d+) (\d+)",
+                                    (ROOT / "run.sh").read_text()).groups()[::-1])
+    # the outer TERM comes after the deadline and leaves the script its kill grace, and all ends within 540 s
+    assert term > sizes.deadline_s and kill > gpu_check.KILL_GRACE_S and term + kill <= gpu_check.CALL_S == 540
     with pytest.raises(AssertionError):
         dataclasses.replace(sizes, timeout_s={**sizes.timeout_s, "speedrun": sizes.deadline_s})
+
+
+def test_the_gpu_plan_runs_the_speedrun_first_with_room_for_its_cold_compile():
+    assert gpu_check.CHECKS[0] == "speedrun" and list(gpu_check.GPU.timeout_s) == ["data", *gpu_check.CHECKS]
+    assert gpu_check.GPU.timeout_s["speedrun"] >= gpu_check.SPEEDRUN_MIN_S == 230
+    # and no check saves a checkpoint; the speedrun row (and the text row, for its graphs) runs under DDP
+    for name in gpu_check.TRAINING:
+        cfg = parse_train_args(gpu_check.check_args(name, Path("/w"), gpu_check.GPU)[0])
+        assert not cfg.train.save_checkpoint and cfg.train.resume == "never"
+        assert cfg.train.ddp_always == (name != "hackathon")
 
 
 def test_loss_verdicts_catch_a_leaking_mask_and_a_model_that_does_not_learn():
@@ -81,19 +108,21 @@ def test_loss_verdicts_catch_a_leaking_mask_and_a_model_that_does_not_learn():
     assert gpu_check.loss_verdict("speedrun", v + 0.01, v, 2.5)["verdict"] == "PASS"
     assert gpu_check.loss_verdict("speedrun", v - 1.0, v, 2.5)["verdict"] == "FAIL"
     assert gpu_check.loss_verdict("speedrun", None, v, 2.5)["verdict"] == "FAIL"
-    assert gpu_check.loss_verdict("text", 1.2, math.log(257), 2.5)["verdict"] == "PASS"
+    assert gpu_check.loss_verdict("text", 1.2, math.log(50257), 2.5)["verdict"] == "PASS"
     for bad in (0.01, 4.0, float("nan")):
-        assert gpu_check.loss_verdict("text", bad, math.log(257), 2.5)["verdict"] == "FAIL"
+        assert gpu_check.loss_verdict("text", bad, math.log(50257), 2.5)["verdict"] == "FAIL"
 
 
 def probe_result(**changes) -> dict:
     """A speedrun probe result as a clean GPU run would leave it, with `changes` on top."""
-    clean = {"graph_breaks": 0, "recompiles": 0, "frames_compiled": 0, "break_reasons": [], "recompile_reasons": []}
+    clean = {"graph_breaks": 0, "recompiles": 0, "frames_compiled": 0, "break_reasons": [], "recompile_reasons": [],
+             "dynamic_graphs": 0, "dynamic_reasons": [], "same_shape_graphs": 0, "same_shape_codes": []}
     probe = {"shape": {"compile": True, "batch_size": 12, "param_gb": 1.0},
              "device": {"name": "NVIDIA H100 80GB HBM3", "total_gb": 80.0}, "memory_static": {"static_gb": 3.0},
              "warm_up": {**clean, "seconds": 60.0, "steps": 5, "peak_gb": 30.0, "peak_reserved_gb": 40.0},
-             "train_loop": {**clean, "steps": 100},
+             "train_loop": {**clean, "steps": 50},
              "eval": {"first": {**clean, "frames_compiled": 1}, "second": dict(clean), "compile_s": 20.0},
+             "after_eval": {**clean, "steps": 50},
              "phases": {"peak_gb": 28.0, "peak_reserved_gb": 40.0, "tok_s": 4e5, "mfu": 0.4, "step_ms_mean": 120.0,
                         "phases": {"data": {"share": 0.001}, "idle": {"share": 0.01}}}}
     for path, value in changes.items():
@@ -114,11 +143,18 @@ def verdicts_of(probe: dict, cpu: bool = False) -> dict[str, str]:
 def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
     clean = verdicts_of(probe_result())
     assert set(clean.values()) <= {"PASS", "info"}, clean
-    assert len(clean) == 10
+    assert len(clean) == 13
+    dynamic = ["forward (gpt.py:300): l_idx_ [1, 's0']"]
     broken = {
         "graph breaks, training": probe_result(**{"train_loop.graph_breaks": 1}),
         "recompiles in the timed loop": probe_result(**{"train_loop.recompiles": 2}),
+        # the eval's shape compiled with a symbolic sequence length: what dynamic=None does at the second shape
+        "no graph marked dynamic": probe_result(**{"eval.first.dynamic_graphs": 1,
+                                                   "eval.first.dynamic_reasons": dynamic}),
+        "one graph per shape": probe_result(**{"warm_up.same_shape_graphs": 1}),
         "eval: one compiled shape, no graph break": probe_result(**{"eval.second.frames_compiled": 1}),
+        "training resumes after the eval without a recompile": probe_result(**{"after_eval.recompiles": 1,
+                                                                              "after_eval.frames_compiled": 1}),
         "MFU": probe_result(**{"phases.mfu": 0.2}),
         "GPU idle between steps, share of a step": probe_result(**{"phases.phases.idle.share": 0.05}),
         "data wait, share of a step": probe_result(**{"phases.phases.data.share": 0.02}),
@@ -128,6 +164,15 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
         got = verdicts_of(probe)
         assert got[what] in ("FAIL", "SLOW"), (what, got)
         assert {k: v for k, v in got.items() if k != what} == {k: v for k, v in clean.items() if k != what}
+    assert "s0" in {v["what"]: v for v in gpu_check.training_verdicts(
+        {"check": "speedrun", "status": "ok", "init_loss": 10.8, "probe": broken["no graph marked dynamic"]},
+        gpu_check.GPU, False)}["no graph marked dynamic"]["measured"]
+    # a stage that never came, or a torch that does not record graph sizes: said, not passed
+    no_resume = probe_result()
+    del no_resume["after_eval"]
+    assert verdicts_of(no_resume)["training resumes after the eval without a recompile"] == "FAIL"
+    unsized = verdicts_of(probe_result(**{"warm_up.dynamic_graphs": None, "warm_up.same_shape_graphs": None}))
+    assert unsized["no graph marked dynamic"].startswith("n/a") and unsized["one graph per shape"].startswith("n/a")
     # on CPU the speed verdicts are not the GPU's
     assert verdicts_of(probe_result(**{"phases.mfu": 0.2}), cpu=True)["MFU"].startswith("n/a")
     assert verdicts_of(probe_result(eval_oom="CUDA out of memory", eval_oom_shape=[1, 262144])
@@ -170,7 +215,7 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
 def test_compile_counts_see_a_graph_break_and_a_recompile():
     def broken(x):
         y = x * 2
-        warnings.warn("dynamo cannot trace this")  # a graph break, as model/gpt.py's flex mask had (issue #11)
+        warnings.warn("dynamo cannot trace this")  # a graph break, as a warning inside the model's mask would be
         return y + 1
 
     torch._dynamo.reset()
@@ -191,8 +236,61 @@ def test_compile_counts_see_a_graph_break_and_a_recompile():
         assert "warn" in first["break_reasons"][0]
         assert again == {**again, "graph_breaks": 0, "recompiles": 0, "frames_compiled": 0}
         assert no_grad["recompiles"] >= 1 and "grad_mode" in no_grad["recompile_reasons"][0]
+        # over the whole stretch, the same sizes compiled again for a reason that is not a shape
+        whole = train_probe.compile_delta(s0, s3)
+        assert first["same_shape_graphs"] == 0 and whole["same_shape_graphs"] >= 1 and whole["dynamic_graphs"] == 0
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_compile_counts_see_a_graph_marked_dynamic(dynamic):
+    # dynamo's default (dynamic=None) compiles a second shape with a symbolic size; dynamic=False gives it its own
+    # static graph
+    torch._dynamo.reset()
+    try:
+        step = torch.compile(lambda x: (x * 2).sum(-1), backend="eager", dynamic=dynamic)
+        s0 = train_probe.compile_state()
+        step(torch.ones(2, 8))
+        step(torch.ones(2, 16))
+        got = train_probe.compile_delta(s0, train_probe.compile_state())
+        assert got["frames_compiled"] == 2 and got["same_shape_graphs"] == 0
+        assert got["dynamic_graphs"] == (1 if dynamic is None else 0)
+        assert bool(got["dynamic_reasons"]) == (dynamic is None)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_the_text_check_is_judged_on_reusing_the_speedruns_graphs():
+    compiled = {"probe": {"shape": {"compile": True}}}
+    speedrun = {"check": "speedrun", "compile_s": 120.0, "eval_compile_s": 40.0, **compiled}
+    reused = gpu_check.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 6.0, **compiled}, speedrun)
+    assert reused["verdict"] == "PASS" and reused["measured"] == "training 20.0 s vs 120.0; eval 6.0 s vs 40.0"
+    own = gpu_check.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 35.0, **compiled}, speedrun)
+    assert own["verdict"] == "SLOW"
+    eager = gpu_check.reuse_verdict({"check": "text", "compile_s": 1.0, "probe": {"shape": {"compile": False}}},
+                                    speedrun)
+    assert eager["verdict"].startswith("n/a")
+    # judged with the rows before it; a skipped speedrun leaves nothing to compare
+    text = {"check": "text", "status": "ok", "init_loss": math.log(50257), "probe": probe_result(),
+            **gpu_check.figures({"final_val_loss": 1.5}, probe_result(), None, None)}
+    whats = [v["what"] for v in gpu_check.judged(text, gpu_check.GPU, False, [{"status": "ok", **speedrun}])]
+    assert whats[-1] == "reuses the speedrun's compiled graphs"
+    skipped = {"check": "speedrun", "status": "skipped: out of time"}
+    assert "reuses the speedrun's compiled graphs" not in [v["what"] for v in gpu_check.judged(
+        text, gpu_check.GPU, False, [skipped])]
+
+
+def test_a_compile_cut_short_by_the_timeout_reports_how_long_it_had_run():
+    t = 1000.0
+    in_warm_up = gpu_check.compiles_cut_short({"started": {"warm_up": t}}, t + 250.0)
+    assert in_warm_up == {"compile_s_min": 250.0}
+    in_eval = gpu_check.compiles_cut_short({"started": {"warm_up": t, "eval": t + 150}, "warm_up": {}}, t + 250.0)
+    assert in_eval == {"eval_compile_s_min": 100.0}
+    done = {"started": {"warm_up": t, "eval": t + 150}, "warm_up": {}, "eval": {"first": {}}}
+    assert gpu_check.compiles_cut_short(done, t + 250.0) == {}
+    row = {"check": "speedrun", "status": "timeout after 260 s", **in_warm_up}
+    assert gpu_check.compile_cell(row, "compile_s") == "> 250" and gpu_check.compile_cell(row, "eval_compile_s") == "-"
 
 
 def test_phases_are_charged_to_the_mark_that_opens_them():
@@ -300,6 +398,27 @@ def test_each_checks_val_data_holds_its_eval(sizes):
             "text": int(sizes.demo_args[sizes.demo_args.index("--val-tokens") + 1])}
     for name, tokens in held.items():
         assert gpu_check.eval_tokens(gpu_check.check_args(name, Path("/w"), sizes)[0], sizes.eval_batches) < tokens
+
+
+def test_the_demo_corpus_is_renumbered_to_the_speedruns_vocabulary(tmp_path):
+    prepared = demo_data(tmp_path / "bytes", tokens=60_000, val_tokens=20_000, shard_tokens=20_000)
+    work = tmp_path / "w"
+    (work / "data" / "demo").mkdir(parents=True)
+    (work / "data" / "demo" / "demo_train_000009.bin").write_bytes(b"stale")  # an earlier build's: must not stay
+    for _ in range(2):  # a rerun in the same --work folder rebuilds it the same
+        gpu_check.at_gpt2_ids(prepared, work / "data" / "demo")
+    src, meta = read_meta(prepared), read_meta(work / "data" / "demo")
+    assert sorted(p.name for p in (work / "data" / "demo").glob("*.bin")) == sorted(s["file"] for s in src["shards"])
+    before, after = (np.concatenate([open_shard(folder / shard["file"]) for shard in src["shards"]])
+                     for folder in (prepared, work / "data" / "demo"))
+    assert (after == np.where(before == 256, 50256, before)).all() and (after == 50256).sum() > 1
+    assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and "tokenizer" not in meta
+    assert "settings" not in meta and meta["bytes_per_token"] == src["bytes_per_token"]
+    # train.py takes it at the speedrun's vocabulary and document token, as the text check runs it
+    argv = gpu_check.check_args("text", work, gpu_check.CPU)[0]
+    cfg = parse_train_args(argv)
+    files, val_files, got = resolve_data(cfg)
+    assert cfg.model.vocab_size == 50257 and cfg.model.bos_id == 50256 and got == meta and len(val_files) == 1
 
 
 def test_random_documents_look_like_fineweb_shards():

@@ -164,9 +164,10 @@ def test_a_resumed_run_is_set_apart_only_by_changes_that_can_move_its_result(tmp
     assert sorted((sorted(s["run_id"] for s in r["summaries"]), r["differs"]) for r in rows) == [
         (["compiled"], "resumed=train.compile False->True"), (["ext1", "ext2"], "resumed=train.budget_s 20.0->25.0"),
         (["fresh", "logged"], "-")]
-    # where evals run on the training clock, their frequency takes time from training: apart
+    # where evals run on the training clock, their frequency takes time from training: apart (two fresh runs, so
+    # that theirs is the largest row, the one the other is told apart from, whatever the fingerprints' order)
     on_clock = tmp_path / "on_clock"
-    write_runs(on_clock, [summary("fresh", 0.2, config="tiny"),
+    write_runs(on_clock, [summary("fresh", 0.2, config="tiny"), summary("fresh2", 0.2, config="tiny"),
                           summary("logged", 0.2, config="tiny", resumed=runs["logged"][:1])],
                "--train.timing=from_first_forward")
     rows = group_rows([load_summary(p) for p in find_summaries([on_clock])])

@@ -231,6 +231,17 @@ def test_sigterm_stops_after_the_step_and_saves(demo, tmp_path):
     assert json.loads((tmp_path / "term" / "resume" / "done.json").read_text())["step"] == s["steps"]
 
 
+def test_a_run_told_not_to_save_leaves_no_checkpoint_and_still_scores(demo, tmp_path):
+    # periodic saves due every step and the final one: none of them writes
+    run([sys.executable, *train_args(demo, tmp_path, "nosave", "--train.save_checkpoint=false", "--train.max_steps=6",
+                                     "--train.checkpoint_every_s=0.001", "--eval.tokens=2048")])
+    folder = tmp_path / "nosave"
+    assert not (folder / "checkpoint.pt").exists() and not (folder / "resume").exists()
+    s = summary(folder)
+    assert s["steps"] == 6 and s["final_val_loss"] is not None and math.isfinite(s["final_val_loss"])
+    assert s["wall"]["checkpoint_s"] == 0
+
+
 @pytest.mark.slow
 def test_two_nodes_meet_through_run_sh_multinode_variables(demo, tmp_path):
     """Two `bash run.sh train` launches on 127.0.0.1 with NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT: run.sh turns

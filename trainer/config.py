@@ -48,6 +48,7 @@ class TrainConfig:
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
+    ddp_always: bool = False         # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none
@@ -62,6 +63,7 @@ class TrainConfig:
     seed: int = 0                # torch seed of the initialisation (the same on every rank)
     checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
     checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
+    save_checkpoint: bool = True     # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks
     resume: Literal["auto", "never", "must"] = "auto"  # "auto": if the run folder has complete state
     dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
 
@@ -96,7 +98,8 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": Op
 RESUME_SAFE = frozenset({
     "data.vocab_check",                      # a check of the data, not the data
     "train.compile", "train.warmup_steps",   # the same math; warm-up steps are undone before the clock starts
-    "train.checkpoint_path", "train.checkpoint_every_s", "train.resume", "train.dist_timeout_s",
+    "train.checkpoint_path", "train.checkpoint_every_s", "train.save_checkpoint", "train.resume",
+    "train.dist_timeout_s",
     "eval.every_steps", "eval.every_s", "eval.batch_size",   # eval.batch_size: the same windows, regrouped
     "log.dir", "log.run_id", "log.track", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
 })
