@@ -140,4 +140,4 @@ def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
     assert out.startswith("import os") and len(out) > len("import os\n")
     table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()
     cells = table[1].split()
-    assert cells[:2] + cells[3:5] == ["tiny", "tiny", "1", "0"]  # track, config, (fingerprint), runs, reached
+    assert cells[:2] + cells[3:6] == ["tiny", "tiny", "1", "r1", "0"]  # track, config, runs, run ids, reached
