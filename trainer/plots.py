@@ -61,6 +61,8 @@ def read_run(folder: str | Path) -> Run:
     """Read a run folder's metrics.jsonl (a partial last line, as a kill leaves it, is dropped) and summary.json."""
     folder = Path(folder)
     metrics = folder / "metrics.jsonl"
+    if not folder.is_dir():
+        raise PlotError(f"{folder}: no such folder; pass a run folder (runs/<run_id>) of a run train.py started")
     if not metrics.is_file():
         raise PlotError(f"{folder}: no metrics.jsonl; pass a run folder (runs/<run_id>) of a run train.py started")
     lines = metrics.read_text().splitlines()
