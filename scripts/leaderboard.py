@@ -207,8 +207,7 @@ def differences(exp: dict[str, Any], ref: dict[str, Any]) -> list[str]:
     MOVES_RESULT's order), then its resumes' changes, then the rest by name; world_size, which no config file
     sets, is left to the hardware column."""
     def departs(key: str) -> bool:
-        value = exp[key]
-        return key in ref and ref[key] != value and not (key in FILLED_AT_RUN and ref[key] == FILLED_AT_RUN[key])
+        return key in ref and exp[key] != ref[key] and not (key in FILLED_AT_RUN and ref[key] == FILLED_AT_RUN[key])
 
     first = [k for k in MOVES_RESULT if k in exp and departs(k)]
     rest = sorted(k for k in exp if k not in MOVES_RESULT and departs(k))
@@ -250,6 +249,7 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
         times = [float(r["time_to_target_s"]) for r in runs if r["time_to_target_s"] is not None]
         goal = target if target is not None else runs[0]["target_loss"]  # eval.target_loss: one per experiment
         p = t_test_below(losses, goal)[1] if goal is not None and len(losses) > 1 else None
+        ref, where = references[str(runs[0]["config_name"])]
         rows.append({
             "track": _distinct(r["track"] for r in runs), "config": _distinct(r["config_name"] for r in runs),
             "fingerprint": fp, "runs": len(runs), "reached": len(times),
@@ -260,9 +260,8 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
             "hardware": _distinct(r["hardware"] for r in runs),
             "torch": _distinct(r["torch_version"] for r in runs),
             "run ids": _clip([str(r["run_id"]) for r in runs], None if show_all else RUN_IDS_CHARS),
-            "differs": _clip(differences(exps[fp], references[str(runs[0]["config_name"])][0]),
-                             None if show_all else DIFFERS_CHARS),
-            "summaries": runs, "goal": goal, "reference": references[str(runs[0]["config_name"])][1],
+            "differs": _clip(differences(exps[fp], ref), None if show_all else DIFFERS_CHARS),
+            "summaries": runs, "goal": goal, "reference": where,
         })
     return rows
 
