@@ -125,7 +125,7 @@ def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
             return description, sources.text_corpus(files, seed)
         # Unshuffled rows are streamed in place: only a shuffle as a whole needs datasets' Arrow copy.
         return description, sources.row_corpus(files, args.text_field, seed, args.streaming or seed is None,
-                                               args.shuffle_buffer)
+                                               args.shuffle_buffer, given=args.files)
     # --streaming changes how the rows arrive, not which: not part of the description (its buffer's order is).
     return ({"kind": "huggingface", "dataset": args.dataset, "subset": args.subset, "split": args.split,
              "text_field": args.text_field},

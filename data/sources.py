@@ -108,11 +108,13 @@ def local_files(pattern: str) -> list[Path]:
 
 
 def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0, streaming: bool = False,
-               buffer: int = SHUFFLE_BUFFER) -> Corpus:
-    """The `text_field` of every row of local .jsonl/.json/.parquet files, read by `datasets`."""
+               buffer: int = SHUFFLE_BUFFER, given: str | None = None) -> Corpus:
+    """The `text_field` of every row of local .jsonl/.json/.parquet files, read by `datasets`; `given`: how the
+    user named them (--files), for the messages."""
     datasets = import_optional("datasets", READERS_NEED, SourceError)
 
-    where = f"{files[0].parent}/*{files[0].suffix} ({plural(len(files), 'file')})"
+    named = f"--files {given!r}" if given else f"{files[0].parent}/*{files[0].suffix}"
+    where = f"{named} ({plural(len(files), 'file')})"
 
     def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME
         try:

@@ -9,10 +9,11 @@ except for run-specific keys (RUN_SPECIFIC: where a run writes, how it is logged
 at the same world size, and whose resumes (summary.json's resume_changes) made the same changes that can move a
 result (all but RESUME_NEUTRAL's): a run extended by --extend-budget is not pooled with runs given the longer
 budget from the start. Different seeds make different rows unless --pool-seeds. The fingerprint column is
-a hash of what a row's runs share; "differs" names the settings that set a row apart from the largest row of
-the same config name. A record claim needs p < 0.01 that the mean final val loss is <= the target
-(one-sided one-sample t-test, the speedrun's rule, computed by scipy.stats.ttest_1samp), so a p-value
-never mixes configs.
+a hash of what a row's runs share; "differs" names each setting in which a row's runs depart from their config
+file's own values (configs/<config>.toml with its base chain, as train.py reads it today; the code's defaults
+for a run made without one), those that set budget, shape and batch first, clipped unless --all. A record
+claim needs p < 0.01 that the mean final val loss is <= the target (one-sided one-sample t-test, the speedrun's
+rule, computed by scipy.stats.ttest_1samp), so a p-value never mixes configs.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import tomllib
@@ -31,13 +33,13 @@ if not __package__:  # run by path (python scripts/x.py), not as python -m scrip
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optional import import_optional
-from trainer.config import Config
+from trainer.config import ROOT, Config, ConfigError, apply_file, config_chain
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
 NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss", "time_to_target_s",
                "world_size", "hardware", "torch_version")
-COLUMNS = ("track", "config", "fingerprint", "runs", "reached", "time to target (s)", "final val loss", "target",
-           "p(mean<=target)", "hardware", "torch", "differs")
+COLUMNS = ("track", "config", "fingerprint", "runs", "run ids", "reached", "time to target (s)", "final val loss",
+           "target", "p(mean<=target)", "hardware", "torch", "differs")
 # Where a run writes, how it is watched, checkpointed or resumed: nothing it trains depends on these (a save
 # stops the training clock), so runs that differ only here repeat one experiment.
 RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
@@ -54,7 +56,14 @@ SEEDS = ("train.seed", "data.seed")
 # clock runs, hence the time to target and the steps a time budget buys), and a key added to RESUME_SAFE later.
 RESUME_NEUTRAL = (*RUN_SPECIFIC, "data.vocab_check", "log.track", "eval.batch_size")
 EVAL_FREQUENCY = ("eval.every_steps", "eval.every_s")
-DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest
+DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest (unless --all)
+RUN_IDS_CHARS = 40  # the same for the "run ids" cell
+# What sets a row's budget, shape and batch: "differs" names these first, in this order, then the rest by name.
+MOVES_RESULT = ("train.budget_s", "train.max_steps", "train.schedule", "model.n_layer", "model.n_embd",
+                "model.n_head", "model.vocab_size", "train.seq_len", "train.batch_size", "train.grad_accum")
+# Config file values train.py fills in at run time (model.vocab_size = 0: from meta.json): a run's resolved
+# value does not depart from the file's.
+FILLED_AT_RUN = {"model.vocab_size": 0}
 
 
 class SummaryError(ValueError):
@@ -177,32 +186,55 @@ def _mean_std_text(xs: list[float], digits: int) -> str:
     return f"{mean:.{digits}f}" if math.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _differences(groups: dict[str, list[dict]], exps: dict[str, dict]) -> dict[str, str]:
-    """Per fingerprint, "key=value" for each setting in which its row differs from the largest row of its name."""
-    out = {}
-    for fp, runs in groups.items():
-        peers = [f for f in groups if groups[f][0]["config_name"] == runs[0]["config_name"]]
-        largest = max(peers, key=lambda f: (len(groups[f]), f))
-        out[fp] = _clip([f"{k}={v}" for k, v in sorted(exps[fp].items()) if exps[largest].get(k) != v])
-    return out
+def reference(config_name: str) -> tuple[dict[str, Any], str]:
+    """The config file's own values a run of `config_name` departs from ({"section.key": value}: the code's
+    defaults under configs/<config_name>.toml and its base chain), and a phrase naming them."""
+    path = ROOT / "configs" / f"{config_name}.toml"
+    if not path.is_file():
+        return _flat(Config().to_dict()), ("the code's defaults (no --config)" if config_name == Config().name else
+                                           f"the code's defaults (no configs/{config_name}.toml here)")
+    cfg = Config()
+    try:
+        apply_file(cfg, path)
+        files = [file for file, _ in config_chain(path)]
+    except ConfigError as e:
+        return _flat(Config().to_dict()), f"the code's defaults (configs/{config_name}.toml cannot be read: {e})"
+    bases = ", ".join(os.path.relpath(file, ROOT) for file in files[-2::-1])
+    return _flat(cfg.to_dict()), f"configs/{config_name}.toml" + (f" over its base {bases}" if bases else "")
 
 
-def _clip(items: list[str]) -> str:
-    """The items joined by commas up to DIFFERS_CHARS, then how many more; "-" for none."""
+def differences(exp: dict[str, Any], ref: dict[str, Any]) -> list[str]:
+    """"key=value" for each setting of experiment `exp` that is not `ref`'s, budget, shape and batch first (in
+    MOVES_RESULT's order), then its resumes' changes, then the rest by name; world_size, which no config file
+    sets, is left to the hardware column."""
+    def departs(key: str) -> bool:
+        return key in ref and exp[key] != ref[key] and not (key in FILLED_AT_RUN and ref[key] == FILLED_AT_RUN[key])
+
+    first = [k for k in MOVES_RESULT if k in exp and departs(k)]
+    rest = sorted(k for k in exp if k not in MOVES_RESULT and departs(k))
+    resumed = [f"resumed={exp['resumed']}"] if "resumed" in exp else []
+    return [f"{k}={exp[k]}" for k in first] + resumed + [f"{k}={exp[k]}" for k in rest]
+
+
+def _clip(items: list[str], width: int | None) -> str:
+    """The items joined by commas up to `width` characters (None: all of them), then how many more; "-" for
+    none."""
     shown: list[str] = []
     for item in items:
-        if shown and len(", ".join([*shown, item])) > DIFFERS_CHARS:
+        if shown and width is not None and len(", ".join([*shown, item])) > width:
             break
         shown.append(item)
     rest = len(items) - len(shown)
     return (", ".join(shown) + (f", ... ({rest} more)" if rest else "")) if items else "-"
 
 
-def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: bool = False) -> list[dict]:
-    """One table row per experiment: counts, mean ± std, p-value, hardware and torch versions, fingerprint.
+def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: bool = False,
+               show_all: bool = False) -> list[dict]:
+    """One table row per experiment: counts, run ids, mean ± std, p-value, hardware and torch versions,
+    fingerprint, and its differences from its config file (every one with `show_all`, else clipped).
 
     `target` overrides each run's own target_loss for the p-value. Each row also carries "summaries" (its runs)
-    and "goal" (the target as a number, or None) for the plot.
+    and "goal" (the target as a number, or None) for the plot, and "reference" (what "differs" is measured from).
     """
     groups: dict[str, list[dict]] = defaultdict(list)
     exps = {}
@@ -210,7 +242,7 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
         exp = experiment(s, pool_seeds)
         exps[fingerprint(exp)] = exp
         groups[fingerprint(exp)].append(s)
-    differs = _differences(groups, exps)
+    references = {name: reference(name) for name in sorted({str(s["config_name"]) for s in summaries})}
     rows = []
     for fp, runs in sorted(groups.items(), key=lambda g: (str(g[1][0]["track"]), str(g[1][0]["config_name"]),
                                                           -len(g[1]), g[0])):
@@ -218,6 +250,7 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
         times = [float(r["time_to_target_s"]) for r in runs if r["time_to_target_s"] is not None]
         goal = target if target is not None else runs[0]["target_loss"]  # eval.target_loss: one per experiment
         p = t_test_below(losses, goal)[1] if goal is not None and len(losses) > 1 else None
+        ref, where = references[str(runs[0]["config_name"])]
         rows.append({
             "track": _distinct(r["track"] for r in runs), "config": _distinct(r["config_name"] for r in runs),
             "fingerprint": fp, "runs": len(runs), "reached": len(times),
@@ -227,7 +260,9 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
             "p(mean<=target)": "n/a" if p is None else f"{p:.3g}",
             "hardware": _distinct(r["hardware"] for r in runs),
             "torch": _distinct(r["torch_version"] for r in runs),
-            "differs": differs[fp], "summaries": runs, "goal": goal,
+            "run ids": _clip([str(r["run_id"]) for r in runs], None if show_all else RUN_IDS_CHARS),
+            "differs": _clip(differences(exps[fp], ref), None if show_all else DIFFERS_CHARS),
+            "summaries": runs, "goal": goal, "reference": where,
         })
     return rows
 
@@ -243,6 +278,14 @@ def format_table(rows: list[dict], markdown: bool = False) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
 
 
+def reference_note(rows: list[dict], show_all: bool = False) -> str:
+    """The line under the table that says what each config's "differs" cells are measured from."""
+    wheres = dict.fromkeys(f"{r['config']}: {r['reference']}" for r in rows)
+    clipped = "" if show_all else "; --all lists every one"
+    return (f"differs: settings the runs set unlike their config file's own values (budget, shape and batch "
+            f"first{clipped}), from {'; '.join(wheres)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the leaderboard of the summaries found under the given paths."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -253,16 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-seeds", action="store_true",
                     help="runs that differ only in train.seed / data.seed share a row")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table (for records/README.md)")
+    ap.add_argument("--all", action="store_true", dest="show_all",
+                    help="list every run id and every difference from the config file (default: clipped)")
     ap.add_argument("--plot", type=Path, metavar="PNG",
                     help="also draw each run's time to target and final val loss against the target")
     args = ap.parse_args(argv)
     try:
         summaries = [load_summary(p) for p in find_summaries(args.paths)]
-        rows = group_rows(summaries, args.target, args.pool_seeds)
+        rows = group_rows(summaries, args.target, args.pool_seeds, args.show_all)
     except SummaryError as e:
         print(f"leaderboard: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, args.markdown))
+    print(("\n" if args.markdown else "") + reference_note(rows, args.show_all))
     if args.plot:
         from trainer.plots import plot_leaderboard
 

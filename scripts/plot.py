@@ -1,6 +1,7 @@
 """Loss curves as a picture: val loss (points and line) and smoothed train loss of one or more runs.
 
     python -m scripts.plot runs/<run_id>                         # -> runs/<run_id>/loss.png
+    python -m scripts.plot runs/a runs/b                         # -> runs/a/curves.png
     python -m scripts.plot runs/a runs/b -o ab.png --x tokens --logy
     bash run.sh plot runs/a runs/b
 
@@ -26,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (runs/<run_id>)")
     ap.add_argument("-o", "--out", type=Path, help="PNG to write (default: loss.png in the only run folder, "
-                                                     "else curves.png here)")
+                                                     "else curves.png in the first one)")
     ap.add_argument("--x", choices=list(X_AXES), default="time", help="x axis (default: training time)")
     ap.add_argument("--logy", action="store_true", help="logarithmic loss axis")
     args = ap.parse_args(argv)
-    out = args.out or (args.runs[0] / "loss.png" if len(args.runs) == 1 else Path("curves.png"))
+    # several runs' figure goes beside the first one's files, not into whatever folder the command ran in
+    out = args.out or args.runs[0] / ("loss.png" if len(args.runs) == 1 else "curves.png")
     try:
         plot_runs(args.runs, out, x=args.x, logy=args.logy)
     except PlotError as e:

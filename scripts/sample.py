@@ -1,6 +1,7 @@
 """Sample text from a trained checkpoint.
 
     python -m scripts.sample runs/<run_id>/checkpoint.pt --prompt "The meaning of life" --tokens 200
+    python -m scripts.sample runs/<run_id> --prompt "def "     # the checkpoint that run saved
     python -m scripts.sample ckpt.pt --temperature 0            # greedy
     python -m scripts.sample ckpt.pt --tokenizer gpt2 --top-k 50 --seed 1
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import sys
+import tomllib
 from pathlib import Path
 
 import torch
@@ -27,7 +30,7 @@ from trainer.checkpoint import CheckpointError, load_checkpoint
 
 
 class SampleError(ValueError):
-    """A tokenizer that cannot be used for sampling; the message says which and how to fix it."""
+    """A tokenizer or run folder that cannot be used for sampling; the message says which and how to fix it."""
 
 
 def tokenizer_name(config: dict, override: str | None = None) -> str:
@@ -49,10 +52,29 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
                       f"{train!r} have no usable meta.json — pass --tokenizer NAME")
 
 
+def run_checkpoint(folder: Path) -> Path:
+    """The checkpoint a run folder's run saved: summary.json's checkpoint_path, else (a run that has not
+    finished) its config.toml's train.checkpoint_path, else checkpoint.pt in the folder."""
+    summary, config = folder / "summary.json", folder / "config.toml"
+    try:
+        path = json.loads(summary.read_text()).get("checkpoint_path") if summary.is_file() else None
+        if not path and config.is_file():
+            path = tomllib.loads(config.read_text()).get("train", {}).get("checkpoint_path")
+    except (OSError, ValueError) as e:  # ValueError: JSON or TOML that does not parse
+        raise SampleError(f"{folder}: cannot read where its run saved the checkpoint ({e}); pass the "
+                          f"checkpoint.pt itself") from None
+    path = Path(path) if path else folder / "checkpoint.pt"
+    if not path.is_file():
+        raise SampleError(f"{folder}: its run saved no checkpoint at {path} (yet); train it to its first save "
+                          f"(the end of the run, or train.checkpoint_every_s), or pass a checkpoint.pt")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the prompt followed by the sampled continuation."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="a checkpoint.pt written by train.py")
+    ap.add_argument("checkpoint", type=Path,
+                    help="a checkpoint.pt written by train.py, or a run folder (runs/<run_id>): the one its run saved")
     ap.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
     ap.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
     ap.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -66,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
         ap.error("--tokens and --temperature must be >= 0 and --top-k >= 1")
     try:
-        model, config = load_checkpoint(args.checkpoint, args.device)
+        checkpoint = run_checkpoint(args.checkpoint) if args.checkpoint.is_dir() else args.checkpoint
+        model, config = load_checkpoint(checkpoint, args.device)
         enc = get_tokenizer(tokenizer_name(config, args.tokenizer))
         if enc.n_vocab != model.cfg.vocab_size and not args.force:
             raise SampleError(f"tokenizer {enc.name!r} has {enc.n_vocab} ids but the model was trained on "

@@ -60,8 +60,23 @@ def doc_mask_token_outside_the_vocabulary(folder: Path) -> tuple[list[str], list
                                          "turn model.doc_causal off"]
 
 
+def no_meta_json(folder: Path) -> tuple[list[str], list[str]]:
+    """Shards without the meta.json that model.vocab_size = 0 reads."""
+    tiny_data(folder)
+    return ["--model.vocab_size=0"], [f"{folder / 'meta.json'} is missing (data.prepare writes one beside its "
+                                      f"shards", "set --model.vocab_size=N"]
+
+
+def fineweb_not_fetched(folder: Path) -> tuple[list[str], list[str]]:
+    """FineWeb shards (fetch_fineweb's names) that were never fetched."""
+    tiny_data(folder)
+    return [f"--data.train={folder}/fw/fineweb_train_*.bin"], [
+        f"fetch the FineWeb shards with python -m scripts.fetch_fineweb --shards N --out {folder / 'fw'} "]
+
+
 CASES = {f.__name__: f for f in (truncated, id_beyond_vocab, shards_shorter_than_seq_len, small_val_set,
-                                 no_matching_file, doc_mask_token_outside_the_vocabulary)}
+                                 no_matching_file, doc_mask_token_outside_the_vocabulary, no_meta_json,
+                                 fineweb_not_fetched)}
 @pytest.mark.parametrize("case", list(CASES))
 def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
     extra, needles = CASES[case](tmp_path / "data")
@@ -114,3 +129,12 @@ def test_a_meta_json_that_is_not_json_is_named(tmp_path):
                timeout=240)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert str(tmp_path / "meta.json") in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_speedrun_config_without_its_shards_says_how_to_fetch_them(tmp_path):
+    proc = run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "speedrun_8xh100.toml")],
+               check=False, cwd=tmp_path, timeout=240)  # a folder without shards/fineweb10B
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "train.py: config error: data.train = 'shards/fineweb10B/fineweb_train_*.bin' matches no file; fetch the "
+        "FineWeb shards with python -m scripts.fetch_fineweb --shards N --out shards/fineweb10B (N train shards of "
+        "100M tokens each), or run bash run.sh on a GPU machine, which fetches them"), proc.stderr[-3000:]

@@ -30,8 +30,10 @@ def summary(run_id, loss, *, ttt=None, track="speedrun", config="speedrun_8xh100
 
 
 def resolved(s: dict, *overrides: str) -> dict:
-    """The config.toml train.py writes for summary `s`'s run (tiny.toml, its track and target), plus overrides."""
-    return parse_args(["--config", "configs/tiny.toml", "--data.train=shards/x/*.bin", f"--log.track={s['track']}",
+    """The config.toml train.py writes for summary `s`'s run: its config file (tiny.toml, which names no data, on
+    shards/x) with the run's track and target, plus overrides."""
+    data = ["--data.train=shards/x/*.bin"] if s["config_name"] == "tiny" else []
+    return parse_args(["--config", f"configs/{s['config_name']}.toml", *data, f"--log.track={s['track']}",
                        f"--eval.target_loss={s['target_loss'] or 0}", f"--log.run_id={s['run_id']}",
                        *overrides]).to_dict()
 
@@ -141,11 +143,21 @@ def test_rows_never_pool_unlike_configs(tmp_path):
     assert float(pooled["p(mean<=target)"]) < 0.01
     fingerprints = [r["fingerprint"] for r in group_rows(loaded)]
     assert len(set(fingerprints)) == 5 and all(re.fullmatch(r"[0-9a-f]{8}", f) for f in fingerprints)
+    # What each row's runs set unlike tiny.toml: budget, shape and batch first, clipped at 80 characters
+    # unless --all; every row here names its data and target (tiny.toml has neither)
     by_loss = {r["final val loss"]: r for r in group_rows(loaded)}
-    assert by_loss["1.5000"]["differs"] == "model.n_layer=16"  # what sets a row apart from its namesakes
-    assert by_loss["2.1000"]["differs"] == "train.budget_s=20.0, train.schedule=time"
-    assert by_loss["0.3000"]["differs"] == ("eval.tokens=4096, model.n_embd=128, model.n_head=4, optim.lr=0.01, "
-                                            "... (2 more)")  # clipped at 80 characters
+    everything = {r["final val loss"]: r for r in group_rows(loaded, show_all=True)}
+    own = "data.train=shards/x/*.bin, eval.target_loss=0.5"
+    assert by_loss["0.2000 ± 0.0100"]["differs"] == everything["0.2000 ± 0.0100"]["differs"] == own
+    assert by_loss["1.5000"]["differs"] == f"model.n_layer=16, {own}"
+    assert by_loss["2.1000"]["differs"] == ("train.budget_s=20.0, train.schedule=time, data.train=shards/x/*.bin, "
+                                            "... (1 more)")
+    assert everything["2.1000"]["differs"] == f"train.budget_s=20.0, train.schedule=time, {own}"
+    assert by_loss["0.3000"]["differs"] == ("model.n_embd=128, model.n_head=4, train.seq_len=32, train.batch_size=8, "
+                                            "... (4 more)")
+    assert everything["0.3000"]["differs"] == ("model.n_embd=128, model.n_head=4, train.seq_len=32, "
+                                               f"train.batch_size=8, {own}, eval.tokens=4096, optim.lr=0.01")
+    assert by_loss["0.2000 ± 0.0100"]["run ids"] == "s1, s2, s3" and by_loss["0.2200"]["run ids"] == "seed1"
     # Seeds pool only when asked: then the seed-1 run joins the three.
     pooled = [r for r in group_rows(loaded, pool_seeds=True) if r["runs"] > 1]
     assert [r["runs"] for r in pooled] == [4] and pooled[0]["final val loss"] == "0.2050 ± 0.0129"
@@ -159,19 +171,41 @@ def test_a_resumed_run_is_set_apart_only_by_changes_that_can_move_its_result(tmp
             "compiled": [(50, "train.compile", False, True)], "ext1": extended,
             "ext2": [(64, *extended[0][1:])]}  # the same extension, resumed at the end of the same budget
     for run_id, resumed in runs.items():
-        write_runs(tmp_path, [summary(run_id, 0.2, config="tiny", resumed=resumed)], "--train.timing=exclude_warmup")
-    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+        write_runs(tmp_path, [summary(run_id, 0.2, track="tiny", config="tiny", target=None, resumed=resumed)],
+                   "--train.timing=exclude_warmup")
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])], show_all=True)
+    own = "data.train=shards/x/*.bin, train.timing=exclude_warmup"  # what every run sets unlike tiny.toml
     assert sorted((sorted(s["run_id"] for s in r["summaries"]), r["differs"]) for r in rows) == [
-        (["compiled"], "resumed=train.compile False->True"), (["ext1", "ext2"], "resumed=train.budget_s 20.0->25.0"),
-        (["fresh", "logged"], "-")]
-    # where evals run on the training clock, their frequency takes time from training: apart (two fresh runs, so
-    # that theirs is the largest row, the one the other is told apart from, whatever the fingerprints' order)
+        (["compiled"], f"resumed=train.compile False->True, {own}"),
+        (["ext1", "ext2"], f"resumed=train.budget_s 20.0->25.0, {own}"), (["fresh", "logged"], own)]
+    # where evals run on the training clock (train.timing's default), their frequency takes time from training: apart
     on_clock = tmp_path / "on_clock"
-    write_runs(on_clock, [summary("fresh", 0.2, config="tiny"), summary("fresh2", 0.2, config="tiny"),
-                          summary("logged", 0.2, config="tiny", resumed=runs["logged"][:1])],
-               "--train.timing=from_first_forward")
+    write_runs(on_clock, [summary("fresh", 0.2, track="tiny", config="tiny", target=None),
+                          summary("logged", 0.2, track="tiny", config="tiny", target=None,
+                                  resumed=runs["logged"][:1])])
     rows = group_rows([load_summary(p) for p in find_summaries([on_clock])])
-    assert sorted(r["differs"] for r in rows) == ["-", "resumed=eval.every_s 5.0->10.0"]
+    assert sorted(r["differs"] for r in rows) == ["data.train=shards/x/*.bin",
+                                                  "resumed=eval.every_s 5.0->10.0, data.train=shards/x/*.bin"]
+
+
+def test_differs_is_measured_from_the_config_file_with_its_base(tmp_path):
+    # speedrun_1gpu.toml sets what it changes of its base, speedrun_8xh100.toml: a run of it as the file says
+    # differs in nothing, and a run of a config file this checkout lacks is measured from the code's defaults
+    write_runs(tmp_path, [summary("one", 3.3, config="speedrun_1gpu"), summary("mine", 3.4, config="tiny")])
+    write_runs(tmp_path, [summary("short", 3.5, config="speedrun_1gpu")], "--train.budget_s=60", "--optim.lr=0.01",
+               "--train.grad_accum=4")
+    (tmp_path / "mine" / "summary.json").write_text((tmp_path / "mine" / "summary.json").read_text()
+                                                    .replace('"tiny"', '"mine"'))
+    proc = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path), "--all"])
+    header, *lines, note = proc.stdout.strip().splitlines()
+    at = header.index("differs")
+    mine, one, short = (line[at:] for line in lines)
+    assert one == "-" and short == "train.budget_s=60.0, train.grad_accum=4, optim.lr=0.01"
+    assert mine.startswith("train.max_steps=30, train.schedule=step, model.n_layer=2, model.n_embd=64, ")
+    assert mine.endswith(", optim.lr=0.003, optim.weight_decay=0.0, train.dtype=float32, train.lr_decay_frac=0.5, "
+                         "train.lr_final_frac=0.1, train.lr_warmup_frac=0.1")  # --all: every one
+    assert note.endswith("from mine: the code's defaults (no configs/mine.toml here); speedrun_1gpu: "
+                         "configs/speedrun_1gpu.toml over its base configs/speedrun_8xh100.toml")
 
 
 def test_plot_draws_each_run_against_its_target(tmp_path):
@@ -189,6 +223,20 @@ def test_plot_draws_each_run_against_its_target(tmp_path):
     assert points == {"time:0": [90.0, 95.0], "loss:0": [3.277, 3.278, 3.281], "target:0": [3.28, 3.28],
                       "time:1": [80.0], "loss:1": [3.25], "target:1": [3.28, 3.28]}
     assert [t.get_text() for t in ax_time.texts] == ["1 not reached"]
+
+
+def test_plot_without_a_target_has_no_time_to_target_panel(tmp_path):
+    write_runs(tmp_path, [summary(f"c{i}", x, track="cpu", config="cpu", target=None)
+                          for i, x in enumerate([1.9, 2.0])])
+    out = tmp_path / "board.png"
+    run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path), "--plot", str(out)])
+    assert imread(out).shape[:2] == (600, 1000)  # one panel
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    fig = plot_leaderboard([{"name": r["fingerprint"], "target": r["goal"], "runs": r["summaries"]} for r in rows],
+                           tmp_path / "again.png")
+    (ax_loss,) = fig.axes
+    assert ax_loss.get_title() == "final val loss per run (no run has a target)"
+    assert sorted(ax_loss.get_lines()[0].get_ydata()) == [1.9, 2.0]
 
 
 def test_find_summaries_accepts_files_run_dirs_and_trees(tmp_path):
@@ -248,8 +296,11 @@ def test_cli_markdown_table_and_error(tmp_path):
     lines = out.strip().splitlines()
     assert lines[0].startswith("| track | config | fingerprint | runs |") and lines[1].startswith("|---|")
     # mean 3.278, std 0.001, t = -0.002/(0.001/sqrt 3) = -3.4641 with df 2 -> p = 0.0371
-    assert re.match(r"\| speedrun \| speedrun_8xh100 \| [0-9a-f]{8} \| 3 \| 3 \| 91.0 ± 1.0 \| 3.2780 ± 0.0010 "
-                    r"\| 3.28 \| 0.0371 \|", lines[2])
+    assert re.match(r"\| speedrun \| speedrun_8xh100 \| [0-9a-f]{8} \| 3 \| s0, s1, s2 \| 3 \| 91.0 ± 1.0 \| "
+                    r"3.2780 ± 0.0010 \| 3.28 \| 0.0371 \|.* \| - \|$", lines[2])
+    # under the table: what "differs" is measured from (here: nothing, the runs are the config file's own)
+    assert lines[4] == ("differs: settings the runs set unlike their config file's own values (budget, shape and "
+                        "batch first; --all lists every one), from speedrun_8xh100: configs/speedrun_8xh100.toml")
     (tmp_path / "s1" / "summary.json").write_text("not json")
     proc = run([sys.executable, "scripts/leaderboard.py", str(tmp_path)], check=False)
     assert proc.returncode == 2 and f"{tmp_path / 's1' / 'summary.json'}: not valid JSON" in proc.stderr

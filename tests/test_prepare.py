@@ -280,13 +280,15 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
     for path, text in ((malformed, '{"text": "ok"}\n{bad json\n'), (empty, "")):
         path.parent.mkdir()
         path.write_text(text)
+    typed = os.path.relpath(malformed, ROOT)
     cases = [
         (["--files", pattern, "--tokenizer", "bytes"], ["no column 'text'", "['body', 'id']", "--text-field"]),
         (["--files", pattern, "--text-field", "body", "--tokenizer", str(bad)], [str(bad), "not a .tiktoken"]),
         (["--demo", "--tokenizer", "gpt2"], ["TIKTOKEN_CACHE_DIR", ".tiktoken"]),
         (["--files", str(tmp_path / "none" / "*.txt")], ["matches no file"]),
-        (["--files", str(malformed), "--tokenizer", "bytes"], [f"{malformed.parent}/*.jsonl (1 file): cannot read",
-                                                                "JSON parse error", "fix or remove"]),
+        # the files as the user named them (here: relative to the folder prepare runs in)
+        (["--files", typed, "--tokenizer", "bytes"], [f"--files {typed!r} (1 file): cannot read",
+                                                       "JSON parse error", "fix or remove"]),
         (["--files", str(malformed), "--tokenizer", "bytes", "--streaming"], [str(malformed.parent),
                                                                               "cannot read a row", "JSON parse error"]),
         (["--files", str(empty), "--tokenizer", "bytes"], [str(empty.parent), "cannot read them (no rows)"]),

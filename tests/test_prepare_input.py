@@ -115,7 +115,7 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
     bad.parent.mkdir()
     bad.write_text("{bad json\n")
     message, _ = prepare_cli(capsys, "--files", str(bad), "--out", str(tmp_path / "o3"))
-    assert f"{bad.parent}/*.jsonl (1 file): cannot read" in message, message
+    assert f"--files {str(bad)!r} (1 file): cannot read" in message, message
 
 
 def test_a_failed_prepare_leaves_nothing_behind(tmp_path, capsys):

@@ -120,9 +120,11 @@ def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(fini
                      {"step": 30, "key": "log.dir", "saved": str(r1.parent), "now": str(board)}]
     assert json.loads((r1 / "summary.json").read_text())["resume_changes"] == []
     # the extended run's LR schedule was 30 steps' for 30 steps, then 40's: not a sample of fresh 40-step runs
-    rows = group_rows([load_summary(p) for p in find_summaries([r1, board])])
+    rows = group_rows([load_summary(p) for p in find_summaries([r1, board])], show_all=True)
+    own = f"data.train={data}/*_train_*.bin, data.val={data}/*_val_*.bin, eval.tokens=2048"  # unlike tiny.toml
     assert sorted((r["runs"], r["differs"]) for r in rows) == [
-        (1, "resumed=train.max_steps 30->40, train.max_steps=40"), (1, "train.max_steps=40"), (2, "-")]
+        (1, f"train.max_steps=40, {own}"), (1, f"train.max_steps=40, resumed=train.max_steps 30->40, {own}"),
+        (2, own)]
     assert {s["run_id"] for r in rows if r["runs"] == 2 for s in r["summaries"]} == {"r1", "again"}
 
 

@@ -80,6 +80,28 @@ def test_tokenizer_name_flag_then_meta_json(checkpoint, tmp_path):
         tokenizer_name({"model": TINY})
 
 
+def test_a_run_folder_samples_from_the_checkpoint_its_run_saved(checkpoint, tmp_path, capsys):
+    args = ["--prompt", "Hi", "--tokens", 8, "--seed", 1]
+    assert main([str(checkpoint), *map(str, args)]) == 0
+    want = capsys.readouterr().out
+    folder = checkpoint.parent  # holds checkpoint.pt only, as a run killed before it wrote config.toml
+    assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
+    # elsewhere, as train.checkpoint_path puts it: config.toml names it, summary.json (once finished) too
+    elsewhere = tmp_path / "out" / "named.pt"
+    elsewhere.parent.mkdir()
+    checkpoint.rename(elsewhere)
+    (folder / "config.toml").write_text(f'[train]\ncheckpoint_path = "{elsewhere}"\n')
+    assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
+    (folder / "config.toml").write_text('[train]\ncheckpoint_path = ""\n')
+    (folder / "summary.json").write_text(json.dumps({"checkpoint_path": str(elsewhere)}))
+    assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
+    (folder / "summary.json").unlink()
+    assert main([str(folder), *map(str, args)]) == 2
+    assert capsys.readouterr().err == (f"sample: {folder}: its run saved no checkpoint at {folder / 'checkpoint.pt'} "
+                                       f"(yet); train it to its first save (the end of the run, or "
+                                       f"train.checkpoint_every_s), or pass a checkpoint.pt\n")
+
+
 def test_bad_checkpoints_are_named(checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
@@ -138,6 +160,11 @@ def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
         timeout=300)
     out = sample_cli(tmp_path / "runs" / "r1" / "checkpoint.pt", "--prompt", "import os", "--tokens", 8).stdout
     assert out.startswith("import os") and len(out) > len("import os\n")
+    summary = json.loads((tmp_path / "runs" / "r1" / "summary.json").read_text())
+    assert summary["checkpoint_path"] == str(tmp_path / "runs" / "r1" / "checkpoint.pt")
+    # the run folder stands for the checkpoint its run saved: the same seeded sample
+    args = ("--prompt", "import os", "--tokens", 8, "--seed", 2)
+    assert sample_cli(tmp_path / "runs" / "r1", *args).stdout == sample_cli(summary["checkpoint_path"], *args).stdout
     table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()
     cells = table[1].split()
-    assert cells[:2] + cells[3:5] == ["tiny", "tiny", "1", "0"]  # track, config, (fingerprint), runs, reached
+    assert cells[:2] + cells[3:6] == ["tiny", "tiny", "1", "r1", "0"]  # track, config, runs, run ids, reached

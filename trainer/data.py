@@ -23,8 +23,7 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
     """
     files = sorted(glob(cfg.data.train))
     if not files:
-        raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; point it at your token shards "
-                          f"(python -m data.prepare writes them) or pass --data_dir")
+        raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; {_where_shards_come_from(cfg.data.train)}")
     val_files = files if cfg.data.val == "holdout" else sorted(glob(cfg.data.val)) if cfg.data.val else []
     if cfg.data.val and not val_files:
         raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
@@ -38,6 +37,15 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
     return files, val_files, meta
 
 
+def _where_shards_come_from(pattern: str) -> str:
+    """How to get the shards a data.train glob names: FineWeb's (scripts/fetch_fineweb.py's names) are fetched."""
+    if Path(pattern).name.startswith("fineweb_train_"):
+        return (f"fetch the FineWeb shards with python -m scripts.fetch_fineweb --shards N --out "
+                f"{Path(pattern).parent} (N train shards of 100M tokens each), or run bash run.sh on a GPU machine, "
+                f"which fetches them")
+    return "point it at your token shards (python -m data.prepare writes them) or pass --data_dir"
+
+
 def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
     """Warn about an unfinished data.prepare; fill model.vocab_size = 0 from `meta`; check model.bos_id."""
     if meta.get("complete") is False and os.environ.get("RANK", "0") == "0":  # once, not once per rank
@@ -45,8 +53,10 @@ def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
               f"it wrote so far (re-run data.prepare with the same arguments to finish them)", file=sys.stderr)
     if cfg.model.vocab_size == 0:
         if "vocab_size" not in meta:
-            raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} has no vocab_size; "
-                              f"set --model.vocab_size=N")
+            found = ("has no vocab_size" if meta_path.is_file() else
+                     "is missing (data.prepare writes one beside its shards; shards made elsewhere have none)")
+            raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} {found}; "
+                              f"set --model.vocab_size=N, the vocabulary the shards were tokenized with")
         cfg.model.vocab_size = int(meta["vocab_size"])
     model_cfg = cfg.model
     if model_cfg.doc_causal and meta.get("eot_token", model_cfg.bos_id) != model_cfg.bos_id:

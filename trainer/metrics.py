@@ -51,6 +51,7 @@ class Summary:
     hardware: str
     torch_version: str
     git_commit: str | None
+    checkpoint_path: str             # where checkpoint.pt went: train.checkpoint_path, else in the run folder
     wall: dict[str, float]           # seconds by phase: init, warmup, train, eval, checkpoint
     resume_changes: list[dict]       # each key a resume changed: {"step", "key", "saved", "now"}, in order
 

@@ -62,6 +62,8 @@ def read_run(folder: str | Path) -> Run:
     """Read a run folder's metrics.jsonl (a partial last line, as a kill leaves it, is dropped) and summary.json."""
     folder = Path(folder)
     metrics = folder / "metrics.jsonl"
+    if not folder.is_dir():
+        raise PlotError(f"{folder}: no such folder; pass a run folder (runs/<run_id>) of a run train.py started")
     if not metrics.is_file():
         raise PlotError(f"{folder}: no metrics.jsonl; pass a run folder (runs/<run_id>) of a run train.py started")
     lines = metrics.read_text().splitlines()
@@ -211,33 +213,44 @@ def _spread(center: int, n: int) -> list[float]:
 
 def plot_leaderboard(rows: list[dict], out: str | Path) -> Any:
     """Time to target and final val loss of each run, one column of points per leaderboard row, the target
-    dashed; `rows` are dicts with "name", "target" (or None) and "runs" (their summary.json dicts)."""
-    fig, (ax_time, ax_loss) = _figure(2)
+    dashed; `rows` are dicts with "name", "target" (or None) and "runs" (their summary.json dicts). Without a
+    target in any row there is no time to target: the loss panel alone."""
+    timed = any(row["target"] is not None for row in rows)
+    fig, axes = _figure(2 if timed else 1)
+    ax_loss = axes[-1]
     for i, row in enumerate(rows):
         color = f"C{i % 10}"
-        times = [r["time_to_target_s"] for r in row["runs"] if r["time_to_target_s"] is not None]
+        if timed:
+            _draw_times(axes[0], i, row, color)
         losses = [r["final_val_loss"] for r in row["runs"] if r["final_val_loss"] is not None]
-        missed = len(row["runs"]) - len(times)
-        label = f"{row['name']}: {len(times)}/{len(row['runs'])} reached"
-        ax_time.plot(_spread(i, len(times)), times, "o", color=color, gid=f"time:{i}", label=label)
-        if times:
-            ax_time.plot([i - 0.25, i + 0.25], [sum(times) / len(times)] * 2, color=color, lw=2)
-        if missed:
-            ax_time.annotate(f"{missed} not reached", (i, 0), xycoords=("data", "axes fraction"),
-                             xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8, color=color)
         ax_loss.plot(_spread(i, len(losses)), losses, "o", color=color, gid=f"loss:{i}")
         if row["target"] is not None:
             ax_loss.plot([i - 0.4, i + 0.4], [row["target"]] * 2, color="0.3", ls="--", lw=1.2, gid=f"target:{i}")
-    for ax, ylabel in ((ax_time, "time to target (s)"), (ax_loss, "final val loss (target dashed)")):
+    for ax in axes:
         ax.set_xticks(range(len(rows)), [row["name"] for row in rows], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
-        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
-    ax_time.set_ylim(bottom=0)
-    ax_time.set_title("time to target per run (bar: mean)")
-    ax_loss.set_title("final val loss per run against its target")
-    if rows:
-        ax_time.legend(fontsize=8, loc="upper right")
+    if timed:
+        axes[0].set_ylim(bottom=0)
+        axes[0].set_ylabel("time to target (s)")
+        axes[0].set_title("time to target per run (bar: mean)")
+        axes[0].legend(fontsize=8, loc="upper right")
+    ax_loss.set_ylabel("final val loss (target dashed)" if timed else "final val loss")
+    ax_loss.set_title("final val loss per run against its target" if timed else
+                      "final val loss per run (no run has a target)")
     fig.tight_layout()
     _save(fig, out)
     return fig
+
+
+def _draw_times(ax, i: int, row: dict, color: str) -> None:
+    """Row `i`'s times to target on `ax` (points, their mean as a bar), and how many runs missed it."""
+    times = [r["time_to_target_s"] for r in row["runs"] if r["time_to_target_s"] is not None]
+    missed = len(row["runs"]) - len(times)
+    ax.plot(_spread(i, len(times)), times, "o", color=color, gid=f"time:{i}",
+            label=f"{row['name']}: {len(times)}/{len(row['runs'])} reached")
+    if times:
+        ax.plot([i - 0.25, i + 0.25], [sum(times) / len(times)] * 2, color=color, lw=2)
+    if missed:
+        ax.annotate(f"{missed} not reached", (i, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
+                    textcoords="offset points", ha="center", fontsize=8, color=color)
