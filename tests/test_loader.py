@@ -538,3 +538,20 @@ def test_the_fill_thread_sets_the_consumers_cuda_device_before_its_first_item(tm
         next(loader)
         assert sorted(t.name for t in loader._threads) == ["TokenLoader fill", "TokenLoader read"]
     assert calls == [("pump 3", 3), "a", "b", "a", "b"]  # a CPU loader's threads set no device
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_held_batch_stays_as_it_came(tmp_path, shuffle):
+    """A batch belongs to its caller: 100 held batches (a gradient-accumulation loop holds several) still equal
+    the clones taken as each came, after the loader has read 100 more."""
+    coded_shards(tmp_path, SIZES)
+    held, clones = [], []
+    with TokenLoader(str(tmp_path / "*.bin"), B, T, seed=3, shuffle=shuffle) as loader:
+        for _ in range(100):
+            held.append(next(loader))
+            clones.append([t.clone() for t in held[-1]])
+        for _ in range(100):
+            next(loader)
+    changed = [i for i, (batch, clone) in enumerate(zip(held, clones)) if not all(map(torch.equal, batch, clone))]
+    assert not changed, f"{len(changed)} of 100 held batches changed after they were handed out"
+
