@@ -908,8 +908,8 @@ PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss sk
 
 
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
-                device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None,
-                tail_tokens: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, tail_tokens: int = 0,
+                vocab_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's fixed validation batches: `num_tokens` targets, every one scored exactly once.
 
     The stream is the first num_tokens + 1 tokens of the sorted files, read across file ends (with
@@ -922,6 +922,9 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
     compiled model one shape): targets past num_tokens, in a last partial sequence or in rows past the last
     sequence, are PAD_TARGET (inputs 0). Average as sum(loss * n) / sum(n), n = (targets != PAD_TARGET).sum(),
     each summed over batches and all-reduced over ranks; a batch with n = 0 adds nothing (its mean is NaN).
+    With vocab_size, token ids >= vocab_size are refused here, before any batch (as TokenLoader refuses them,
+    and not where a meta.json vouches for the files): every rank checks the whole stream, so all name the
+    same token.
     """
     if min(batch_size, seq_len, world_size, num_tokens) < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need batch_size, seq_len, world_size, num_tokens >= 1 and 0 <= rank < world_size; got "
@@ -931,6 +934,8 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
         tail = _split_tail(regions, tail_tokens)[1]  # starts after the file's first token
         regions = [_Region(tail.path, tail.tokens, tail.lo - 1, tail.hi)]  # + the input of its first target
     regions = _first_tokens(regions, num_tokens)
+    if vocab_size is not None and not _meta_vouches([r.path for r in regions], vocab_size):
+        _check_vocab([(r, r.lo, r.tokens_count()) for r in regions], 1, vocab_size)  # ~1 ms per 10M cached
     offsets = np.cumsum([0] + [r.tokens_count() for r in regions])  # where each region starts in the stream
     sequences, per_step = -(-num_tokens // seq_len), world_size * batch_size
 
