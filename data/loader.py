@@ -906,10 +906,22 @@ class TokenLoader:
 PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss skips these targets
 
 
+class ValBatches(Iterator):
+    """val_batches' answer: an iterator of this rank's validation batches that says how many it yields (len)."""
+
+    def __init__(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], count: int):
+        self._batches, self._count = batches, count
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return self._count
+
 
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
                 device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, tail_tokens: int = 0,
-                vocab_size: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                vocab_size: int | None = None) -> ValBatches:
     """This rank's fixed validation batches: `num_tokens` targets, every one scored exactly once.
 
     The stream is the first num_tokens + 1 tokens of the sorted files, read across file ends (with
@@ -951,7 +963,7 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
             # and a copy in others have other strides, and a compiled model would compile each.
             yield out[:, :-1].clamp(min=0), out[:, 1:]
 
-    return batches()
+    return ValBatches(batches(), -(-sequences // per_step))
 
 
 def _read_stream(regions: list[_Region], offsets: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:

@@ -6,11 +6,8 @@ import os
 import sys
 from glob import glob
 from pathlib import Path
-from typing import Iterator
 
-import torch
-
-from data.loader import TokenLoader, val_batches
+from data.loader import TokenLoader, ValBatches, val_batches
 from data.meta import META, MetaError, read_meta
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
@@ -70,7 +67,7 @@ def train_loader(cfg: Config, dist: Dist, files: list[str], meta: dict) -> Token
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 
 
-def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> ValBatches:
     """This rank's fixed validation batches (opening them validates the val set: too few tokens, or with
     data.vocab_check token ids beyond model.vocab_size, are an error)."""
     eval_cfg = cfg.eval
