@@ -693,10 +693,11 @@ def _reads(stream: _Stream | _Shuffled, group: int, vocab_size: int | None) -> I
 
 
 def _fills(reads: Iterator[tuple[list, list]], stream: _Stream | _Shuffled, ring: list[torch.Tensor],
-           events: list, batch_size: int) -> Iterator[tuple[tuple[torch.Tensor, ...], int | None, list]]:
+           events: list, batch_size: int) -> Iterator[tuple[Sequence, int | None, list]]:
     """The producer's second stage: cast each group read into the next slot of the ring (the loader's pinned
     staging buffers, reused once `events` say their device copies are done) or, without a ring, into a fresh
-    tensor that the caller keeps; yield (the group's batches, its ring slot or None, the state after each)."""
+    tensor that the caller keeps; yield (the group's batches: the rows to send from a slot, else the caller's
+    (inputs, targets) views; the slot or None; the state after each)."""
     for step, (parts, states) in enumerate(reads):
         rows = len(states) * batch_size  # the first group is one batch, not a slot's worth
         if ring:
@@ -706,7 +707,10 @@ def _fills(reads: Iterator[tuple[list, list]], stream: _Stream | _Shuffled, ring
         else:
             slot, out = None, torch.empty((rows, stream.length), dtype=torch.int64)
         stream.fill(parts, out.numpy())
-        yield out.split(batch_size), slot, states
+        if ring:
+            yield out.split(batch_size), slot, states
+        else:  # made here, off the consumer's path; two splits a group cost half of a slice pair a batch
+            yield list(zip(out[:, :-1].split(batch_size), out[:, 1:].split(batch_size))), None, states
 
 
 def _rank_stretches(stream: _Stream, before: int, rows: int, after: int, stretches: list[Stretch]) -> None:
@@ -777,8 +781,9 @@ class TokenLoader:
     inputs and targets are views of one [batch_size, seq_len + 1] tensor of windows (not contiguous: use
     reshape, not view): one copy per batch instead of two. A batch is the caller's: nothing the loader does
     later changes it. The background threads cast a group of batches at a time, at most `prefetch` batches
-    (rounded up to whole groups) ahead: on CPU into a fresh tensor whose views are the batches; for CUDA into
-    a ring of reused pinned buffers, copied from there to the device, an event per buffer guarding its reuse.
+    (rounded up to whole groups) ahead: on CPU into a fresh tensor whose views are the batches (a held batch
+    keeps its group's tensor alive, at most GROUP_TOKENS tokens); for CUDA into a ring of reused pinned
+    buffers, copied from there to the device, an event per buffer guarding its reuse.
     Call close() (or use `with`) when done: it stops the background threads. `wait_s` accumulates the
     seconds __next__ spent waiting for them; `tokens_per_step` counts the target tokens of
     one global batch (all ranks). shuffle=False, or seed=None, gives the sequential stream; shuffle_shards=K
@@ -821,9 +826,9 @@ class TokenLoader:
         # in groups of 16, while the copy itself takes ~16 us. The token cap bounds the (pinned) ring.
         self._group = max(1, min(GROUP_BATCHES, GROUP_TOKENS // (batch_size * (seq_len + 1))))
         self._queued_groups = -(-prefetch // self._group)
-        # Pinned staging buffers for CUDA, reused since pinning costs more than the copy (the batch the caller
-        # gets is the device tensor). Slots: the queued groups + the group being filled + the group the
-        # consumer is working through (its current batch included).
+        # Pinned staging buffers for CUDA, the loader's own: the caller gets the device copy, so a buffer is
+        # reused once its event says that copy is done. Slots: the queued groups + the group being filled + the
+        # group the consumer is working through (its current batch included).
         cuda = self.device.type == "cuda"
         self._ring = [torch.empty((self._group * batch_size, seq_len + 1), dtype=torch.int64, pin_memory=True)
                       for _ in range(self._queued_groups + 2)] if cuda else []
@@ -845,10 +850,11 @@ class TokenLoader:
             batches, slot, states = got
             self._ready = collections.deque(zip(batches, itertools.repeat(slot), states))
         batch, slot, self._state = self._ready.popleft()
-        if slot is not None:
-            batch = batch.to(self.device, non_blocking=True)
-            self._events[slot].record()
-        return batch[:, :-1], batch[:, 1:]
+        if slot is None:
+            return batch
+        out = batch.to(self.device, non_blocking=True)
+        self._events[slot].record()
+        return out[:, :-1], out[:, 1:]
 
     def _start(self) -> None:
         self._stream.seek(self._state)  # the producer restarts at the consumer's position, not its own
