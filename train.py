@@ -108,7 +108,7 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     stop_requested: list = field(default_factory=list)   # appended to by the SIGTERM handler
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
-    flags: LateMax = field(init=False)   # each step's stop/eval/save exchange, read a step late (see train)
+    flags: LateMax = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late: see train)
 
     def __post_init__(self) -> None:
         self.flags = LateMax(len(Flags._fields) - 1, 1, self.dist.device)  # nonfinite is computed on the device
@@ -298,21 +298,33 @@ def warm_up(run: Run) -> None:
                   f"state restored")
 
 
+EVAL_PROGRESS_S = 5.0  # an eval prints how far it has got this often, so a long one is not silent
+
+
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count."""
+    """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count.
+    Rank 0 says when it starts and, every EVAL_PROGRESS_S, how many batches are done."""
     cfg, dist = run.cfg, run.dist
     # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
     # FSDP2's all-gathers need, and a compiled model compiles one eval shape.
     model = run.model.eval_module
     model.eval()
     sums = torch.zeros(2, device=dist.device, dtype=torch.float64)  # the scored targets' summed loss, their count
-    for x, y in val_loader(cfg, dist, run.val_files):
+    batches = val_loader(cfg, dist, run.val_files)
+    run.log.print(f"step {run.progress.step} | eval of {cfg.eval.tokens:,} tokens: "
+                  f"{plural(len(batches), 'batch', 'batches')} per rank")
+    t0 = shown = time.perf_counter()
+    for done, (x, y) in enumerate(batches, 1):
         with autocast(dist, cfg.train.dtype):
             _, loss = model(x, y)
         count = (y != PAD_TARGET).sum()
         sums[0] += torch.where(count > 0, loss.double() * count, 0.0)  # a padding-only batch's mean is NaN
         sums[1] += count
+        # counted on the host, with no sync: on a GPU it is ahead by at most the work queued behind it
+        if time.perf_counter() - shown >= EVAL_PROGRESS_S:
+            shown = time.perf_counter()
+            run.log.print(f"eval: {done}/{len(batches)} batches, {shown - t0:.0f}s")
     distributed.all_reduce(sums)
     model.train()
     return (sums[0] / sums[1]).item()
@@ -349,8 +361,9 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
     step_s = seconds / max(steps, 1)
     tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = run.mfu(tok_s)
-    left = (f"{train_cfg.budget_s - clock.elapsed():.1f}s" if train_cfg.budget_s
-            else plural(train_cfg.max_steps - progress.step, "step"))
+    # never below 0: the step that spends the budget ends past it (and on GPU one more step runs)
+    left = (f"{max(train_cfg.budget_s - clock.elapsed(), 0.0):.1f}s" if train_cfg.budget_s
+            else plural(max(train_cfg.max_steps - progress.step, 0), "step"))
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
     run.log.metric({"type": "train", "step": progress.step, "loss": loss, "grad_norm": norm,
                     "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu,
@@ -416,10 +429,12 @@ def collect_flags(run: Run) -> Flags | None:
 
 
 def agree(run: Run, previous: Flags | None, step_eval: bool) -> Flags | None:
-    """None when the step before's Flags (and the step count) ask for nothing; else those Flags merged with this
-    step's, waiting for them (such a step evaluates, saves or stops, which syncs anyway): act on the newest state.
-    Either way the LR schedule adopts the newest agreed time."""
-    if not (step_eval or (previous and previous.act())):
+    """On GPU: None when the step before's Flags (and the step count) ask for nothing; else those Flags merged with
+    this step's, waiting for them (such a step evaluates, saves or stops, which syncs anyway): act on the newest
+    state. On CPU this step's Flags, read at once (previous is None then). Either way the LR schedule adopts the
+    newest agreed time."""
+    # on CPU the device is the host: the exchange has finished when start_flags returns, so reading it costs nothing
+    if run.dist.cuda and not (step_eval or (previous and previous.act())):
         if previous:
             run.clock.sync(previous.elapsed)
         return None
@@ -450,6 +465,7 @@ class Loop:
     next_eval_s: float           # the clock time of the next eval by eval.every_s (inf: none)
     last_save: float             # perf_counter() at the last periodic save, or at the loop's start
     since: tuple[int, float]     # (step, elapsed) at the last log line: the next one averages from there
+    first_step: int              # the loop's first step, logged whatever log.every_steps: the pace shows at once
     recent: list = field(default_factory=lambda: [None, None])  # (step, loss, norm) of the step before, this one
 
 
@@ -463,13 +479,15 @@ def train(run: Run) -> StopReason:
       - log_step, every log.every_steps steps: one all-reduce of loss and gradient norm, read with .tolist();
       - a step whose previous Flags (or the step count) call for an eval, a save or a stop also collects its
         own Flags at once, so that it acts on the newest state; evals (.item()), saves and stops sync anyway.
-    So a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the same
-    step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). No other
-    .item(), .tolist() or .cpu() runs in the loop (clip_grads and optim/muon.py read nothing on the host).
+    So on GPU a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the
+    same step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). On CPU,
+    where the exchange is done when it returns, every step reads its own Flags: the stop lands on the step that
+    saw it and the LR of step N+1 follows the time agreed after step N. No other .item(), .tolist() or .cpu()
+    runs in the loop (clip_grads and optim/muon.py read nothing on the host).
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
     loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
-                (progress.step, clock.elapsed()))
+                (progress.step, clock.elapsed()), progress.step + 1)
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
@@ -505,7 +523,8 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
         gc.disable()
     previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
     start_flags(run, loop.next_eval_s, loop.last_save, loss, norm)
-    if cfg.log.every_steps and progress.step % cfg.log.every_steps == 0:
+    every_log = cfg.log.every_steps
+    if every_log and (progress.step % every_log == 0 or progress.step == loop.first_step):
         log_step(run, loss, norm, loop.since)
         loop.since = (progress.step, run.clock.elapsed())
     every = cfg.eval.every_steps

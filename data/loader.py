@@ -39,15 +39,15 @@ run may even resume with another world size or batch size and still never repeat
 epoch. With bos_id set every rank looks for the bos_id of all the global batch's slots (to know where the
 other ranks' windows are), so every node reads the pages of the whole global batch.
 
-The copies (both streams). Two background threads fill a ring buffer with a group of batches at a time: the
-first plans the group and reads its windows (read()), the second casts them to int64 into the next ring slot
-(fill()), so that one group's reads overlap the previous group's cast. Sequential: a group's windows lie back
-to back in a file, and fill() cast-copies each stretch of them straight from the map. Shuffled: the files of
-one dtype are seen through one strided view, no copy, whose row s is the window from token s of the lowest
-map (every map lies at a fixed offset from it, see _Span), so one fancy index gathers all of a group's
-windows, from every file, in row order, in the files' dtype; one slice-copy per 2 KiB window cost more in
-numpy's per-call overhead than in copying, and one fancy index per file as much when there are ~100 files.
-The first token of every window is read just before, so that their cache misses overlap.
+The copies (both streams). Two background threads make a group of batches at a time: the first plans the group
+and reads its windows (read()), the second casts them to int64 (fill()) into a fresh tensor, or for CUDA into
+the next slot of a ring of pinned buffers, so that one group's reads overlap the previous group's cast.
+Sequential: a group's windows lie back to back in a file, and fill() cast-copies each stretch of them straight
+from the map. Shuffled: the files of one dtype are seen through one strided view, no copy, whose row s is the
+window from token s of the lowest map (every map lies at a fixed offset from it, see _Span), so one fancy
+index gathers all of a group's windows, from every file, in row order, in the files' dtype; one slice-copy per
+2 KiB window cost more in numpy's per-call overhead than in copying, and one fancy index per file as much when
+there are ~100 files. The first token of every window is read just before, so that their cache misses overlap.
 
 Nothing is read at construction beyond the file headers. The reading thread asks the kernel for the
 pages ahead of the copies (MADV_WILLNEED): in the sequential stream the next READAHEAD_TOKENS of the file;
@@ -521,7 +521,6 @@ class _Shuffled:
 
     def fill(self, parts: list[Part], out: np.ndarray) -> None:
         """Cast-copy the windows read() returned into the rows of out."""
-        out = out[:sum(len(got) for _, got in parts)]  # the first group is one batch, not a slot's worth
         for rows, got in parts:
             out[rows] = got
 
@@ -693,15 +692,25 @@ def _reads(stream: _Stream | _Shuffled, group: int, vocab_size: int | None) -> I
         stream.read_ahead()
 
 
-def _fills(reads: Iterator[tuple[list, list]], stream: _Stream | _Shuffled, ring: list[np.ndarray],
-           events: list) -> Iterator[tuple[int, list[tuple[int, int, int]]]]:
-    """The producer's second stage: cast each group read into the next ring slot; yield (slot, states)."""
+def _fills(reads: Iterator[tuple[list, list]], stream: _Stream | _Shuffled, ring: list[torch.Tensor],
+           events: list, batch_size: int) -> Iterator[tuple[Sequence, int | None, list]]:
+    """The producer's second stage: cast each group read into the next slot of the ring (the loader's pinned
+    staging buffers, reused once `events` say their device copies are done) or, without a ring, into a fresh
+    tensor that the caller keeps; yield (the group's batches: the rows to send from a slot, else the caller's
+    (inputs, targets) views; the slot or None; the state after each)."""
     for step, (parts, states) in enumerate(reads):
-        slot = step % len(ring)
-        if events:
+        rows = len(states) * batch_size  # the first group is one batch, not a slot's worth
+        if ring:
+            slot = step % len(ring)
             events[slot].synchronize()  # the device copies of this slot's previous batches have finished
-        stream.fill(parts, ring[slot])
-        yield slot, states
+            out = ring[slot][:rows]
+        else:
+            slot, out = None, torch.empty((rows, stream.length), dtype=torch.int64)
+        stream.fill(parts, out.numpy())
+        if ring:
+            yield out.split(batch_size), slot, states
+        else:  # made here, off the consumer's path; two splits a group cost half of a slice pair a batch
+            yield list(zip(out[:, :-1].split(batch_size), out[:, 1:].split(batch_size))), None, states
 
 
 def _rank_stretches(stream: _Stream, before: int, rows: int, after: int, stretches: list[Stretch]) -> None:
@@ -770,10 +779,11 @@ class TokenLoader:
     """Infinite iterator of (inputs, targets) int64 [batch_size, seq_len] batches on `device` (see module doc).
 
     inputs and targets are views of one [batch_size, seq_len + 1] tensor of windows (not contiguous: use
-    reshape, not view): one copy per batch instead of two. The background threads fill a ring of reused host
-    buffers of a group of batches each (pinned for CUDA, where an event per buffer guards its reuse) at most
-    `prefetch` batches (rounded up to whole groups) ahead; on CPU the batch *is* a view of a ring buffer: it
-    stays valid until the next __next__ call, clone it to keep it longer.
+    reshape, not view): one copy per batch instead of two. A batch is the caller's: nothing the loader does
+    later changes it. The background threads cast a group of batches at a time, at most `prefetch` batches
+    (rounded up to whole groups) ahead: on CPU into a fresh tensor whose views are the batches (a held batch
+    keeps its group's tensor alive, at most GROUP_TOKENS tokens); for CUDA into a ring of reused pinned
+    buffers, copied from there to the device, an event per buffer guarding its reuse.
     Call close() (or use `with`) when done: it stops the background threads. `wait_s` accumulates the
     seconds __next__ spent waiting for them; `tokens_per_step` counts the target tokens of
     one global batch (all ranks). shuffle=False, or seed=None, gives the sequential stream; shuffle_shards=K
@@ -816,17 +826,13 @@ class TokenLoader:
         # in groups of 16, while the copy itself takes ~16 us. The token cap bounds the (pinned) ring.
         self._group = max(1, min(GROUP_BATCHES, GROUP_TOKENS // (batch_size * (seq_len + 1))))
         self._queued_groups = -(-prefetch // self._group)
-        # Reused buffers, because a fresh 256 KB tensor per batch page-faults on every touch (measured 85 us
-        # vs 19 us for the copy itself). Slots: the queued groups + the group being filled + the group the
-        # consumer is working through (its current batch included).
+        # Pinned staging buffers for CUDA, the loader's own: the caller gets the device copy, so a buffer is
+        # reused once its event says that copy is done. Slots: the queued groups + the group being filled + the
+        # group the consumer is working through (its current batch included).
         cuda = self.device.type == "cuda"
-        self._ring = [torch.empty((self._group * batch_size, seq_len + 1), dtype=torch.int64, pin_memory=cuda)
-                      for _ in range(self._queued_groups + 2)]
-        self._events = [torch.cuda.Event() for _ in self._ring] if cuda else []
-        # Made once per ring slot, since the same views come back every time the slot is reused: a torch
-        # slice costs ~7 us of Python here, half the copy of a batch. On CUDA: the rows to send.
-        blocks = [t.split(batch_size) for t in self._ring]
-        self._views = [[b if cuda else (b[:, :-1], b[:, 1:]) for b in slot] for slot in blocks]
+        self._ring = [torch.empty((self._group * batch_size, seq_len + 1), dtype=torch.int64, pin_memory=True)
+                      for _ in range(self._queued_groups + 2)] if cuda else []
+        self._events = [torch.cuda.Event() for _ in self._ring]
 
     def __iter__(self) -> TokenLoader:
         return self
@@ -841,10 +847,10 @@ class TokenLoader:
             if isinstance(got, BaseException):
                 self.close()
                 raise got
-            slot, states = got
-            self._ready = collections.deque((batch, slot, s) for batch, s in zip(self._views[slot], states))
+            batches, slot, states = got
+            self._ready = collections.deque(zip(batches, itertools.repeat(slot), states))
         batch, slot, self._state = self._ready.popleft()
-        if not self._events:
+        if slot is None:
             return batch
         out = batch.to(self.device, non_blocking=True)
         self._events[slot].record()
@@ -860,7 +866,7 @@ class TokenLoader:
         # cast ~105 us when both run; one thread doing both delivered 0.36-0.37 of the memcpy ceiling, two
         # 0.52-0.58 (scripts/bench_loader.py, three runs each, side by side).
         read = _Channel(1)
-        fills = _fills(_drain(read, self._stop), self._stream, [t.numpy() for t in self._ring], self._events)
+        fills = _fills(_drain(read, self._stop), self._stream, self._ring, self._events, self.batch_size)
         cuda_device = torch.cuda.current_device() if self._events else None
         self._threads = [threading.Thread(target=_pump, args=args, daemon=True, name=f"TokenLoader {name}")
                          for name, args in (("read", (_reads(self._stream, self._group, self._vocab), read,
@@ -906,9 +912,22 @@ class TokenLoader:
 PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss skips these targets
 
 
+class ValBatches(Iterator):
+    """val_batches' answer: an iterator of this rank's validation batches that says how many it yields (len)."""
+
+    def __init__(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], count: int):
+        self._batches, self._count = batches, count
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return self._count
+
+
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
-                device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None,
-                tail_tokens: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, tail_tokens: int = 0,
+                vocab_size: int | None = None) -> ValBatches:
     """This rank's fixed validation batches: `num_tokens` targets, every one scored exactly once.
 
     The stream is the first num_tokens + 1 tokens of the sorted files, read across file ends (with
@@ -921,6 +940,9 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
     compiled model one shape): targets past num_tokens, in a last partial sequence or in rows past the last
     sequence, are PAD_TARGET (inputs 0). Average as sum(loss * n) / sum(n), n = (targets != PAD_TARGET).sum(),
     each summed over batches and all-reduced over ranks; a batch with n = 0 adds nothing (its mean is NaN).
+    With vocab_size, token ids >= vocab_size are refused here, before any batch (as TokenLoader refuses them,
+    and not where a meta.json vouches for the files): every rank checks the whole stream, so all name the
+    same token.
     """
     if min(batch_size, seq_len, world_size, num_tokens) < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need batch_size, seq_len, world_size, num_tokens >= 1 and 0 <= rank < world_size; got "
@@ -930,6 +952,8 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
         tail = _split_tail(regions, tail_tokens)[1]  # starts after the file's first token
         regions = [_Region(tail.path, tail.tokens, tail.lo - 1, tail.hi)]  # + the input of its first target
     regions = _first_tokens(regions, num_tokens)
+    if vocab_size is not None and not _meta_vouches([r.path for r in regions], vocab_size):
+        _check_vocab([(r, r.lo, r.tokens_count()) for r in regions], 1, vocab_size)  # ~1 ms per 10M cached
     offsets = np.cumsum([0] + [r.tokens_count() for r in regions])  # where each region starts in the stream
     sequences, per_step = -(-num_tokens // seq_len), world_size * batch_size
 
@@ -945,7 +969,7 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
             # and a copy in others have other strides, and a compiled model would compile each.
             yield out[:, :-1].clamp(min=0), out[:, 1:]
 
-    return batches()
+    return ValBatches(batches(), -(-sequences // per_step))
 
 
 def _read_stream(regions: list[_Region], offsets: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:

@@ -7,9 +7,10 @@
 Host-side tokens/s at B=16, T=1024 (device cpu) of: a memcpy ceiling (uint16 tokens cast-copied into a
 preallocated int64 buffer), the same copy of B windows from random places with one slice-copy per window
 (how the shuffled loader first did it), our loader sequential (shuffle=False) and shuffled (the default),
-each with a warm and a cold page cache, shuffled within working sets of one shard (shuffle_shards=1) cold,
-a hackathon-starter-style loader (per-sample Python loop over np.memmap, astype(int64), torch.stack) and
-nanoGPT's get_batch (memmap re-created every batch, random offsets). The warm-cache loaders take turns in
+each with a warm and a cold page cache, shuffled with the last HELD batches held (as a gradient-accumulation
+loop holds its micro-batches; a batch is the caller's, never reused by the loader), shuffled within working
+sets of one shard (shuffle_shards=1) cold, a hackathon-starter-style loader (per-sample Python loop over
+np.memmap, astype(int64), torch.stack) and nanoGPT's get_batch (memmap re-created every batch, random offsets). The warm-cache loaders take turns in
 short rounds and each reports its median round, so that all of them see the same load on a shared host,
 and the CPUs the process kept busy meanwhile: the shuffled loader's two threads need two, and a virtual
 machine whose host takes one of them away shows it there, not in the single-threaded ceiling.
@@ -21,6 +22,7 @@ hold every page before they are timed). Generated data is removed at the end.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shutil
 import statistics
@@ -45,6 +47,7 @@ SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
 TARGETS = {"vs_memcpy": 0.5, "vs_starter": 10.0, "first_batch_ms": 50.0, "rss_anon_mb": 100.0,
            "shuffled_cold_tokens_per_s": 20e6}
 HACKATHON = (49, 10**9)  # files, tokens per file
+HELD = 8  # batches the "held" row keeps alive
 
 
 def make_data(folder: Path, size_gb: float, shard_tokens: int = SHARD_TOKENS) -> list[Path]:
@@ -153,6 +156,15 @@ def random_copy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
     return next_batch
 
 
+def held_loader(loader: TokenLoader) -> Callable[[], None]:
+    """The loader's batches, each held until HELD newer ones have come."""
+    held: collections.deque = collections.deque(maxlen=HELD)
+
+    def next_batch():
+        held.append(next(loader))
+    return next_batch
+
+
 def rss_anon_mb() -> float:
     """Anonymous resident memory of this process (file pages of the memory maps are not counted)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -210,7 +222,8 @@ def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big:
         result["rss_anon_growth_mb"] = pass_rss_growth_mb(ours, epoch)
         result["shuffled_rss_anon_growth_mb"] = pass_rss_growth_mb(shuffled, epoch)
         result.update(rates({"memcpy": memcpy_loader(arrays), "random_copy": random_copy_loader(arrays),
-                             "ours": ours.__next__, "shuffled": shuffled.__next__, "starter": starter_loader(arrays),
+                             "ours": ours.__next__, "shuffled": shuffled.__next__, "shuffled_held": held_loader(shuffled),
+                             "starter": starter_loader(arrays),
                              "nanogpt": nanogpt_loader(paths)}, seconds, rounds))
     result["ours_cold"] = cold_rate(paths, seconds, shuffle=False)
     result["shuffled_cold"] = cold_rate(paths, seconds)
@@ -236,6 +249,7 @@ def report(r: dict) -> str:
     for key, name in (("memcpy", "memcpy ceiling"), ("random_copy", "memcpy of B random windows, a slice each"),
                       ("ours", "TokenLoader sequential (warm cache)"),
                       ("shuffled", "TokenLoader shuffled (warm cache)"),
+                      ("shuffled_held", f"TokenLoader shuffled, the last {HELD} batches held (warm cache)"),
                       ("ours_cold", "TokenLoader sequential (cold cache)"),
                       ("shuffled_cold", "TokenLoader shuffled (cold cache)"),
                       ("shuffled_k1_cold", "TokenLoader shuffled, shuffle_shards=1 (cold cache)"),

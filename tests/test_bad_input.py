@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.shards import write_shard
-from tests.helpers import ROOT, VOCAB, run, tiny_args, tiny_data
+from tests.helpers import ROOT, TRAIN, VOCAB, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, parse_args
 
 
@@ -90,6 +90,24 @@ def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
         assert needle in last, (needle, last)
     metrics = tmp_path / "runs" / "bad" / "metrics.jsonl"
     assert not metrics.exists() or '"type": "train"' not in metrics.read_text(), "training ran on bad input"
+
+
+def test_val_ids_beyond_the_vocabulary_stop_two_ranks_before_the_first_step(tmp_path):
+    """The holdout val set (data.val = 'holdout': the last eval.tokens of the train data, which training never
+    reads) holds an id the vocabulary lacks: refused at setup, in one line from the two ranks, not by the
+    model's embedding lookup at the final eval."""
+    data = tiny_data(tmp_path / "data")
+    path = data / "test_train_000001.bin"
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=20000)
+    tokens[-50] = 300  # in the last 2048 tokens (tiny_args' eval.tokens)
+    write_shard(path, tokens)
+    proc = torchrun(tiny_args(data, tmp_path / "runs", "oov", "--data.val=holdout"), check=False)
+    assert proc.returncode != 0
+    message = f"train.py: data error: {path}: token id 300 at token 19950 is >= vocab_size 257"
+    assert proc.stderr.count(message) == 1, proc.stderr[-3000:]
+    assert f'File "{TRAIN}"' not in proc.stderr, proc.stderr[-3000:]  # no traceback from train.py itself
+    metrics = tmp_path / "runs" / "oov" / "metrics.jsonl"
+    assert not metrics.exists() or '"type": "train"' not in metrics.read_text(), "training ran on bad val data"
 
 
 @pytest.mark.parametrize("override, key", [

@@ -538,3 +538,34 @@ def test_the_fill_thread_sets_the_consumers_cuda_device_before_its_first_item(tm
         next(loader)
         assert sorted(t.name for t in loader._threads) == ["TokenLoader fill", "TokenLoader read"]
     assert calls == [("pump 3", 3), "a", "b", "a", "b"]  # a CPU loader's threads set no device
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_held_batch_stays_as_it_came(tmp_path, shuffle):
+    """A batch belongs to its caller: 100 held batches (a gradient-accumulation loop holds several) still equal
+    the clones taken as each came, after the loader has read 100 more."""
+    coded_shards(tmp_path, SIZES)
+    held, clones = [], []
+    with TokenLoader(str(tmp_path / "*.bin"), B, T, seed=3, shuffle=shuffle) as loader:
+        for _ in range(100):
+            held.append(next(loader))
+            clones.append([t.clone() for t in held[-1]])
+        for _ in range(100):
+            next(loader)
+    changed = [i for i, (batch, clone) in enumerate(zip(held, clones)) if not all(map(torch.equal, batch, clone))]
+    assert not changed, f"{len(changed)} of 100 held batches changed after they were handed out"
+
+
+def test_val_ids_beyond_the_vocabulary_are_refused_before_any_batch(tmp_path):
+    """The validation stream is checked whole when it is opened (every rank names the same first bad token),
+    the holdout tail too; a meta.json that vouches for the ids is trusted, as for training."""
+    path = tmp_path / "big_train_000000.bin"
+    tokens = np.arange(400) % 50
+    tokens[[350, 390]] = 12345
+    write_shard(path, tokens)
+    val_batches([path], B, T, 300, vocab_size=50)  # the first 301 tokens: clean
+    for kw in ({"num_tokens": 360}, {"num_tokens": 100, "tail_tokens": 100}):
+        with pytest.raises(ShardError, match=rf"{path}: token id 12345 at token 350 is >= vocab_size 50"):
+            val_batches([path], B, T, vocab_size=50, **kw)
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50}))
+    assert max(int(y.max()) for _, y in val_batches([path], B, T, 360, vocab_size=50)) == 12345

@@ -6,11 +6,8 @@ import os
 import sys
 from glob import glob
 from pathlib import Path
-from typing import Iterator
 
-import torch
-
-from data.loader import TokenLoader, val_batches
+from data.loader import TokenLoader, ValBatches, val_batches
 from data.meta import META, MetaError, read_meta
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
@@ -80,10 +77,12 @@ def train_loader(cfg: Config, dist: Dist, files: list[str], meta: dict) -> Token
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 
 
-def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's fixed validation batches (opening them validates the val set: too few tokens is an error)."""
+def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> ValBatches:
+    """This rank's fixed validation batches (opening them validates the val set: too few tokens, or with
+    data.vocab_check token ids beyond model.vocab_size, are an error)."""
     eval_cfg = cfg.eval
     return val_batches(val_files, eval_cfg.batch_size or cfg.train.batch_size, eval_cfg.seq_len or cfg.train.seq_len,
                        eval_cfg.tokens, rank=dist.rank, world_size=dist.world_size, device=dist.device,
                        fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
-                       tail_tokens=eval_cfg.tokens if cfg.data.val == "holdout" else 0)
+                       tail_tokens=eval_cfg.tokens if cfg.data.val == "holdout" else 0,
+                       vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None)

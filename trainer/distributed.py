@@ -118,7 +118,7 @@ class LateMax:
     from a pinned buffer (a non-blocking copy) next to values already on the device, all-reduces them, copies
     the result back into another pinned buffer and records an event; `collect`, called after the host has
     queued the next step, waits on that event, which the GPU passed while the host was queueing. On CPU (gloo)
-    each call runs synchronously, but the caller still collects one step late, so one logic runs everywhere.
+    each call runs synchronously: the result is there when `start` returns, and collecting it at once is free.
     One exchange at a time: collect the pending one before starting the next (the buffers are reused).
     """
 
