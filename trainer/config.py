@@ -244,7 +244,8 @@ def _argparser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML file in configs/")
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
     p.add_argument("--overwrite", action="store_true",
-                   help="start the run in log.run_id afresh, replacing what its folder holds (train.resume = overwrite)")
+                   help="start the run in log.run_id afresh, replacing what its folder holds "
+                        "(train.resume = overwrite)")
     p.add_argument("--extend-budget", action="store_true",
                    help="resume the run although train.budget_s or train.max_steps changed (see README)")
     starter.add_flags(p)
