@@ -91,8 +91,8 @@ from model import get_model  # noqa: E402
 from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (STOPPED_BY_SIGNAL, done_path, load_resume, remove_run, restore,  # noqa: E402
-                                resume_marker, run_files, save_checkpoint, save_resume, save_space, training_state)
+from trainer.checkpoint import (done_path, load_resume, remove_run, restore, resume_marker, run_files,  # noqa: E402
+                                save_checkpoint, save_resume, save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
@@ -101,6 +101,7 @@ from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  
 from trainer.mfu import mfu_of  # noqa: E402
 from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
+from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch
 from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import resume_state_files, run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
+from trainer.runs import unfinished_run
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +146,7 @@ def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(fini
     run([sys.executable, *tiny_args(data, board, "fresh40", "--train.max_steps=40")])
     # relaunched from another folder under another id: changes where it logs, not what it trained
     again = Path(shutil.copytree(r1, board / "again"))
+    (again / "summary.json").unlink()  # as if killed in its final eval: a relaunch finishes it
     relaunch(data, again)
     saved = json.loads((extended / "summary.json").read_text())["resume_changes"]
     assert saved == [{"step": 30, "key": "train.max_steps", "saved": 30, "now": 40},
@@ -169,3 +171,16 @@ def test_a_state_saved_before_flops_were_counted_resumes_with_its_steps_flops(fi
     (state,) = resume_state_files(run_dir)
     progress = torch.load(state, weights_only=True)["progress"]
     assert progress["step"] == 40 and progress["flops"] / progress["tokens"] == pytest.approx(per_token)
+
+
+def test_the_newest_unfinished_run_is_found_with_what_would_keep_it_from_continuing(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    cfg = parse_args(tiny_args(data, run_dir.parent, "other")[1:])  # run.sh asks under a new run's id
+    assert unfinished_run(run_dir.parent, "r*", cfg, 1) is None  # it finished
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    assert unfinished_run(run_dir.parent, "r*", cfg, 1) == (run_dir, 30, [])
+    cfg.train.max_steps = 40
+    assert unfinished_run(run_dir.parent, "r*", cfg, 2) == (run_dir, 30, ["train.max_steps: saved 30, now 40",
+                                                                          "processes: saved 1, now 2"])

@@ -8,16 +8,13 @@ Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ hol
 rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
 mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
-under: a resume compares the new config with it before anything in the run folder changes.
-
-A run whose last resume state is where it ended (its summary.json says so) is finished: relaunching it does
-nothing, unless its budget is extended. A run stopped by a signal, or killed, is unfinished: a resume continues it.
+under: a resume compares the new config with it before anything in the run folder changes (trainer/runs.py
+reads the marker).
 """
 from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,8 +26,9 @@ from atomic import atomic_path, existing_folder, write_json
 from data.loader import TokenLoader
 from model import get_model
 from trainer import distributed
-from trainer.config import Config, ConfigError, resume_changes
+from trainer.config import ConfigError
 from trainer.distributed import Dist
+from trainer.runs import RUN_FILES, done_path, read_marker
 
 
 class CheckpointError(ValueError):
@@ -110,11 +108,6 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
 
 
-def done_path(run_dir: Path) -> Path:
-    """The marker of the run's last complete resume state (resume/done.json), beside the step folders."""
-    return run_dir / "resume" / "done.json"
-
-
 def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
     (all ranks call). `replicated`: every rank holds the same model and optimizer state (DDP), so only rank 0
@@ -169,12 +162,6 @@ def save_space(files: list[tuple[Path, int]], saves: int) -> dict[Path, int]:
     return {named[dev]: peak[dev] - before[dev] for dev in peak}
 
 
-# What a run folder holds of its run: what train.resume = "overwrite" replaces and "never" refuses to
-RUN_FILES = ("resume", "checkpoint.pt", "metrics.jsonl", "summary.json", "log.txt", "config.toml", "loss.png")
-# summary.json's statuses (train.py's StopReason) of a run stopped by a signal: saved to be continued
-STOPPED_BY_SIGNAL = ("sigterm", "interrupted")
-
-
 def run_files(run_dir: Path, dist: Dist) -> list[str]:
     """The RUN_FILES that `run_dir` holds, as rank 0 sees them; every rank gets the same."""
     return distributed.broadcast([name for name in RUN_FILES if (run_dir / name).exists()] if dist.master else None)
@@ -192,30 +179,13 @@ def remove_run(run_dir: Path, dist: Dist) -> None:
     distributed.barrier()
 
 
-def _read_marker(run_dir: Path) -> dict[str, Any] | None:
-    """done.json of `run_dir` with its "config" (None if there is none), and "finished": the run's summary.json
-    if that state is where the run ended, else None."""
-    done = done_path(run_dir)
-    if not done.exists():
-        return None
-    marker = json.loads(done.read_text())
-    if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
-        marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    # a summary of an earlier stretch (a crash after a resume saved later steps) is not this state's end
-    ended = summary and summary["steps"] == marker["step"] and summary["status"] not in STOPPED_BY_SIGNAL
-    marker["finished"] = summary if ended else None
-    return marker
-
-
 def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
     """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
     "config" being the config the state was saved under and "finished" the run's summary if the run ended
     there (else None); every rank gets the same."""
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    marker = distributed.broadcast(_read_marker(run_dir) if dist.master else None)
+    marker = distributed.broadcast(read_marker(run_dir) if dist.master else None)
     done = done_path(run_dir)
     if marker is not None and marker["world_size"] != dist.world_size:
         raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
@@ -235,21 +205,3 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=dist.device)
         state.update(model=shared["model"], optim=shared["optim"])
     return state
-
-
-def unfinished_run(log_dir: Path, pattern: str, cfg: Config, world_size: int) -> tuple[Path, int, list[str]] | None:
-    """The newest run folder under `log_dir` matching `pattern` whose run is unfinished (stopped by a signal, or
-    killed): (folder, saved step, the settings in which `cfg` at `world_size` differs from it: [] = it resumes
-    that run); None if there is none."""
-    def saved_at(run_dir: Path) -> float:
-        return done_path(run_dir).stat().st_mtime if done_path(run_dir).exists() else 0.0
-
-    for run_dir in sorted(log_dir.glob(pattern), key=saved_at, reverse=True):
-        marker = _read_marker(run_dir)
-        if marker is None or marker["finished"]:
-            continue
-        differ = [str(change) for change in resume_changes(marker["config"], cfg)[1]]
-        if marker["world_size"] != world_size:
-            differ.append(f"processes: saved {marker['world_size']}, now {world_size}")
-        return run_dir, marker["step"], differ
-    return None
