@@ -19,6 +19,7 @@ import shlex
 import signal
 import sys
 import time
+from typing import NoReturn
 
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, check_resume, parse_args, to_toml
 
@@ -36,7 +37,7 @@ def fail(message: str, first: bool) -> None:
     sys.exit(1)
 
 
-def interrupted(message: str) -> None:
+def interrupted(message: str) -> NoReturn:
     """Exit at once with 130, the shell's status for Ctrl-C; `message` on rank 0 only (every rank gets the
     signal). Raised from a signal handler, SystemExit still runs the `finally` blocks and atomic writes' cleanup."""
     if os.environ.get("RANK", "0") == "0":
@@ -168,6 +169,7 @@ def main(cfg: Config) -> None:
     dist = distributed.init(cfg.train.dist_timeout_s)
     try:
         run = setup(cfg, dist)
+        watch_stop_signals(run.stop_requested)  # here, not in setup: a test calling setup alone keeps its handlers
         warm_up(run)
         status = train(run)
         finish(run, status)
@@ -199,25 +201,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
-    fresh = cfg.train.resume in ("never", "overwrite")
-    marker = None if fresh else resume_marker(run_dir, dist)
-    if marker is None and cfg.train.resume == "must":
-        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
-                          f"nothing to resume; check log.run_id and log.dir")
-    if cfg.train.resume == "never" and (held := run_files(run_dir, dist)):
-        raise ConfigError(f"train.resume = 'never', but {run_dir} holds a run already ({', '.join(held)}); "
-                          f"start a new run in another folder (another log.run_id), or replace this one with "
-                          f"--train.resume=overwrite (--overwrite)")
-    # before anything in the run folder is written: a refused resume leaves it as it was
-    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
-    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
-        val = ended["final_val_loss"]
-        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
-                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
-                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
-                            "trains it on)")
-    if cfg.train.resume == "overwrite":
-        remove_run(run_dir, dist)
+    marker, changes = open_run_folder(cfg, dist, run_dir)
     resumed = load_resume(run_dir, dist, marker) if marker else None
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
@@ -234,7 +218,6 @@ def setup(cfg: Config, dist: Dist) -> Run:
     model = parallelize(get_model(config), cfg.train, dist)
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
-    watch_stop_signals(run.stop_requested)
     if resumed:
         restore(run.model.module, run.optimizers, run.loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
@@ -251,6 +234,31 @@ def setup(cfg: Config, dist: Dist) -> Run:
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
+
+
+def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None, list[Change]]:
+    """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
+    "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
+    refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
+    resume = cfg.train.resume
+    marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
+    if marker is None and resume == "must":
+        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
+                          f"nothing to resume; check log.run_id and log.dir")
+    if resume == "never" and (held := run_files(run_dir, dist)):
+        raise ConfigError(f"train.resume = 'never', but {run_dir} holds a run already ({', '.join(held)}); "
+                          f"start a new run in another folder (another log.run_id), or replace this one with "
+                          f"--train.resume=overwrite (--overwrite)")
+    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
+        val = ended["final_val_loss"]
+        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
+                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
+                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
+                            "trains it on)")
+    if resume == "overwrite":
+        remove_run(run_dir, dist)
+    return marker, changes
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:
