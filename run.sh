@@ -15,7 +15,10 @@ usage: bash run.sh [COMMAND] [ARGS...]
 
   (none)                 the main job: the CPU track on a machine without a GPU (offline: prepare the
                          Python stdlib corpus, train configs/cpu.toml, print the summary and a sample);
-                         the speedrun track with GPUs (fetch FineWeb shards, train the speedrun config)
+                         the speedrun track with GPUs (fetch FineWeb shards, train the speedrun config).
+                         CPU track: Ctrl-C (or SIGTERM) saves the run after its step and prints the command
+                         that continues it; run again with the same BUDGET, CONFIG and NPROC, it continues
+                         the newest unfinished run in runs/ (FRESH=1: start a new one instead)
   test [PYTEST ARGS]     the whole test suite (pytest); e.g. `bash run.sh test -m "not slow"`
   prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
   train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1
@@ -32,6 +35,7 @@ usage: bash run.sh [COMMAND] [ARGS...]
 environment:
   BUDGET                 training budget in seconds (overrides train.budget_s)
   CONFIG                 config of the main job (default configs/cpu.toml, or the speedrun config on GPUs)
+  FRESH                  FRESH=1: the CPU track starts a new run even where an unfinished one would continue
   NPROC                  processes per node (default: number of GPUs, else 1; CPU track: number of cores)
   NNODES NODE_RANK MASTER_ADDR MASTER_PORT RDZV_ID
                          multi-node: torchrun --rdzv-backend=c10d at MASTER_ADDR:MASTER_PORT
@@ -119,8 +123,7 @@ launch() {
 }
 
 cpu_track() {
-  local config=${CONFIG:-configs/cpu.toml} run_id checkpoint
-  run_id=cpu-$(date +%Y%m%d-%H%M%S)
+  local config=${CONFIG:-configs/cpu.toml} run_id checkpoint id="" step="" differ="" status=0
   echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
   local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
   # Derived data: a folder that an older version (or other settings) made is refused by prepare; remake it.
@@ -128,13 +131,58 @@ cpu_track() {
   # One single-threaded process per core: on 2 cores, 2 x 1 thread ran ~5x the steps of 1 process x 2 threads
   # whenever anything else used the CPU (the intra-op threads spin waiting for each other).
   local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
+  # the arguments launch gives train.py (it adds BUDGET's), for the unfinished runs they would continue
+  local args=(--config "$config" ${BUDGET:+--train.budget_s="$BUDGET"})
+  [ -n "${FRESH:-}" ] || read -r id step differ <<< "$(unfinished "cpu-*" "$procs" "${args[@]}")"
+  if [ -n "$id" ] && [ -z "$differ" ]; then
+    run_id=$id
+    echo "[run.sh] continuing the unfinished run runs/$run_id (saved at step $step);" \
+      "FRESH=1 bash run.sh starts a new one"
+  else
+    run_id=cpu-$(date +%Y%m%d-%H%M%S)
+    [ -z "$id" ] || echo "[run.sh] runs/$id is unfinished (saved at step $step) but had other settings" \
+      "($differ): starting a new run; run.sh continues that one given its BUDGET, CONFIG and NPROC"
+  fi
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
-  OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id"
+  # A trap, so that run.sh outlives a Ctrl-C (or a SIGTERM to its process group) and says how to continue.
+  trap : INT TERM
+  OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id" || status=$?
+  trap - INT TERM
+  if [ "$status" != 0 ]; then
+    read -r id step differ <<< "$(unfinished "$run_id" "$procs" "${args[@]}")"
+    [ -z "$id" ] || echo "[run.sh] stopped: runs/$run_id is saved at step $step; $(main_command) continues it"
+    exit "$status"
+  fi
   checkpoint=$(checkpoint_of "$run_id")
   echo "[run.sh] a sample from $checkpoint:"
   "$PY" -m scripts.sample "$checkpoint" --prompt "def " --tokens 300 --seed 0
   echo
   summary "$run_id" "def "
+}
+
+# `bash run.sh` with the knobs this main job was given.
+main_command() {
+  local v
+  for v in NPROC CONFIG BUDGET; do [ -z "${!v:-}" ] || printf '%s=%q ' "$v" "${!v}"; done
+  echo "bash run.sh"
+}
+
+# The newest unfinished run in runs/ whose name matches the glob $1 (one stopped by a signal, or killed):
+# "RUN_ID STEP" if train.py with arguments $3... in $2 processes continues it, "RUN_ID STEP DIFFERENCES" if
+# those change what it trains, nothing if there is none.
+unfinished() {
+  "$PY" - "$@" <<'PY'
+import sys
+from pathlib import Path
+from trainer.runs import unfinished_run
+from trainer.config import ConfigError, parse_args
+try:
+    found = unfinished_run(Path("runs"), sys.argv[1], parse_args(sys.argv[3:]), int(sys.argv[2]))
+except ConfigError:
+    sys.exit()  # train.py says what is wrong
+if found:
+    print(found[0].name, found[1], "; ".join(found[2]))
+PY
 }
 
 # The checkpoint a run saved: its config's train.checkpoint_path (a config such as the hackathon's sets one,

@@ -15,11 +15,13 @@ and the run's first lines say which were applied and which the config file overr
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import time
+from typing import NoReturn
 
-from trainer.config import Change, Config, ConfigError, check_resume, parse_args, to_toml
+from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, check_resume, parse_args, to_toml
 
 
 def fail(message: str, first: bool) -> None:
@@ -35,7 +37,35 @@ def fail(message: str, first: bool) -> None:
     sys.exit(1)
 
 
+def interrupted(message: str) -> NoReturn:
+    """Exit at once with 130, the shell's status for Ctrl-C; `message` on rank 0 only (every rank gets the
+    signal). Raised from a signal handler, SystemExit still runs the `finally` blocks and atomic writes' cleanup."""
+    if os.environ.get("RANK", "0") == "0":
+        os.write(2, f"{message}\n".encode())  # not print(): the signal may have come while print held stdout
+    raise SystemExit(130)
+
+
+def watch_stop_signals(requested: list[int]) -> None:
+    """From now on SIGTERM and a first Ctrl-C (SIGINT) append their number to `requested`: the loop stops after
+    the step and saves. A signal after a Ctrl-C exits at once: a second Ctrl-C, or the SIGTERM that torchrun's
+    agent sends its workers when Ctrl-C interrupts its own wait for them (it forwards the first as SIGINT)."""
+    def on_signal(signum: int, _frame) -> None:
+        if signal.SIGINT in requested:
+            interrupted("train.py: interrupted again: stopped at once, without saving (the last save stays, and "
+                        "the same command resumes from it)")
+        requested.append(signum)
+        if signum == signal.SIGINT and os.environ.get("RANK", "0") == "0":
+            os.write(2, b"train.py: Ctrl-C: stopping after this step to save the run (Ctrl-C again stops at once, "
+                        b"without saving)\n")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+
 if __name__ == "__main__":
+    # until the loop can stop cleanly, Ctrl-C has nothing to save: it ends the run at once, without a traceback
+    signal.signal(signal.SIGINT, lambda *_: interrupted("train.py: interrupted before training started; nothing "
+                                                        "was saved"))
     # before the imports below (torch: 3-10 s on this 2-core machine): a config error is answered at once;
     # every rank parses the same command line, so rank 0 says it
     try:
@@ -62,8 +92,8 @@ from model import get_model  # noqa: E402
 from optim import build_optimizers, warmup_momentum  # noqa: E402
 from plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (done_path, load_resume, restore, resume_marker, save_checkpoint,  # noqa: E402
-                                save_resume, save_space, training_state)
+from trainer.checkpoint import (done_path, load_resume, remove_run, restore, resume_marker, run_files,  # noqa: E402
+                                save_checkpoint, save_resume, save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist, LateMax  # noqa: E402
@@ -72,6 +102,7 @@ from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  
 from trainer.mfu import mfu_of  # noqa: E402
 from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
+from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 
 
 @dataclass
@@ -106,7 +137,7 @@ class Run:
     loader: TokenLoader
     clock: Clock
     progress: Progress = field(default_factory=Progress)
-    stop_requested: list = field(default_factory=list)   # appended to by the SIGTERM handler
+    stop_requested: list = field(default_factory=list)   # the stop signals received (watch_stop_signals)
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
     flags: LateMax = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late: see train)
 
@@ -138,9 +169,12 @@ def main(cfg: Config) -> None:
     dist = distributed.init(cfg.train.dist_timeout_s)
     try:
         run = setup(cfg, dist)
+        watch_stop_signals(run.stop_requested)  # here, not in setup: a test calling setup alone keeps its handlers
         warm_up(run)
         status = train(run)
         finish(run, status)
+        if status == StopReason.INTERRUPTED:
+            raise SystemExit(130)  # saved, but a script that ran train.py stops as if Ctrl-C had ended it
     finally:
         distributed.close()
 
@@ -153,6 +187,10 @@ def default_run_id(name: str) -> str:
     return f"{name}-{elastic}" if elastic != "none" else f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
+class RunFinished(Exception):
+    """The run in log.run_id ended already and this launch would not train it on: the message says so."""
+
+
 def setup(cfg: Config, dist: Dist) -> Run:
     """Data, run folder, log, model, optimizers, loader; restore the resume state if there is one."""
     t0 = time.perf_counter()
@@ -163,12 +201,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
-    marker = None if cfg.train.resume == "never" else resume_marker(run_dir, dist)
-    if marker is None and cfg.train.resume == "must":
-        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
-                          f"nothing to resume; check log.run_id and log.dir")
-    # before anything in the run folder is written: a refused resume leaves it as it was
-    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    marker, changes = open_run_folder(cfg, dist, run_dir)
     resumed = load_resume(run_dir, dist, marker) if marker else None
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
@@ -185,7 +218,6 @@ def setup(cfg: Config, dist: Dist) -> Run:
     model = parallelize(get_model(config), cfg.train, dist)
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
-    signal.signal(signal.SIGTERM, lambda *_: run.stop_requested.append(True))
     if resumed:
         restore(run.model.module, run.optimizers, run.loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
@@ -202,6 +234,31 @@ def setup(cfg: Config, dist: Dist) -> Run:
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
+
+
+def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None, list[Change]]:
+    """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
+    "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
+    refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
+    resume = cfg.train.resume
+    marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
+    if marker is None and resume == "must":
+        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
+                          f"nothing to resume; check log.run_id and log.dir")
+    if resume == "never" and (held := run_files(run_dir, dist)):
+        raise ConfigError(f"train.resume = 'never', but {run_dir} holds a run already ({', '.join(held)}); "
+                          f"start a new run in another folder (another log.run_id), or replace this one with "
+                          f"--train.resume=overwrite (--overwrite)")
+    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
+        val = ended["final_val_loss"]
+        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
+                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
+                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
+                            "trains it on)")
+    if resume == "overwrite":
+        remove_run(run_dir, dist)
+    return marker, changes
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:
@@ -397,6 +454,7 @@ class StopReason(StrEnum):
     MAX_STEPS = "max_steps"      # train.max_steps reached under a time schedule
     TARGET = "target"            # eval.stop_at_target, and an eval reached eval.target_loss
     SIGTERM = "sigterm"          # the job is being stopped (a scheduler's time limit, a preemption)
+    INTERRUPTED = "interrupted"  # Ctrl-C (SIGINT)
 
 
 class Flags(NamedTuple):
@@ -542,8 +600,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
     """Stop, evaluate (by `flags` or the step count: `step_eval`) and save as the agreed `flags` say; why the run
     stops, or None."""
     cfg, clock, status = run.cfg, run.clock, None
-    if flags.sigterm:
-        return StopReason.SIGTERM
+    if flags.sigterm:  # any rank's signal; this rank's own says which
+        return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:
         on_clock = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
@@ -577,7 +635,7 @@ def finish(run: Run, status: StopReason) -> None:
     if run.saved_step != progress.step:
         save(run)
     final_val = None
-    if run.val_files and status != StopReason.SIGTERM:
+    if run.val_files and status not in STOPPED_BY_SIGNAL:
         evaluated_now = progress.last_val_step == progress.step
         final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
     run.loader.close()
@@ -590,7 +648,25 @@ def finish(run: Run, status: StopReason) -> None:
     speed = f" at {summary.tokens_per_s:,.0f} tok/s" if summary.tokens_per_s else ""
     run.log.print(f"done: {status} | step {progress.step} | {summary.train_time_s:.1f}s | {val} | {progress.tokens:,} "
                   f"tokens{speed} | {run.run_dir}" + (f" | curves {curves}" if curves else ""))
+    if status in STOPPED_BY_SIGNAL:
+        run.log.print(f"resume: {resume_command(run.cfg)}")
     run.log.close()
+
+
+def resume_command(cfg: Config) -> str:
+    """The command that resumes this run: this one, with its run id fixed and train.resume back to "auto"."""
+    args = [a for a in sys.argv[1:] if a != "--overwrite"]
+    if not any(a == "--log.run_id" or a.startswith("--log.run_id=") for a in args):
+        args.append(f"--log.run_id={cfg.log.run_id}")  # the default id is new each launch
+    if cfg.train.resume in ("never", "overwrite"):
+        args.append("--train.resume=auto")
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    command = shlex.join([sys.argv[0], *args])
+    if world == 1:
+        return f"{shlex.quote(sys.executable)} {command}"
+    if world == local:
+        return f"torchrun --standalone --nproc_per_node={local} {command}"
+    return f"the same torchrun command on each node, launching {command}"
 
 
 def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
@@ -625,6 +701,9 @@ def report(message: str) -> None:
 if __name__ == "__main__":
     try:
         main(CONFIG)
+    except RunFinished as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(e, flush=True)
     except ConfigError as e:
         report(f"train.py: config error: {e}")
     except ShardError as e:

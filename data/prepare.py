@@ -16,7 +16,7 @@ and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
 uninterrupted run. Another run's shards in DIR are refused unless --overwrite. A run that fails before its
-first shard leaves nothing behind.
+first shard, or refuses its input (a binary file, too little text), leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -157,10 +157,10 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
         for name in [META, *found]:  # meta.json first: it must never list shards that are gone
             (out / name).unlink(missing_ok=True)
     elif old is not None and old["settings"] != settings and old["shards"]:  # without shards: nothing to keep
-        diffs = [f"{k}: directory has {old['settings'].get(k)!r}, this run {v!r}"
-                 for k, v in settings.items() if old["settings"].get(k) != v]
-        raise PrepareError(f"{out} holds shards made with different settings ({'; '.join(diffs)}); "
-                           f"write to another --out directory or pass --overwrite to replace them")
+        diffs = [f"{key}: {_value(there)} there, {_value(now)} now"
+                 for key, there, now in _differences(old["settings"], settings)]
+        raise PrepareError(f"{out} holds shards made with other settings: {'; '.join(diffs)}; write to another "
+                           f"--out directory, or pass --overwrite to replace them")
     elif old is not None and old["settings"] == settings:
         _check_listed_shards(out, old)
         return old
@@ -169,6 +169,24 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
                            f"unknown; write to another --out directory or pass --overwrite to replace them")
     return {"complete": False, "settings": settings, "shards": [], "documents": 0, "empty_documents": 0,
             "partial_doc_tokens": 0, "tokens": 0, "text_bytes": 0, "binary_bytes": 0}
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) of each setting that differs, nested ones (the source's) by their own
+    keys."""
+    diffs = []
+    for key in dict.fromkeys([*old, *new]):
+        there, now = old.get(key), new.get(key)
+        if isinstance(there, dict) and isinstance(now, dict):
+            diffs += _differences(there, now, f"{prefix}{key}.")
+        elif there != now:
+            diffs.append((prefix + key, there, now))
+    return diffs
+
+
+def _value(value: object) -> str:
+    """A setting as the mismatch message shows it: counts with thousands separators."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
 
 
 def _read_meta(out: Path) -> dict:
@@ -280,13 +298,24 @@ def prepare(args: argparse.Namespace) -> dict:
         return meta
     try:
         return _tokenize(args, corpus, meta, dtype)
+    except (PrepareError, sources.SourceError):
+        # a refused input: the corrected corpus has other settings, so no re-run could continue these shards
+        _remove(args.out, meta, made)
+        raise
     except (Exception, KeyboardInterrupt):
         if not meta["shards"]:  # a folder holding only meta.json would look like a prepare in progress
-            (args.out / META).unlink(missing_ok=True)
-            for folder in made:
-                with contextlib.suppress(OSError):  # not empty: someone else's files, keep them
-                    folder.rmdir()
+            _remove(args.out, meta, made)
         raise
+
+
+def _remove(out: Path, meta: dict, made: list[Path]) -> None:
+    """Delete meta.json, the shards it lists and the folders `made` for them (deepest first)."""
+    (out / META).unlink(missing_ok=True)  # first: it must never list shards that are gone
+    for shard in meta["shards"]:
+        (out / shard["file"]).unlink(missing_ok=True)
+    for folder in made:
+        with contextlib.suppress(OSError):  # not empty: someone else's files, keep them
+            folder.rmdir()
 
 
 def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtype: np.dtype) -> dict:
@@ -371,7 +400,7 @@ def _check_training_left(meta: dict, buffered: int, empty: int, val_tokens: int)
         # checked before the last write: a val shard alone would be a finished-looking folder with no train data
         raise PrepareError(f"the corpus gave only {plural(meta['tokens'] + buffered, 'token')}, none left "
                            f"for training after the val split (--val-tokens {val_tokens:,}); lower "
-                           f"--val-tokens{' (with --overwrite)' * bool(meta['shards'])} or add documents")
+                           f"--val-tokens or add documents")
 
 
 def _report(out: Path, meta: dict, done: int, empty: int, rate: float, worst: tuple[float, Path | None]) -> None:

@@ -7,7 +7,9 @@ usage: python tests/die_at.py MODULE:FUNCTION WHEN SCRIPT [ARG ...]
 WHEN: N, the n-th call; or NAME=VALUE, the first call whose argument NAME is VALUE (compared as text).
 
 Under torchrun: only the rank in $DIE_RANK (every rank when unset), and only in the first attempt, so that
-a restarted group runs on. FUNCTION must be looked up in its module when called, or imported by name after
+a restarted group runs on. $DIE_SIGNAL names another signal (SIGINT: a Ctrl-C), and DIE_TARGET=parent sends it
+to the parent process instead (torchrun's agent, which a terminal's Ctrl-C reaches: its workers run in sessions of
+their own); the process then runs on. FUNCTION must be looked up in its module when called, or imported by name after
 this wrapper patched it (as `from trainer.checkpoint import save_resume` in train.py is: it runs later).
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ def main(target: str, when: str, *command: str) -> None:
         hit = (str(inspect.signature(original).bind(*args, **kwargs).arguments[key]) == value if key else
                calls == int(value))
         if armed and hit:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getppid() if os.environ.get("DIE_TARGET") == "parent" else os.getpid(),
+                    getattr(signal, os.environ.get("DIE_SIGNAL", "SIGKILL")))
         return result
 
     setattr(module, name, dying)

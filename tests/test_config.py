@@ -175,3 +175,11 @@ def test_starter_flags_pick_the_hackathon_config_when_it_exists(tmp_path, monkey
     hack.write_text("[model]\nn_layer = 3\n")
     cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
     assert cfg.name == "hackathon_32gpu" and cfg.model.n_layer == 3
+
+
+def test_resume_and_overwrite_flags_set_train_resume_and_exclude_each_other():
+    base = ["--config", "configs/tiny.toml", "--data.train=x"]
+    assert parse_args([*base, "--resume"]).train.resume == "must"
+    assert parse_args([*base, "--overwrite"]).train.resume == "overwrite"
+    with pytest.raises(ConfigError, match="--resume continues the run in log.run_id, --overwrite replaces it"):
+        parse_args([*base, "--resume", "--overwrite"])

@@ -1,4 +1,5 @@
-"""Faults with real processes and real signals: a killed rank, SIGTERM, a writer dying mid-write, a lost peer.
+"""Faults with real processes and real signals: a killed rank, SIGTERM, Ctrl-C, a writer dying mid-write, a lost
+peer.
 
 A killed prepare that is re-run is tested in test_prepare.py (test_killed_runs_resume_to_the_same_output);
 a whole job killed and started again by hand in test_train.py (test_resume_after_a_crash_...).
@@ -6,6 +7,7 @@ a whole job killed and started again by hand in test_train.py (test_resume_after
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import torch
 from data.shards import open_shard, write_shard
 from model import get_model
 from tests.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
-from tests.helpers import ROOT, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
+from tests.helpers import ROOT, TRAIN, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
 STEPS = 12
@@ -215,3 +217,73 @@ def test_torchrun_ends_the_job_when_a_rank_stops_answering(shards, tmp_path, sta
     assert job.returncode != 0 and time.time() - t0 < timeout_s + 30 + 60, out[-5000:]
     assert "ChildFailedError" in out and ("timed out" in out.lower() or "timeout" in out.lower()), out[-5000:]
     assert not Path(f"/proc/{hung}").exists() or "Z" in Path(f"/proc/{hung}/stat").read_text().split()[2]
+
+
+def ctrl_c_at_step_4(*where: str) -> tuple[list, dict]:
+    """tests/die_at.py's arguments and environment for a Ctrl-C after the save of step 4 (rank 0 sends it, to
+    `where`: "parent" is torchrun's agent, which a terminal's Ctrl-C reaches)."""
+    die = [ROOT / "tests" / "die_at.py", "trainer.checkpoint:save_resume", "step=4"]
+    return die, {"DIE_RANK": "0", "DIE_SIGNAL": "SIGINT", "PYTHONPATH": str(ROOT),
+                 **({"DIE_TARGET": where[0]} if where else {})}
+
+
+def assert_interrupted_and_resumable(run_dir: Path, out: str) -> list[str]:
+    """Check what a first Ctrl-C leaves (one notice, a save, a summary) and return the resume command it printed."""
+    assert out.count("train.py: Ctrl-C: stopping after this step to save the run") == 1, out[-5000:]
+    assert "KeyboardInterrupt" not in out and "done: interrupted | step " in out, out[-5000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 4 <= summary["steps"] < 30
+    assert json.loads((run_dir / "resume" / "done.json").read_text())["step"] == summary["steps"]
+    [command] = [line.removeprefix("resume: ") for line in out.splitlines() if line.startswith("resume: ")]
+    return shlex.split(command)
+
+
+def test_ctrl_c_under_torchrun_saves_every_rank_and_resumes_to_the_uninterrupted_losses(shards, tmp_path, start):
+    every = ("--train.checkpoint_every_s=1e-9",)  # saves every other step: die_at's hook
+    whole = start(torchrun_cmd(tiny_args(shards, tmp_path, "whole", *every)))
+    die, env = ctrl_c_at_step_4("parent")
+    job = start(torchrun_cmd([*die, *tiny_args(shards, tmp_path, "ctrl_c", *every)]), env=env)
+    out = finish(job)
+    command = assert_interrupted_and_resumable(tmp_path / "ctrl_c", out)
+    assert command[:4] == ["torchrun", "--standalone", "--nproc_per_node=2", TRAIN], command
+    states = final_states(tmp_path / "ctrl_c")
+    assert states[0]["progress"]["step"] == states[1]["progress"]["step"]
+    resumed = start(torchrun_cmd(command[3:]))  # the printed command, as torchrun_cmd runs it
+    assert finish(resumed) and resumed.returncode == 0
+    assert finish(whole) and whole.returncode == 0
+    assert losses(tmp_path / "ctrl_c") == losses(tmp_path / "whole") and len(losses(tmp_path / "whole")) == 30
+
+
+def test_ctrl_c_in_one_process_saves_and_the_printed_command_resumes_it(shards, tmp_path):
+    whole = tiny_args(shards, tmp_path, "whole")
+    subprocess.run([sys.executable, *whole], cwd=ROOT, check=True, capture_output=True, timeout=240)
+    die, env = ctrl_c_at_step_4()
+    # no log.run_id: the printed command names the run's generated one
+    args = [a for a in tiny_args(shards, tmp_path, "x", "--train.checkpoint_every_s=1e-9") if "run_id" not in a]
+    proc = subprocess.run([sys.executable, *die, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 130, proc.stderr[-5000:]  # saved, and a script that ran it stops there
+    [run_dir] = [p for p in tmp_path.iterdir() if p.name.startswith("tiny-")]
+    command = assert_interrupted_and_resumable(run_dir, proc.stdout + proc.stderr)
+    assert command[0] == sys.executable and f"--log.run_id={run_dir.name}" in command
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=240)
+    assert losses(run_dir) == losses(tmp_path / "whole")
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line(shards, tmp_path):
+    cmd = [sys.executable, *tiny_args(shards, tmp_path, "twice", "--train.schedule=time", "--train.budget_s=600",
+                                      "--train.max_steps=0")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: steps_logged(tmp_path / "twice") >= 2, "step 2", proc)
+        proc.send_signal(signal.SIGINT)
+        while "Ctrl-C: stopping after this step" not in proc.stderr.readline():
+            assert proc.poll() is None, "exited before it said it stops"
+        proc.send_signal(signal.SIGINT)  # while the step ends and the run saves
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-5000:]
+    assert err.strip().splitlines()[-1] == ("train.py: interrupted again: stopped at once, without saving (the last "
+                                            "save stays, and the same command resumes from it)"), err

@@ -120,7 +120,7 @@ def test_local_files_are_shuffled_as_a_whole(tmp_path, kind):
     assert orders[0] != orders[1]
     again = run_prepare(*common, "--out", str(tmp_path / "again"))  # --seed 0 is the default
     assert all_bytes(tmp_path / "again") == all_bytes(tmp_path / "seed0") and again["settings"]["seed"] == 0
-    with pytest.raises(PrepareError, match="seed: directory has 0, this run 2"):
+    with pytest.raises(PrepareError, match="seed: 0 there, 2 now"):
         run_prepare(*common, "--seed", "2", "--out", str(tmp_path / "seed0"))
 
 
@@ -253,12 +253,11 @@ def test_other_settings_in_the_directory_are_refused(tmp_path):
     before = all_bytes(out)
     run_prepare(*common, "--shard-tokens", "1000")  # same settings, complete: nothing to do
     assert all_bytes(out) == before
-    with pytest.raises(PrepareError, match=rf"{out} .*shard_tokens: directory has 1000, this run 5000.*--overwrite"):
+    with pytest.raises(PrepareError, match=rf"{out} .*shard_tokens: 1,000 there, 5,000 now.*--overwrite"):
         run_prepare(*common, "--shard-tokens", "5000")
     assert all_bytes(out) == before
-    for change, diff in ((["--seed", "1"], "seed: directory has 0, this run 1"),
-                         (["--no-shuffle"], "shuffle: directory has True, this run False; seed: directory has 0, "
-                                            "this run None")):
+    for change, diff in ((["--seed", "1"], "seed: 0 there, 1 now"),
+                         (["--no-shuffle"], "seed: 0 there, None now; shuffle: True there, False now")):
         with pytest.raises(PrepareError, match=diff):
             run_prepare(*common, "--shard-tokens", "1000", *change)
     assert all_bytes(out) == before

@@ -130,3 +130,31 @@ def test_a_failed_prepare_leaves_nothing_behind(tmp_path, capsys):
     out.mkdir(parents=True)
     message, _ = prepare_cli(capsys, "--files", pattern, "--text-field", "content", "--out", str(out))
     assert "no column 'content'" in message and os.listdir(out) == []
+
+
+def test_a_refused_binary_file_leaves_nothing_that_blocks_the_corrected_run(tmp_path, capsys):
+    # the text files come first (--no-shuffle: sorted), so the val shard is written before the binary file is met
+    corpus = tmp_path / "c"
+    text_files(corpus, {"a.txt": b"first text file\n" * 50, "b.txt": b"second text file\n" * 50,
+                        "z.txt": np.random.default_rng(0).bytes(5_000)})
+    out = tmp_path / "out"
+    common = ["--files", str(corpus), "--out", str(out), "--val-tokens", "100", "--no-shuffle"]
+    message, _ = prepare_cli(capsys, *common)
+    assert message.startswith(f"prepare: error: {corpus / 'z.txt'}: ") and "not UTF-8" in message
+    assert not out.exists()  # its val shard and meta.json are gone with it
+    (corpus / "z.txt").unlink()
+    message, _ = prepare_cli(capsys, *common)
+    assert message == "" and json.loads((out / "meta.json").read_text())["complete"]
+
+
+def test_shards_of_other_settings_are_refused_naming_each_difference(tmp_path, capsys):
+    corpus = tmp_path / "c"
+    text_files(corpus, {"a.txt": b"some text\n" * 100})
+    out = tmp_path / "out"
+    common = ["--files", str(corpus / "*.txt"), "--out", str(out), "--val-tokens", "100"]
+    assert prepare_cli(capsys, *common)[0] == ""
+    text_files(corpus, {"b.txt": b"more text\n" * 100})
+    message, _ = prepare_cli(capsys, *common, "--seed", "3")
+    assert message == (f"prepare: error: {out} holds shards made with other settings: seed: 0 there, 3 now; "
+                       f"source.bytes: 1,000 there, 2,000 now; source.files: 1 there, 2 now; write to another "
+                       f"--out directory, or pass --overwrite to replace them")

@@ -14,6 +14,7 @@ import torch
 from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import resume_state_files, run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
+from trainer.runs import unfinished_run
 
 
 @pytest.fixture(scope="module")
@@ -70,25 +71,56 @@ def test_a_changed_model_data_or_optimizer_is_refused_and_nothing_changes(finish
 def test_safe_keys_are_taken_and_said_and_a_budget_only_extends_on_purpose(finished, tmp_path):
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
-    out = relaunch(data, run_dir, "--eval.every_steps=5", "--log.every_steps=2").stdout
+    out = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", "--eval.every_steps=5").stdout
     said = [line for line in out.splitlines() if line.startswith("resume: ")]
-    assert said == ["resume: eval.every_steps: saved 0, now 5",
-                    f"resume: log.dir: saved '{finished[1].parent}', now '{run_dir.parent}'",  # the copy's folder
-                    "resume: log.every_steps: saved 1, now 2"]
-    assert "resumed at step 30" in out and "done: completed | step 30 |" in out
-    assert tomllib.loads((run_dir / "config.toml").read_text())["eval"]["every_steps"] == 5
-
-    out = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget").stdout
     # tiny.toml decays over the last half of max_steps to 0.1: step 31 of 40 is back at 0.1 + 0.9 * 0.25 / 0.5
-    assert "resume: train.max_steps: saved 30, now 40\n" in out
-    assert ("resume: --extend-budget: the LR schedule now spans the new budget, so step 31 runs at LR multiplier "
-            "0.550 instead of 0.100") in out
+    assert said == ["resume: train.max_steps: saved 30, now 40",
+                    "resume: eval.every_steps: saved 0, now 5",
+                    f"resume: log.dir: saved '{finished[1].parent}', now '{run_dir.parent}'",  # the copy's folder
+                    "resume: --extend-budget: the LR schedule now spans the new budget, so step 31 runs at LR "
+                    "multiplier 0.550 instead of 0.100 (a decay that had ended rises again); this is not the run the "
+                    "new budget gives from the start"]
+    assert "resumed at step 30" in out and "done: completed | step 40 |" in out
+    assert tomllib.loads((run_dir / "config.toml").read_text())["eval"]["every_steps"] == 5
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["type"] == "train"]
     assert steps == list(range(1, 41))
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
     # the state is now saved under the extended budget: the next resume compares with that
     assert json.loads((run_dir / "resume" / "done.json").read_text())["config"]["train"]["max_steps"] == 40
+
+
+def test_a_finished_run_relaunched_says_so_and_touches_nothing(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    before, val = snapshot(run_dir), json.loads((run_dir / "summary.json").read_text())["final_val_loss"]
+    for extra in [(), ("--eval.every_steps=5",), ("--extend-budget",)]:  # a safe key, or the same budget
+        out = relaunch(data, run_dir, *extra).stdout
+        assert out.strip() == (f"{run_dir}: this run finished (completed, step 30, final val loss {val:.4f}); nothing "
+                               f"to do (a larger train.budget_s or train.max_steps with --extend-budget trains it on)")
+        assert snapshot(run_dir) == before  # no eval, no new summary, log line or checkpoint
+
+
+def test_resume_never_refuses_a_folder_with_a_run_and_overwrite_replaces_it(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    before = snapshot(run_dir)
+    proc = relaunch(data, run_dir, "--train.resume=never", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (
+        f"train.py: config error: train.resume = 'never', but {run_dir} holds a run already (resume, checkpoint.pt, "
+        f"metrics.jsonl, summary.json, log.txt, config.toml, loss.png); start a new run in another folder (another "
+        f"log.run_id), or replace this one with --train.resume=overwrite (--overwrite)")
+    assert snapshot(run_dir) == before
+    # a fresh start under another config: nothing of the old run is resumed, kept or appended to
+    relaunch(data, run_dir, "--overwrite", "--train.max_steps=10", "--model.n_layer=1")
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["type"] == "train"]
+    assert steps == list(range(1, 11)) and json.loads((run_dir / "summary.json").read_text())["steps"] == 10
+    assert json.loads((run_dir / "resume" / "done.json").read_text())["step"] == 10
+    log = (run_dir / "log.txt").read_text()
+    assert log.count(f"run {run_dir.name} |") == 1 and "resumed" not in log
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["config"]["model"]["n_layer"] == 1
 
 
 def test_keys_added_or_removed_since_the_save_are_not_differences():
@@ -114,6 +146,7 @@ def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(fini
     run([sys.executable, *tiny_args(data, board, "fresh40", "--train.max_steps=40")])
     # relaunched from another folder under another id: changes where it logs, not what it trained
     again = Path(shutil.copytree(r1, board / "again"))
+    (again / "summary.json").unlink()  # as if killed in its final eval: a relaunch finishes it
     relaunch(data, again)
     saved = json.loads((extended / "summary.json").read_text())["resume_changes"]
     assert saved == [{"step": 30, "key": "train.max_steps", "saved": 30, "now": 40},
@@ -140,3 +173,16 @@ def test_a_state_saved_before_flops_were_counted_resumes_with_its_steps_flops(fi
     (state,) = resume_state_files(run_dir)
     progress = torch.load(state, weights_only=True)["progress"]
     assert progress["step"] == 40 and progress["flops"] / progress["tokens"] == pytest.approx(per_token)
+
+
+def test_the_newest_unfinished_run_is_found_with_what_would_keep_it_from_continuing(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    cfg = parse_args(tiny_args(data, run_dir.parent, "other")[1:])  # run.sh asks under a new run's id
+    assert unfinished_run(run_dir.parent, "r*", cfg, 1) is None  # it finished
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    assert unfinished_run(run_dir.parent, "r*", cfg, 1) == (run_dir, 30, [])
+    cfg.train.max_steps = 40
+    assert unfinished_run(run_dir.parent, "r*", cfg, 2) == (run_dir, 30, ["train.max_steps: saved 30, now 40",
+                                                                          "processes: saved 1, now 2"])

@@ -1,8 +1,12 @@
 """`bash run.sh`, the main job of a machine without a GPU, end to end in a copy of the repository."""
+import contextlib
 import json
 import os
+import signal
 import shutil
+import subprocess
 import sys
+import time
 
 import pytest
 from matplotlib.image import imread
@@ -10,12 +14,18 @@ from matplotlib.image import imread
 from tests.helpers import ROOT, run
 
 
-@pytest.mark.slow
-def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
+def copy_of_the_repo(tmp_path) -> tuple:
+    """A copy of the repository without runs, shards or venv, and the environment that runs run.sh there."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "runs", "shards", ".git", "__pycache__",
                                                              ".pytest_cache"))
-    env = {"SHARDRUN_VENV": sys.prefix, "BUDGET": "8", "PYTHONDONTWRITEBYTECODE": "1"}
+    return repo, {"SHARDRUN_VENV": sys.prefix, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@pytest.mark.slow
+def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
+    repo, env = copy_of_the_repo(tmp_path)
+    env["BUDGET"] = "8"
     out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
     assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
     done = [line for line in out.splitlines() if line.startswith("done: budget")]
@@ -45,6 +55,42 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     summary_lines = out.rsplit("[run.sh] done: ", 1)[1].splitlines()
     assert summary_lines[2:] == ["  checkpoint  out/cpu.pt",
                                  '  sample      bash run.sh sample out/cpu.pt --prompt "def " --tokens 300']
+
+
+@pytest.mark.slow
+def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues_it(tmp_path):
+    repo, env = copy_of_the_repo(tmp_path)
+    # the main job's config, stopping at step 20 of a long budget, with a line per step and a short final eval
+    config = (repo / "configs" / "cpu.toml").read_text().replace("[train]\n", "[train]\nmax_steps = 20\n")
+    config = config.replace("every_steps = 10", "every_steps = 1").replace("tokens = 262144", "tokens = 16384")
+    (repo / "configs" / "short.toml").write_text(config)
+    env.update(CONFIG="configs/short.toml", BUDGET="600")
+    job = subprocess.Popen(["bash", "run.sh"], cwd=repo, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not [p for p in (repo / "runs").glob("cpu-*/metrics.jsonl") if p.read_text().count('"train"') >= 2]:
+            assert job.poll() is None and time.time() < deadline, "run.sh ended or took too long before step 2"
+            time.sleep(0.1)
+        os.killpg(job.pid, signal.SIGINT)  # a terminal's Ctrl-C: run.sh, torchrun and what else is in the foreground
+        out = job.communicate(timeout=300)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0, out[-3000:]
+    (run_dir,) = (repo / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] < 20, out[-3000:]
+    step = summary["steps"]
+    assert out.splitlines()[-1] == (f"[run.sh] stopped: runs/{run_dir.name} is saved at step {step}; "
+                                    f"CONFIG=configs/short.toml BUDGET=600 bash run.sh continues it"), out[-3000:]
+
+    out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
+    assert (f"[run.sh] continuing the unfinished run runs/{run_dir.name} (saved at step {step}); FRESH=1 bash run.sh "
+            f"starts a new one") in out, out[-3000:]
+    assert list((repo / "runs").iterdir()) == [run_dir] and f"resumed at step {step}" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "max_steps" and summary["steps"] == 20 and "[run.sh] done: " in out
 
 
 @pytest.fixture

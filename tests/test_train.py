@@ -181,15 +181,18 @@ def test_budget_stops_within_a_step_and_decays_to_the_end(demo, tmp_path):
     assert 0.1 - 1e-9 <= last["lr_mult"] <= 0.1 + 0.45 * step_s + 0.01
 
 
-def test_relaunching_a_finished_budget_run_takes_no_step(demo, tmp_path):
+def test_relaunching_a_finished_budget_run_says_so_and_touches_nothing(demo, tmp_path):
     cmd = [sys.executable, *train_args(demo, tmp_path, "again", "--train.schedule=time", "--train.budget_s=2",
                                        "--train.max_steps=0")]
     run(cmd)
-    first, saved = summary(tmp_path / "again"), (tmp_path / "again" / "checkpoint.pt").stat().st_mtime_ns
-    out = run(cmd).stdout  # the same run id: resumes, finds the budget spent
-    assert f"resumed at step {first['steps']}" in out and f"done: budget | step {first['steps']} |" in out
-    assert summary(tmp_path / "again")["final_val_loss"] == first["final_val_loss"]
-    assert (tmp_path / "again" / "checkpoint.pt").stat().st_mtime_ns == saved  # nothing new to save
+    first = summary(tmp_path / "again")
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "again").rglob("*") if p.is_file()}
+    out = run(cmd).stdout  # the same run id: its last save is where it ended
+    assert out.strip() == (f"{tmp_path / 'again'}: this run finished (budget, step {first['steps']}, final val loss "
+                           f"{first['final_val_loss']:.4f}); nothing to do (a larger train.budget_s or "
+                           f"train.max_steps with --extend-budget trains it on)")
+    # no eval again, summary.json's wall times kept, nothing saved
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "again").rglob("*") if p.is_file()} == files
 
 
 def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):

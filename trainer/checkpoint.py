@@ -8,13 +8,13 @@ Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ hol
 rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
 mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
-under: a resume compares the new config with it before anything in the run folder changes.
+under: a resume compares the new config with it before anything in the run folder changes (trainer/runs.py
+reads the marker).
 """
 from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +28,7 @@ from model import get_model
 from trainer import distributed
 from trainer.config import ConfigError
 from trainer.distributed import Dist
+from trainer.runs import RUN_FILES, done_path, read_marker
 
 
 class CheckpointError(ValueError):
@@ -107,11 +108,6 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
 
 
-def done_path(run_dir: Path) -> Path:
-    """The marker of the run's last complete resume state (resume/done.json), beside the step folders."""
-    return run_dir / "resume" / "done.json"
-
-
 def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], config: dict, *, replicated: bool) -> None:
     """Save this rank's resume state for `step` under `config`; mark it complete once every rank has written
     (all ranks call). `replicated`: every rank holds the same model and optimizer state (DDP), so only rank 0
@@ -166,18 +162,31 @@ def save_space(files: list[tuple[Path, int]], saves: int) -> dict[Path, int]:
     return {named[dev]: peak[dev] - before[dev] for dev in peak}
 
 
+def run_files(run_dir: Path, dist: Dist) -> list[str]:
+    """The RUN_FILES that `run_dir` holds, as rank 0 sees them; every rank gets the same."""
+    return distributed.broadcast([name for name in RUN_FILES if (run_dir / name).exists()] if dist.master else None)
+
+
+def remove_run(run_dir: Path, dist: Dist) -> None:
+    """Delete the RUN_FILES of `run_dir` (rank 0), so that nothing of the old run is resumed or appended to."""
+    if dist.master:
+        for name in RUN_FILES:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    distributed.barrier()
+
+
 def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
     """done.json of the run's last complete resume state as rank 0 reads it (None if there is none), its
-    "config" being the config the state was saved under; every rank gets the same."""
-    done = done_path(run_dir)
-    marker = None
+    "config" being the config the state was saved under and "finished" the run's summary if the run ended
+    there (else None); every rank gets the same."""
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    if dist.master and done.exists():
-        marker = json.loads(done.read_text())
-        if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
-            marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
-    marker = distributed.broadcast(marker)
+    marker = distributed.broadcast(read_marker(run_dir) if dist.master else None)
+    done = done_path(run_dir)
     if marker is not None and marker["world_size"] != dist.world_size:
         raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
                           f"world size {dist.world_size}; resume with the same world size or start a new log.run_id")

@@ -64,7 +64,9 @@ class TrainConfig:
     checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
     checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
     save_checkpoint: bool = True     # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks
-    resume: Literal["auto", "never", "must"] = "auto"  # "auto": if the run folder has complete state
+    # "auto": if the run folder has complete state; "never": refuse a folder that holds a run; "overwrite": start
+    # afresh, replacing what the folder holds
+    resume: Literal["auto", "never", "must", "overwrite"] = "auto"
     dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
 
 
@@ -243,6 +245,9 @@ def _argparser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False)
     p.add_argument("--config", help="TOML file in configs/")
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start the run in log.run_id afresh, replacing what its folder holds "
+                        "(train.resume = overwrite)")
     p.add_argument("--extend-budget", action="store_true",
                    help="resume the run although train.budget_s or train.max_steps changed (see README)")
     starter.add_flags(p)
@@ -281,8 +286,10 @@ def parse_args(argv: list[str]) -> Config:
         from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
     _apply_starter(cfg, flags, shape=False)  # its run flags, above the file
-    if args.resume:
-        cfg.train.resume = "must"
+    if args.resume and args.overwrite:
+        raise ConfigError("command line: --resume continues the run in log.run_id, --overwrite replaces it; pass one")
+    if args.resume or args.overwrite:
+        cfg.train.resume = "must" if args.resume else "overwrite"
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
@@ -348,13 +355,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 
 
-def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[Change]:
-    """Refuse to resume the state saved under `saved` with `cfg` if a key outside RESUME_SAFE changed (or one
-    of RESUME_BUDGET without cfg.extend_budget); return the allowed changes.
-
-    A key the saved config lacks (added to the code since) counts as its default; a key the code no longer has
-    is ignored. `where` names the saved run in the error.
-    """
+def resume_changes(saved: dict[str, dict[str, Any]], cfg: Config) -> tuple[list[Change], list[Change]]:
+    """The keys `cfg` changes from the config `saved` with a resume state: (allowed, refused), as check_resume
+    judges them."""
     defaults, changes, refused = Config().to_dict(), [], []
     for section, values in cfg.to_dict().items():
         for key, value in values.items():
@@ -366,6 +369,17 @@ def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> l
                 changes.append(change)
             else:
                 refused.append(change)
+    return changes, refused
+
+
+def check_resume(saved: dict[str, dict[str, Any]], cfg: Config, where: str) -> list[Change]:
+    """Refuse to resume the state saved under `saved` with `cfg` if a key outside RESUME_SAFE changed (or one
+    of RESUME_BUDGET without cfg.extend_budget); return the allowed changes.
+
+    A key the saved config lacks (added to the code since) counts as its default; a key the code no longer has
+    is ignored. `where` names the saved run in the error.
+    """
+    changes, refused = resume_changes(saved, cfg)
     if refused:
         lines = [f"  {change}" + (" (or pass --extend-budget to train the saved run longer)"
                                   if change.key in RESUME_BUDGET else "") for change in refused]

@@ -1,0 +1,60 @@
+"""What a run folder says about its run, read without torch (run.sh asks before it launches train.py).
+
+A run whose last resume state is where it ended (its summary.json says so) is finished: relaunching it does
+nothing, unless its budget is extended. A run stopped by a signal, or killed, is unfinished: a resume continues it.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from trainer.config import Config, resume_changes
+
+# What a run folder holds of its run: what train.resume = "overwrite" replaces and "never" refuses to
+RUN_FILES = ("resume", "checkpoint.pt", "metrics.jsonl", "summary.json", "log.txt", "config.toml", "loss.png")
+# summary.json's statuses (train.py's StopReason) of a run stopped by a signal: saved to be continued
+STOPPED_BY_SIGNAL = ("sigterm", "interrupted")
+
+
+def done_path(run_dir: Path) -> Path:
+    """The marker of the run's last complete resume state (resume/done.json), beside the step folders."""
+    return run_dir / "resume" / "done.json"
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    """done.json of `run_dir` with its "config" (None if there is none), and "finished": the run's summary.json
+    if that state is where the run ended, else None."""
+    done = done_path(run_dir)
+    if not done.exists():
+        return None
+    marker = json.loads(done.read_text())
+    if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
+        marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    # a summary of an earlier stretch (a crash after a resume saved later steps) is not this state's end
+    ended = summary and summary["steps"] == marker["step"] and summary["status"] not in STOPPED_BY_SIGNAL
+    marker["finished"] = summary if ended else None
+    return marker
+
+
+def unfinished_run(log_dir: Path, pattern: str, cfg: Config, world_size: int) -> tuple[Path, int, list[str]] | None:
+    """The newest run folder under `log_dir` matching `pattern` whose run is unfinished (stopped by a signal, or
+    killed): (folder, saved step, the settings in which `cfg` at `world_size` differs from it: [] = it resumes
+    that run); None if there is none."""
+    def saved_at(run_dir: Path) -> float:
+        return done_path(run_dir).stat().st_mtime if done_path(run_dir).exists() else 0.0
+
+    for run_dir in sorted(log_dir.glob(pattern), key=saved_at, reverse=True):
+        marker = read_marker(run_dir)
+        if marker is None or marker["finished"]:
+            continue
+        # model.vocab_size = 0 is meta.json's value, which train.py reads (and compares) at its setup
+        differ = [str(change) for change in resume_changes(marker["config"], cfg)[1]
+                  if (change.key, change.now) != ("model.vocab_size", 0)]
+        if marker["world_size"] != world_size:
+            differ.append(f"processes: saved {marker['world_size']}, now {world_size}")
+        return run_dir, marker["step"], differ
+    return None
