@@ -648,7 +648,7 @@ def finish(run: Run, status: StopReason) -> None:
     speed = f" at {summary.tokens_per_s:,.0f} tok/s" if summary.tokens_per_s else ""
     run.log.print(f"done: {status} | step {progress.step} | {summary.train_time_s:.1f}s | {val} | {progress.tokens:,} "
                   f"tokens{speed} | {run.run_dir}" + (f" | curves {curves}" if curves else ""))
-    if status in STOPPED_BY_SIGNAL:
+    if status in STOPPED_BY_SIGNAL and run.cfg.train.save_checkpoint:  # else nothing was saved to resume from
         run.log.print(f"resume: {resume_command(run.cfg)}")
     run.log.close()
 
