@@ -280,7 +280,8 @@ class Muon(torch.optim.Optimizer):
         done = _orthogonalize(params, updates, [g["split"] for _, g in work], [g["ns_steps"] for _, g in work], dtype)
         for (p, g), o in zip(work, done):
             w = _local(p)
-            w.mul_(1 - g["lr"] * g["weight_decay"])
+            if g["lr"] * g["weight_decay"]:  # else a full read and write of the weights for nothing
+                w.mul_(1 - g["lr"] * g["weight_decay"])
             view = (p.shape[0] // g["split"], p.shape[1])
             w.add_(o.to(w.dtype), alpha=-g["lr"] * lr_scale(view, g["adjust_lr"]))
         return loss

@@ -131,6 +131,27 @@ def test_state_dict_resume_continues_exactly(tmp_path):
         assert same == restore  # without the momentum buffers the run diverges
 
 
+def test_no_weight_decay_skips_its_pass_over_the_weights():
+    # the weights' version counter counts the in-place writes: the decay pass is one, the update another
+    torch.manual_seed(0)
+    w, grads = torch.randn(16, 24), [torch.randn(16, 24) for _ in range(3)]
+    for decay, writes in ((0.0, 1), (0.1, 2)):
+        p = torch.nn.Parameter(w.clone())
+        opt = Muon([p], lr=0.05, momentum=0.9, weight_decay=decay)
+        for g in grads:
+            p.grad, before = g.clone(), p._version
+            opt.step()
+            assert p._version - before == writes, decay
+    # and without the pass the weights are exactly W - lr * scale * NS(Nesterov momentum), step after step
+    buf, want = torch.zeros_like(w), w.clone()
+    for g in grads:
+        buf.lerp_(g, 1 - 0.9)
+        want.add_(newton_schulz(g.lerp(buf, 0.9)), alpha=-0.05 * lr_scale(w.shape, "original"))
+    p = torch.nn.Parameter(w.clone())
+    _apply(Muon([p], lr=0.05, momentum=0.9, weight_decay=0.0), [p], [[g] for g in grads])
+    assert torch.equal(p.detach(), want)
+
+
 def planned_loads(groups: list[dict], world: int, sharded: bool) -> list[int]:
     """Newton-Schulz flops per rank of Muon's cost plan: DDP assigns views, FSDP2 whole parameters."""
     jobs = []
