@@ -36,6 +36,11 @@ def fail(message: str, first: bool) -> None:
 
 
 if __name__ == "__main__":
+    # Read when torch starts, so set here, in each process torchrun starts too. Expandable segments let the eval's
+    # large logits reuse the memory training's allocations left fragmented. The user's own setting (or torch's
+    # newer name for it) wins.
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     # before the imports below (torch: 3-10 s on this 2-core machine): a config error is answered at once;
     # every rank parses the same command line, so rank 0 says it
     try:
