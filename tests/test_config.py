@@ -27,7 +27,7 @@ SPEEDRUN_1GPU = {
               "muon_weight_decay": 0.0, "ns_steps": 5, "adjust_lr": "original"},
     "train": {"batch_size": 1, "seq_len": 49152, "grad_accum": 8, "parallel": "ddp", "compile": True,
               "dtype": "bfloat16", "budget_s": 2080.0, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 0,
-              "schedule": "time", "lr_warmup_frac": 0.0, "lr_decay_frac": 0.45, "lr_final_frac": 0.05, "seed": 0,
+              "schedule": "time", "lr_warmup_frac": 0.0, "lr_decay_frac": 0.45, "lr_final_frac": 0.1, "seed": 0,
               "checkpoint_path": "", "checkpoint_every_s": 0.0, "resume": "auto", "dist_timeout_s": 600.0},
     "eval": {"every_steps": 0, "every_s": 80.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
              "target_loss": 3.28, "stop_at_target": True},
