@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -82,15 +82,18 @@ class ParallelModel:
         self.wrapped.zero_grad(set_to_none=True)
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist) -> ParallelModel:
-    """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
+def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor") -> ParallelModel:
+    """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile; `backend` is
+    torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation)."""
     model.to(dist.device)
     if dist.world_size > 1 and cfg.parallel == "fsdp":
-        return ParallelModel(model, _fully_shard(model, cfg, dist), sharded=True, master=dist.master)
+        return ParallelModel(model, _fully_shard(model, cfg, dist, backend), sharded=True, master=dist.master)
     if cfg.compile:
         # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
-        # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
-        model.compile()
+        # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward. Static shapes (dynamic=False,
+        # as the records compile): the eval's shape gets a graph of its own instead of making dynamo recompile the
+        # training graph with symbolic shapes, which every later shape would then share.
+        model.compile(backend=backend, dynamic=False)
     # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
     # rank 0 before every forward, DDP's default, would be a collective for nothing.
     wrapped = model if dist.world_size == 1 else DDP(model, device_ids=[dist.local_rank] if dist.cuda else None,
@@ -98,7 +101,7 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist) -> ParallelModel
     return ParallelModel(model, wrapped, sharded=False, master=dist.master)
 
 
-def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
+def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
@@ -109,13 +112,13 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     # hooks then run around the compiled block, and its all-gathers stay out of the graph.
     for block in model.blocks:
         if cfg.compile:
-            block.compile()
+            block.compile(backend=backend, dynamic=False)
         fully_shard(block, **kwargs)
     if cfg.compile:
         # The tail (final norm, head, fp32 cast, softcap, cross-entropy) works on [tokens x vocab] fp32 logits:
         # eager, each op is a full pass over them; compiled, they fuse. It runs inside the root unit's forward,
         # after the root's all-gather, like a block.
-        model.head_loss = torch.compile(model.head_loss)
+        model.head_loss = torch.compile(model.head_loss, backend=backend, dynamic=False)
     fully_shard(model, **kwargs)
     return model
 
