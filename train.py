@@ -140,7 +140,7 @@ class Run:
 
 def main(cfg: Config) -> None:
     """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
-    dist = distributed.init(cfg.train.dist_timeout_s)
+    dist = distributed.init(cfg.train.dist_timeout_s, group_of_one=cfg.train.ddp_always)
     try:
         run = setup(cfg, dist)
         warm_up(run)
@@ -202,7 +202,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
-              f"{cfg.train.parallel if dist.world_size > 1 else 'no wrapper'} | compile {cfg.train.compile}"
+              f"{model.kind} | compile {cfg.train.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0

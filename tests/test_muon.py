@@ -8,7 +8,7 @@ import torch
 import train as trainer
 from model import get_model
 from optim import OptimConfig, build_optimizers
-from optim.muon import Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
+from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from tests.helpers import ROOT, torchrun
 from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
 
@@ -262,8 +262,9 @@ def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode,
     groups = [g for opt in one_process[name][2] if isinstance(opt, Muon) for g in opt.param_groups]
     views = {tuple(sorted((p.shape[0] // g["split"], p.shape[1]))) for g in groups for p in g["params"]}
     params = {tuple(p.shape) for g in groups for p in g["params"]}
-    # DDP: one all_gather per view shape (tall ones transposed); FSDP2: there and back per parameter shape
-    want = [] if world == 1 else ["all_gather_into_tensor"] * len(views) if mode == "ddp" else \
+    # DDP: one all_gather per view shape (tall ones transposed), also in a group of one; FSDP2: there and back per
+    # parameter shape, none on a mesh of one
+    want = [ALL_GATHER] * len(views) if mode == "ddp" else [] if world == 1 else \
         ["all_to_all_single"] * 2 * len(params)
     work = results["work"][mode][name]
     assert [step for w in work for step in w["collectives"]] == [want] * STEPS * world

@@ -49,6 +49,7 @@ class TrainConfig:
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
+    ddp_always: bool = False         # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none

@@ -9,6 +9,7 @@ here, so the training loop never asks which one it runs under.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
@@ -19,6 +20,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
+
+# The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from rank 0
+# before every forward, DDP's default, would be a collective for nothing. torch 2.13 renamed the switch
+# (broadcast_buffers warns there); the new one still broadcasts buffers once at construction, which is harmless.
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else {"broadcast_buffers": False})
 
 
 @dataclass
@@ -31,6 +38,13 @@ class ParallelModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.wrapped(*args, **kwargs)
+
+    @property
+    def kind(self) -> str:
+        """What wraps the module: "ddp", "fsdp" or "no wrapper" (the run's header line says it)."""
+        if self.sharded:
+            return "fsdp"
+        return "ddp" if isinstance(self.wrapped, DDP) else "no wrapper"
 
     @property
     def eval_module(self) -> nn.Module:
@@ -94,10 +108,12 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
         # as the records compile): the eval's shape gets a graph of its own instead of making dynamo recompile the
         # training graph with symbolic shapes, which every later shape would then share.
         model.compile(backend=backend, dynamic=False)
-    # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
-    # rank 0 before every forward, DDP's default, would be a collective for nothing.
-    wrapped = model if dist.world_size == 1 else DDP(model, device_ids=[dist.local_rank] if dist.cuda else None,
-                                                     broadcast_buffers=False)
+    if cfg.parallel != "ddp" or (dist.world_size == 1 and not cfg.ddp_always):
+        return ParallelModel(model, model, sharded=False, master=dist.master)
+    # The gradients are views of DDP's buckets rather than a second copy of them; zero_grad's set_to_none drops
+    # the views only, and the next backward's gradients are copied into the buckets again.
+    wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
+                  **_NO_BUFFER_SYNC)
     return ParallelModel(model, wrapped, sharded=False, master=dist.master)
 
 
