@@ -42,7 +42,8 @@ environment:
                          (MASTER_PORT default 29517: 29500 is often taken on shared nodes); RDZV_ID: a new
                          id per job, the same on every node: it names the run folder, so reusing an id
                          resumes that run
-  FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs (default 9, 100M tokens each)
+  FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs, 100M tokens each (default: the speedrun's
+                         budget at its predicted tokens/s + 25%: python -m scripts.predict_speedrun --shards)
   SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it (one with
                          torch >= 2.6 keeps it and its packages)
   SHARDRUN_WHEELS        wheel folder to install from, with no index, where it exists (default wheels/)
@@ -209,11 +210,12 @@ summary() {
 }
 
 gpu_track() {
-  local ngpu=$1 config run_id
+  local ngpu=$1 config run_id shards
   config=${CONFIG:-configs/speedrun_8xh100.toml}
   [ "$ngpu" = 1 ] && [ -z "${CONFIG:-}" ] && config=configs/speedrun_1gpu.toml
   echo "[run.sh] speedrun track on $ngpu GPU(s): fetching pre-tokenized FineWeb shards if missing"
-  "$PY" -m scripts.fetch_fineweb --shards "${FINEWEB_SHARDS:-9}" --out shards/fineweb10B
+  shards=${FINEWEB_SHARDS:-$("$PY" -m scripts.predict_speedrun --shards)}
+  "$PY" -m scripts.fetch_fineweb --shards "$shards" --out shards/fineweb10B
   # Every node must name the same folder: a multi-node job's RDZV_ID, else this launch's time.
   run_id=$(basename "$config" .toml)-${RDZV_ID:-$(date +%Y%m%d-%H%M%S)}
   NPROC=${NPROC:-$ngpu} launch --config "$config" --log.run_id="$run_id"

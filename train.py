@@ -63,10 +63,15 @@ def watch_stop_signals(requested: list[int]) -> None:
 
 
 if __name__ == "__main__":
+    # Read when torch starts, so set here, in each process torchrun starts too. Expandable segments let the eval's
+    # large logits reuse the memory training's allocations left fragmented. The user's own setting (or torch's
+    # newer name for it) wins.
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     # until the loop can stop cleanly, Ctrl-C has nothing to save: it ends the run at once, without a traceback
     signal.signal(signal.SIGINT, lambda *_: interrupted("train.py: interrupted before training started; nothing "
                                                         "was saved"))
-    # before the imports below (torch: 3-10 s on this 2-core machine): a config error is answered at once;
+    # before the imports below (torch takes seconds to import): a config error is answered at once;
     # every rank parses the same command line, so rank 0 says it
     try:
         CONFIG = parse_args(sys.argv[1:])
@@ -166,7 +171,7 @@ class Run:
 
 def main(cfg: Config) -> None:
     """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
-    dist = distributed.init(cfg.train.dist_timeout_s)
+    dist = distributed.init(cfg.train.dist_timeout_s, group_of_one=cfg.train.ddp_always)
     try:
         run = setup(cfg, dist)
         watch_stop_signals(run.stop_requested)  # here, not in setup: a test calling setup alone keeps its handlers
@@ -229,7 +234,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
         report_changes(run, marker["config"]["train"], changes)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
-              f"{cfg.train.parallel if dist.world_size > 1 else 'no wrapper'} | compile {cfg.train.compile}"
+              f"{model.kind} | compile {cfg.train.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0

@@ -16,8 +16,9 @@ Work is shared out by cost: each matrix costs its Newton-Schulz flops, and a gre
 gives it to the least-loaded rank (the same plan on every rank). Same-shape matrices go through one batched
 Newton-Schulz call and one collective. The mode comes from the parameters:
     plain tensors, one process:  every view, batched by shape;
-    plain tensors, distributed:  DDP replicas (identical gradients): the views are assigned, each rank
-                                 orthogonalises its share and one all_gather per view shape shares the results;
+    plain tensors, distributed:  DDP replicas (identical gradients; any process group, even of one): the views
+                                 are assigned, each rank orthogonalises its share and one all_gather per view
+                                 shape shares the results;
     DTensors sharded on dim 0:   FSDP2: whole parameters are assigned; one all_to_all per parameter shape brings
                                  each parameter's row shards to its owner, which splits it into views, and one
                                  more sends each rank its rows of the result.
@@ -37,11 +38,14 @@ except ImportError:  # torch < 2.5 kept DTensor under _tensor
     from torch.distributed._tensor import DTensor, Shard
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the same arguments; the old name warns there).
+# Looked up on torch.distributed at each call, by name, so the tests' recorder sees it.
+ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
 
 def ns_dtype(device: torch.device) -> torch.dtype:
     """The precision Newton-Schulz runs (and results travel) in: bf16 on CUDA, fp32 on CPUs, where bf16 matmuls
-    are emulated (measured 4x slower than fp32 on this project's 2-core Xeon)."""
+    are emulated, several times slower than fp32."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
@@ -156,7 +160,7 @@ def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], steps: l
         if mine:
             send[:len(mine)] = newton_schulz(torch.stack([_wide(views[n]) for n in mine]), s, dtype=dtype)
         recv = send.new_empty(world * slots, rows, cols)  # gloo takes the concatenated form only, not [world, ...]
-        pending.append((dist.all_gather_into_tensor(recv, send, async_op=True), recv.view(world, slots, rows, cols),
+        pending.append((getattr(dist, ALL_GATHER)(recv, send, async_op=True), recv.view(world, slots, rows, cols),
                         ns))
     done = [None] * len(views)
     for work, recv, ns in pending:
@@ -239,7 +243,7 @@ def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int
             raise ValueError("Muon: its parameters mix DTensor (FSDP2) and plain tensors; shard all or none")
         if params[0].device_mesh.size() > 1:
             return _orthogonalize_sharded(params, updates, splits, steps, dtype)
-    elif dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    elif dist.is_available() and dist.is_initialized():  # also a group of one (train.ddp_always): its rehearsal
         return _orthogonalize_replicated(updates, splits, steps, dtype)
     return _orthogonalize_local(updates, splits, steps, dtype)
 
@@ -280,7 +284,8 @@ class Muon(torch.optim.Optimizer):
         done = _orthogonalize(params, updates, [g["split"] for _, g in work], [g["ns_steps"] for _, g in work], dtype)
         for (p, g), o in zip(work, done):
             w = _local(p)
-            w.mul_(1 - g["lr"] * g["weight_decay"])
+            if g["lr"] * g["weight_decay"]:  # else a full read and write of the weights for nothing
+                w.mul_(1 - g["lr"] * g["weight_decay"])
             view = (p.shape[0] // g["split"], p.shape[1])
             w.add_(o.to(w.dtype), alpha=-g["lr"] * lr_scale(view, g["adjust_lr"]))
         return loss

@@ -3,6 +3,7 @@
     python -m scripts.predict_speedrun                                # docs/PERFORMANCE.md's table
     python -m scripts.predict_speedrun --mfu 0.35                     # at another assumed MFU
     python -m scripts.predict_speedrun --measured runs/gpu_check.json  # + what scripts/gpu_check.sh measured
+    python -m scripts.predict_speedrun --shards                       # FineWeb train shards the budget needs
 
 FLOPs per token are GPT.flops_per_token (6 per matmul weight, plus the causal, windowed attention; with doc_causal
 an upper bound, since no document boundary is assumed inside a window), averaged over the run as its window grows.
@@ -37,6 +38,8 @@ BUDGET_MARGIN = 1.1  # budget_s = the predicted time x this, rounded up to 10 s:
 RECORD = {"name": "2025-07-12_BosAlign", "steps": 1750, "tokens_per_step": 8 * 48 * 1024, "train_s": 171.743}
 # The same repository's README, record #89 (2026-07-17, 1.23 minutes): "under 75 seconds", "under 400M tokens".
 CURRENT = "< 75 s, < 400M tokens"
+SHARD_TOKENS = 100_000_000  # a FineWeb train shard (scripts/fetch_fineweb.py)
+SHARD_MARGIN = 1.25  # a machine faster than predicted still sees no token twice
 
 
 def flops_per_token(cfg: Config) -> tuple[float, float]:
@@ -47,6 +50,18 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - 12.0 * cfg.model.n_layer * cfg.model.n_embd
     return flops, 1 - matmul_only / flops
+
+
+def tokens_per_s(flops: float, assumed_mfu: float) -> float:
+    """Predicted tokens/s on GPUS x H100 at `assumed_mfu`, for `flops` training FLOPs a token."""
+    return assumed_mfu * GPUS * PEAK_BF16_FLOPS["H100"] / flops
+
+
+def shards_needed(assumed_mfu: float = ASSUMED_MFU) -> int:
+    """FineWeb train shards that hold CONFIG's budget_s at the predicted tokens/s, x SHARD_MARGIN."""
+    cfg = parse_train_args(["--config", CONFIG])
+    tok_s = tokens_per_s(flops_per_token(cfg)[0], assumed_mfu)
+    return math.ceil(cfg.train.budget_s * tok_s * SHARD_MARGIN / SHARD_TOKENS)
 
 
 def measured(path: Path | None) -> dict | None:
@@ -63,10 +78,10 @@ def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     """docs/PERFORMANCE.md's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
     flops, attention = flops_per_token(cfg)
+    tok_s = tokens_per_s(flops, assumed_mfu)
     model_cfg = cfg.model
     peak = PEAK_BF16_FLOPS["H100"]
     tokens = RECORD["steps"] * RECORD["tokens_per_step"]
-    tok_s = assumed_mfu * GPUS * peak / flops
     budget = math.ceil(tokens / tok_s * BUDGET_MARGIN / 10) * 10
     got_mfu = got_tok_s = got_time = "not yet"
     if gpu_check is not None:  # one GPU measured: x 8 for the 8-GPU run, as if the all-reduce cost nothing
@@ -98,7 +113,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mfu", type=float, default=ASSUMED_MFU, help="assumed model FLOPs utilisation (0-1)")
     p.add_argument("--measured", type=Path, help="scripts/gpu_check.sh's --json output: fills the measured column")
+    p.add_argument("--shards", action="store_true",
+                   help=f"print only the number of FineWeb train shards that hold {CONFIG}'s budget at the "
+                        f"predicted tokens/s, + {SHARD_MARGIN - 1:.0%} (run.sh's default)")
     args = p.parse_args()
+    if args.shards:
+        print(shards_needed(args.mfu))
+        return
     text, budget = table(args.mfu, measured(args.measured))
     print(text)
     print(f"\nsuggested train.budget_s: {budget} (configs/speedrun_8xh100.toml), {GPUS * budget} "

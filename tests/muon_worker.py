@@ -56,9 +56,11 @@ def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
     return model(idx[:, :-1], idx[:, 1:])[1]
 
 
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "broadcast", "gather",
-               "scatter", "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "send", "recv", "isend",
-               "irecv", "batch_isend_irecv", "barrier")
+# those of this torch: all_gather_single is torch 2.13's name for all_gather_into_tensor
+COLLECTIVES = tuple(name for name in (
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all", "all_to_all_single", "broadcast",
+    "gather", "scatter", "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "send", "recv", "isend",
+    "irecv", "batch_isend_irecv", "barrier") if hasattr(dist, name))
 
 
 @dataclass

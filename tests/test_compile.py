@@ -1,13 +1,18 @@
-"""Compile health: the compiled train step has no graph break, and the growing window never recompiles it."""
+"""Compile health: the compiled train step has no graph break, the growing window never recompiles it, and the
+eval's shape gets a static graph of its own."""
 import warnings
 
 import pytest
 import torch
+from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
 
 import model.gpt
 from model import get_model
 from optim import OptimConfig, build_optimizers
+from trainer.config import TrainConfig
+from trainer.distributed import Dist
+from trainer.parallel import ParallelModel, parallelize
 
 # configs/speedrun_8xh100.toml in miniature: every piece it turns on, 2 layers of width 32, 2 x 128 tokens
 SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, bias=False, norm="rmsnorm",
@@ -30,15 +35,28 @@ def documents(seed: int, B: int = 2, T: int = 257) -> torch.Tensor:
 
 
 @pytest.fixture
-def compiled():
-    """A fresh dynamo (caches and counters) and the speedrun miniature, compiled in place as train.py does."""
+def graphs():
+    """A fresh dynamo (caches and counters), and the list of the graphs it compiles (see speedrun)."""
     torch._dynamo.reset()
     counters.clear()
-    torch.manual_seed(0)
-    m = get_model(SPEEDRUN)
-    m.compile(backend=BACKEND)
-    yield m
+    yield []
     torch._dynamo.reset()
+
+
+def speedrun(graphs: list) -> ParallelModel:
+    """The speedrun miniature as train.py gets it from parallelize in one process, compiled in place; the backend
+    keeps every graph dynamo hands it in `graphs`, then compiles it with BACKEND."""
+    def keep(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return lookup_backend(BACKEND)(gm, example_inputs)
+    torch.manual_seed(0)
+    return parallelize(get_model(SPEEDRUN), TrainConfig(compile=True), Dist(), backend=keep)
+
+
+@pytest.fixture
+def compiled(graphs):
+    """The speedrun miniature's plain module, compiled in place as train.py does."""
+    return speedrun(graphs).module
 
 
 def assert_one_graph() -> None:
@@ -65,6 +83,61 @@ def test_train_step_compiles_once_without_graph_breaks(compiled):
         assert torch.isfinite(loss)
     assert windows == [40, 76, 124, 160]
     assert_one_graph()
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """The graph's inputs that dynamo traced with a symbolic size: a size itself, or a tensor with one."""
+    names = []
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt) or isinstance(value, torch.Tensor) and any(
+                isinstance(d, torch.SymInt) for d in value.shape):
+            names.append(node.name)
+    return names
+
+
+def input_shape(gm: torch.fx.GraphModule) -> tuple:
+    """The shape of the graph's first tensor input, the token ids (a symbolic size as its name)."""
+    ids = next(v for n in gm.graph.nodes if n.op == "placeholder"
+               and isinstance(v := n.meta.get("example_value"), torch.Tensor))
+    return tuple(d if isinstance(d, int) else str(d) for d in ids.shape)
+
+
+@pytest.mark.filterwarnings("ignore:attention='flex'")
+def test_an_eval_shape_compiles_a_static_graph_of_its_own_and_training_resumes_without_recompiling(graphs):
+    # train.py's order: training steps, an eval at another shape (eval.batch_size, eval.seq_len), another eval,
+    # training again. With dynamic=None the first eval made dynamo recompile with symbolic batch and length.
+    run = speedrun(graphs)
+    optimizers = build_optimizers(run.module, OptimConfig(name="muon"))
+
+    def train(steps: int) -> None:
+        for step in range(steps):
+            run.module.set_progress(PROGRESS[step])
+            x = documents(step)
+            _, loss = run(x[:, :-1], x[:, 1:])
+            loss.backward()
+            run.clip_grads(1.0)
+            for opt in optimizers:
+                opt.step()
+            run.zero_grad()
+
+    def evaluate() -> None:
+        model = run.eval_module
+        model.eval()
+        with torch.no_grad():
+            x = documents(9, B=3, T=129)
+            model(x[:, :-1], x[:, 1:])
+        model.train()
+
+    seen = []
+    for phase in (lambda: train(2), evaluate, evaluate, lambda: train(2)):
+        phase()
+        seen.append([input_shape(gm) for gm in graphs])
+    dynamic = {input_shape(gm): symbolic_inputs(gm) for gm in graphs if symbolic_inputs(gm)}
+    assert dynamic == {}, f"graphs with symbolic (dynamic) shapes, by input shape: {dynamic}"
+    # one graph per shape, the eval's compiled once, and training resumed on its own graph
+    assert seen == [[(2, 256)], [(2, 256), (3, 128)], [(2, 256), (3, 128)], [(2, 256), (3, 128)]]
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
 
 
 def flex_forwards(compiled, monkeypatch, steps: list[float]) -> None:

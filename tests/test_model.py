@@ -464,7 +464,9 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     assert (m.window_start, m.window, m.window_pattern) == (128, 1792, "LSSSLSSLSSSL")
     assert m.attn_scale == 0.12 and m.x0_mix and m.embed_norm and not m.norm_gain
     assert m.rotary and m.rope_truncate and m.rope_base == 1024
-    assert lr_multiplier(1.0, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == t.lr_final_frac == 0.05
+    # the record's get_lr: flat, then linear over the last 45% of the run down to 0.1
+    assert lr_multiplier(0.55, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == 1.0 and t.lr_decay_frac == 0.45
+    assert lr_multiplier(1.0, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == t.lr_final_frac == 0.1
     # one long document-masked sequence per rank and micro-step
     assert (t.batch_size, t.seq_len) == (1, 48 * 1024) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"

@@ -8,7 +8,7 @@ import torch
 import train as trainer
 from model import get_model
 from optim import OptimConfig, build_optimizers
-from optim.muon import Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
+from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from tests.helpers import ROOT, torchrun
 from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
 
@@ -131,6 +131,27 @@ def test_state_dict_resume_continues_exactly(tmp_path):
         assert same == restore  # without the momentum buffers the run diverges
 
 
+def test_no_weight_decay_skips_its_pass_over_the_weights():
+    # the weights' version counter counts the in-place writes: the decay pass is one, the update another
+    torch.manual_seed(0)
+    w, grads = torch.randn(16, 24), [torch.randn(16, 24) for _ in range(3)]
+    for decay, writes in ((0.0, 1), (0.1, 2)):
+        p = torch.nn.Parameter(w.clone())
+        opt = Muon([p], lr=0.05, momentum=0.9, weight_decay=decay)
+        for g in grads:
+            p.grad, before = g.clone(), p._version
+            opt.step()
+            assert p._version - before == writes, decay
+    # and without the pass the weights are exactly W - lr * scale * NS(Nesterov momentum), step after step
+    buf, want = torch.zeros_like(w), w.clone()
+    for g in grads:
+        buf.lerp_(g, 1 - 0.9)
+        want.add_(newton_schulz(g.lerp(buf, 0.9)), alpha=-0.05 * lr_scale(w.shape, "original"))
+    p = torch.nn.Parameter(w.clone())
+    _apply(Muon([p], lr=0.05, momentum=0.9, weight_decay=0.0), [p], [[g] for g in grads])
+    assert torch.equal(p.detach(), want)
+
+
 def planned_loads(groups: list[dict], world: int, sharded: bool) -> list[int]:
     """Newton-Schulz flops per rank of Muon's cost plan: DDP assigns views, FSDP2 whole parameters."""
     jobs = []
@@ -241,8 +262,9 @@ def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode,
     groups = [g for opt in one_process[name][2] if isinstance(opt, Muon) for g in opt.param_groups]
     views = {tuple(sorted((p.shape[0] // g["split"], p.shape[1]))) for g in groups for p in g["params"]}
     params = {tuple(p.shape) for g in groups for p in g["params"]}
-    # DDP: one all_gather per view shape (tall ones transposed); FSDP2: there and back per parameter shape
-    want = [] if world == 1 else ["all_gather_into_tensor"] * len(views) if mode == "ddp" else \
+    # DDP: one all_gather per view shape (tall ones transposed), also in a group of one; FSDP2: there and back per
+    # parameter shape, none on a mesh of one
+    want = [ALL_GATHER] * len(views) if mode == "ddp" else [] if world == 1 else \
         ["all_to_all_single"] * 2 * len(params)
     work = results["work"][mode][name]
     assert [step for w in work for step in w["collectives"]] == [want] * STEPS * world

@@ -1,11 +1,13 @@
 """scripts/predict_speedrun.py: the predicted table in docs/PERFORMANCE.md and the speedrun budgets are its output."""
 import json
+import sys
 import tomllib
 
 import pytest
 
 from scripts import predict_speedrun
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run
+from trainer.config import parse_args
 
 
 def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
@@ -22,3 +24,17 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
     with pytest.raises(SystemExit, match="no speedrun check with a tokens/s figure"):
         predict_speedrun.measured(tmp_path / "check.json")
 
+
+
+def test_run_sh_fetches_the_shards_the_budget_trains_on_with_a_margin(monkeypatch):
+    cfg = parse_args(["--config", predict_speedrun.CONFIG])
+    tok_s = predict_speedrun.tokens_per_s(predict_speedrun.flops_per_token(cfg)[0], predict_speedrun.ASSUMED_MFU)
+    need = cfg.train.budget_s * tok_s * 1.25  # 25% more than the budget trains on at the predicted speed
+    # gpu_track's own line, run as run.sh runs it
+    line = next(line.strip() for line in (ROOT / "run.sh").read_text().splitlines()
+                if line.strip().startswith("shards="))
+    script = f"set -euo pipefail; PY={sys.executable}; {line}; echo $shards"
+    monkeypatch.delenv("FINEWEB_SHARDS", raising=False)
+    shards = int(run(["bash", "-c", script]).stdout)
+    assert shards * 100_000_000 >= need > (shards - 1) * 100_000_000, (shards, need)
+    assert run(["bash", "-c", script], env={"FINEWEB_SHARDS": "3"}).stdout.strip() == "3"  # the user's choice

@@ -48,7 +48,8 @@ class TrainConfig:
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
-    ddp_always: bool = False         # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
+    # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
+    ddp_always: bool = False
     compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = 0.0        # training-time budget; 0 = none
@@ -100,6 +101,7 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": Op
 RESUME_SAFE = frozenset({
     "data.vocab_check",                      # a check of the data, not the data
     "train.compile", "train.warmup_steps",   # the same math; warm-up steps are undone before the clock starts
+    "train.ddp_always",                      # the same math through DDP's wrapper in one process
     "train.checkpoint_path", "train.checkpoint_every_s", "train.save_checkpoint", "train.resume",
     "train.dist_timeout_s",
     "eval.every_steps", "eval.every_s", "eval.batch_size",   # eval.batch_size: the same windows, regrouped

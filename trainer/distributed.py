@@ -1,7 +1,8 @@
 """Process-group setup and the few collectives the trainer needs.
 
 torchrun (single node --standalone, or multi-node c10d rendezvous) sets RANK, WORLD_SIZE and LOCAL_RANK;
-without them we are a single process and no group is created.
+without them we are a single process and no group is created, unless asked for a group of one (train.ddp_always),
+through which every collective of a multi-process run then really runs.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ class Dist:
 _store: dist.Store | None = None  # this attempt's rendezvous store once the group exists (first_to_report)
 
 
-def init(timeout_s: float) -> Dist:
-    """Join the process group if launched by torchrun (NCCL on GPU, gloo on CPU); pick this rank's device."""
+def init(timeout_s: float, group_of_one: bool = False) -> Dist:
+    """Join the process group if launched by torchrun (NCCL on GPU, gloo on CPU), or form one of this process
+    alone if `group_of_one`; pick this rank's device."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
@@ -45,11 +47,12 @@ def init(timeout_s: float) -> Dist:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world > 1:
+    if world > 1 or group_of_one:
         global _store
         # A finite timeout turns a lost peer into an error instead of a hang until SLURM's wall time.
         timeout = datetime.timedelta(seconds=timeout_s)
-        _store = _attempt_store(rank, world, timeout)
+        # one process has no peer to meet: an in-process store, with no port to find or to collide on
+        _store = _attempt_store(rank, world, timeout) if world > 1 else dist.HashStore()
         kwargs: dict[str, Any] = dict(timeout=timeout, rank=rank, world_size=world, store=_store)
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device, **kwargs)

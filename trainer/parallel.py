@@ -9,8 +9,9 @@ here, so the training loop never asks which one it runs under.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -19,6 +20,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
+
+# The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from rank 0
+# before every forward, DDP's default, would be a collective for nothing. torch 2.13 renamed the switch
+# (broadcast_buffers warns there); the new one still broadcasts buffers once at construction, which is harmless.
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else {"broadcast_buffers": False})
 
 
 @dataclass
@@ -31,6 +38,13 @@ class ParallelModel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.wrapped(*args, **kwargs)
+
+    @property
+    def kind(self) -> str:
+        """What wraps the module: "ddp", "fsdp" or "no wrapper" (the run's header line says it)."""
+        if self.sharded:
+            return "fsdp"
+        return "ddp" if isinstance(self.wrapped, DDP) else "no wrapper"
 
     @property
     def eval_module(self) -> nn.Module:
@@ -82,23 +96,28 @@ class ParallelModel:
         self.wrapped.zero_grad(set_to_none=True)
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist) -> ParallelModel:
-    """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile."""
+def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor") -> ParallelModel:
+    """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile; `backend` is
+    torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation)."""
     model.to(dist.device)
     if dist.world_size > 1 and cfg.parallel == "fsdp":
-        return ParallelModel(model, _fully_shard(model, cfg, dist), sharded=True, master=dist.master)
+        return ParallelModel(model, _fully_shard(model, cfg, dist, backend), sharded=True, master=dist.master)
     if cfg.compile:
         # In place, so that evals (which call the plain module) run compiled too; under DDP dynamo still splits
-        # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward.
-        model.compile()
-    # The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from
-    # rank 0 before every forward, DDP's default, would be a collective for nothing.
-    wrapped = model if dist.world_size == 1 else DDP(model, device_ids=[dist.local_rank] if dist.cuda else None,
-                                                     broadcast_buffers=False)
+        # the graph at DDP's bucket boundaries, since it compiles inside DDP's forward. Static shapes (dynamic=False,
+        # as the records compile): the eval's shape gets a graph of its own instead of making dynamo recompile the
+        # training graph with symbolic shapes, which every later shape would then share.
+        model.compile(backend=backend, dynamic=False)
+    if cfg.parallel != "ddp" or (dist.world_size == 1 and not cfg.ddp_always):
+        return ParallelModel(model, model, sharded=False, master=dist.master)
+    # The gradients are views of DDP's buckets rather than a second copy of them; zero_grad's set_to_none drops
+    # the views only, and the next backward's gradients are copied into the buckets again.
+    wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
+                  **_NO_BUFFER_SYNC)
     return ParallelModel(model, wrapped, sharded=False, master=dist.master)
 
 
-def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
+def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable) -> nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
@@ -109,13 +128,13 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     # hooks then run around the compiled block, and its all-gathers stay out of the graph.
     for block in model.blocks:
         if cfg.compile:
-            block.compile()
+            block.compile(backend=backend, dynamic=False)
         fully_shard(block, **kwargs)
     if cfg.compile:
         # The tail (final norm, head, fp32 cast, softcap, cross-entropy) works on [tokens x vocab] fp32 logits:
         # eager, each op is a full pass over them; compiled, they fuse. It runs inside the root unit's forward,
         # after the root's all-gather, like a block.
-        model.head_loss = torch.compile(model.head_loss)
+        model.head_loss = torch.compile(model.head_loss, backend=backend, dynamic=False)
     fully_shard(model, **kwargs)
     return model
 
