@@ -67,7 +67,8 @@ setup_env() {
 
 num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
 
-# train.py, in one process or under torchrun (multi-node through c10d rendezvous).
+# train.py, in one process or under torchrun (multi-node through c10d rendezvous); trainer/torchrun.py keeps
+# torchrun's own log lines and failure report in the run folder's torchrun.log, so a failure reads as one message.
 launch() {
   local nproc=${NPROC:-$(num_gpus)} nnodes=${NNODES:-1}
   [ "$nproc" -gt 0 ] || nproc=1  # no GPU: one process
@@ -75,11 +76,11 @@ launch() {
   if [ "$nproc" = 1 ] && [ "$nnodes" = 1 ]; then
     "$PY" train.py "$@"
   elif [ "$nnodes" = 1 ]; then
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$@"
+    "$PY" -m trainer.torchrun --standalone --nproc_per_node="$nproc" train.py "$@"
   else
     : "${MASTER_ADDR:?multi-node runs need MASTER_ADDR (address of the first node)}"
     : "${RDZV_ID:?multi-node runs need RDZV_ID: a new id for this job, the same on every node (it names the run folder)}"
-    "$PY" -m torch.distributed.run --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
+    "$PY" -m trainer.torchrun --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
       --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29517}" --rdzv-id="$RDZV_ID" train.py "$@"
   fi
 }

@@ -108,6 +108,9 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     """The `text_field` of every row of local .jsonl/.json/.parquet files, read by `datasets`."""
     import datasets
 
+    # its "Generating train split" bars would come between prepare's own lines; a hub dataset keeps them (and its
+    # download bars), the one sign of life in a long download
+    datasets.disable_progress_bars()
     where = f"{files[0].parent}/*{files[0].suffix} ({plural(len(files), 'file')})"
 
     def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME

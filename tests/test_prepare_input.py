@@ -3,11 +3,13 @@
 import json
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
 
 from data.prepare import main
+from tests.helpers import run
 from tests.test_prepare import documents_of, token_stream, write_corpus
 
 
@@ -130,3 +132,11 @@ def test_a_failed_prepare_leaves_nothing_behind(tmp_path, capsys):
     out.mkdir(parents=True)
     message, _ = prepare_cli(capsys, "--files", pattern, "--text-field", "content", "--out", str(out))
     assert "no column 'content'" in message and os.listdir(out) == []
+
+
+def test_local_rows_are_read_without_datasets_progress_bars(tmp_path):
+    # a process of its own: datasets' switch is process-wide, and another test may have turned it off
+    pattern = write_corpus(tmp_path / "corpus", "jsonl")
+    proc = run([sys.executable, "-m", "data.prepare", "--files", pattern, "--tokenizer", "bytes", "--workers", "1",
+                "--val-tokens", "10", "--out", str(tmp_path / "out")])
+    assert [line[:9] for line in proc.stderr.splitlines()] == ["prepare: "], proc.stderr
