@@ -1,11 +1,15 @@
 """trainer/config.py and trainer/starter.py: TOML files, overrides, the starter's flags, errors, the TOML writer."""
+import dataclasses
+import re
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import TRAIN, run
 from trainer import starter
-from trainer.config import ConfigError, parse_args, to_toml
+from trainer.config import SECTIONS, ConfigError, parse_args, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -57,6 +61,7 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.budget_s=-5"], ["train.budget_s = -5.0 is negative", "seconds > 0"]),
     (["--train.schedule=time", "--train.budget_s=0"], ["train.schedule = 'time' needs train.budget_s > 0"]),
     (["--train.seq_len"], ["--train.seq_len has no value"]),
+    (["--train.budget_s", "--log.run_id=x"], ["--train.budget_s has no value; write --train.budget_s=VALUE"]),
     (["--train.schedule=time", "--train.budget_s=nan"], ["train.budget_s = nan must hold finite numbers only"]),
     (["--optim.betas=[nan, 0.95]"], ["optim.betas = [nan, 0.95] must hold finite numbers only"]),
     (["--train.lr_final_frac=-1"], ["train.lr_final_frac = -1.0 must lie in [0, 1]"]),
@@ -173,3 +178,22 @@ def test_starter_flags_pick_the_hackathon_config_when_it_exists(tmp_path, monkey
     hack.write_text("[model]\nn_layer = 3\n")
     cfg = parse_args(["--data_dir", str(tmp_path), "--time_limit_min", "10"])
     assert cfg.name == "hackathon_32gpu" and cfg.model.n_layer == 3
+
+
+def test_help_explains_the_overrides_with_every_key_before_torch_is_imported():
+    probe = ("import runpy, sys\n"
+             f"sys.argv = [{TRAIN!r}, '--help']\n"
+             "try:\n"
+             f"    runpy.run_path({TRAIN!r}, run_name='__main__')\n"
+             "except SystemExit as e:\n"
+             "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)\n")
+    proc = run([sys.executable, "-c", probe])
+    assert proc.stdout.endswith("exit 0 torch imported: False\n") and proc.stderr == "", proc.stderr
+    assert "overrides: --section.key=value (or --section.key value), applied after the config file" in proc.stdout
+    for section, cls in SECTIONS.items():
+        keys = re.findall(r"^  (\w+) = ", proc.stdout.split(f"\n[{section}]\n", 1)[1].split("\n\n", 1)[0], re.M)
+        assert keys == [f.name for f in dataclasses.fields(cls)], section
+    # the default and the comment of the dataclass field; a key without a comment lists its values
+    assert re.search(r"^  budget_s = 0\.0 +training-time budget; 0 = none$", proc.stdout, re.M)
+    assert re.search(r'^  timing = "from_first_forward" +one of "from_first_forward", "exclude_warmup"$',
+                     proc.stdout, re.M)
