@@ -17,7 +17,8 @@ usage: bash run.sh [COMMAND] [ARGS...]
                          the speedrun track with GPUs (fetch FineWeb shards, train the speedrun config)
   test [PYTEST ARGS]     the whole test suite (pytest); e.g. `bash run.sh test -m "not slow"`
   prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
-  train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1
+  train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1 (torchrun's
+                         own log and failure report go to the run folder's torchrun.log)
   bench [loader|recipe|memory] [ARGS]
                          the benchmarks in scripts/ (default: loader)
   leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)

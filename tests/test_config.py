@@ -197,3 +197,24 @@ def test_help_explains_the_overrides_with_every_key_before_torch_is_imported():
     assert re.search(r"^  budget_s = 0\.0 +training-time budget; 0 = none$", proc.stdout, re.M)
     assert re.search(r'^  timing = "from_first_forward" +one of "from_first_forward", "exclude_warmup"$',
                      proc.stdout, re.M)
+
+
+def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one_stays(tmp_path, capsys):
+    from tests.helpers import make_shards
+    from trainer.data import resolve_data
+
+    make_shards(tmp_path, [5000], vocab=257)
+    make_shards(tmp_path, [3000], vocab=257, pattern="test_val_{:06d}.bin")
+    data = [f"--data.train={tmp_path}/*_train_*.bin", f"--data.val={tmp_path}/*_val_*.bin", "--model.vocab_size=257"]
+    cfg = parse_args(["--config", "configs/cpu_gpt2.toml", *data])  # sets no eval.tokens
+    resolve_data(cfg)
+    assert cfg.eval.tokens == 2999  # every target: the first token is only an input
+    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than the "
+                                       "default eval.tokens = 1,048,576 needs: each eval scores all 2,999 of its "
+                                       "targets (set eval.tokens to choose)\n")
+    for pinned in (["--config", "configs/cpu_gpt2.toml", *data, "--eval.tokens=1048576"],  # an override
+                   ["--config", TINY, *data]):  # the config file's own 7,734
+        cfg = parse_args(pinned)
+        before = cfg.eval.tokens
+        resolve_data(cfg)
+        assert cfg.eval.tokens == before and capsys.readouterr().err == ""

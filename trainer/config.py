@@ -133,6 +133,8 @@ class Config:
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
     starter: str = ""            # which starter flags were applied and which overridden ("" = none given)
     extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
+    # "section.key" of every key a config file, a starter flag or an override set: the others hold their defaults
+    given: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
@@ -316,6 +318,7 @@ def parse_args(argv: list[str]) -> Config:
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
+    cfg.given = frozenset({*from_file, *(key for key, _ in overrides), *(k for keys in flags.values() for k in keys)})
     validate(cfg)
     if flags:
         cfg.starter = starter.report(cfg, args, flags, path, from_file, {key for key, _ in overrides})
