@@ -9,7 +9,8 @@ The token stream is every non-empty document preceded by <|endoftext|>, in an or
 (the whole corpus: a permutation of the files, or of a dataset's rows; a streamed dataset within a buffer of
 --shuffle-buffer rows) or, with --no-shuffle, as stored. It is cut exactly, even inside a document (as llm.c
 and modded-nanogpt do): the first --val-tokens tokens go to DIR/<name>_val_000000.bin, a random sample of the
-documents (without --val-tokens, a tenth of a corpus smaller than its default), the rest to DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
+documents (without --val-tokens, a tenth of a corpus smaller than its default), the rest to
+DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
 DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and token count),
 documents, empty_documents (skipped), tokens, text_bytes (the source's bytes), binary_bytes, bytes_per_token,
 and "settings" (what determines the output).
@@ -400,7 +401,8 @@ def _report(out: Path, meta: dict, done: int, empty: int, rate: float, worst: tu
 def _write_next(out: Path, meta: dict, tokens: np.ndarray, size: int | None = None) -> np.ndarray:
     """Write the next shard from the head of `tokens` (at most `size`, default its own size); return the tokens
     left over."""
-    name, size = shard_file(meta)[0], size or shard_file(meta)[1]
+    name, own = shard_file(meta)
+    size = size or own
     write_shard(out / name, tokens[:size], dtype=meta["dtype"])
     n = min(size, len(tokens))
     meta["shards"].append({"file": name, "tokens": n})

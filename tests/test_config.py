@@ -209,9 +209,9 @@ def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one
     cfg = parse_args(["--config", "configs/cpu_gpt2.toml", *data])  # sets no eval.tokens
     resolve_data(cfg)
     assert cfg.eval.tokens == 2999  # every target: the first token is only an input
-    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than the "
-                                       "default eval.tokens = 1,048,576 needs: each eval scores all 2,999 of its "
-                                       "targets (set eval.tokens to choose)\n")
+    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than "
+                                       "eval.tokens' default (1,048,576 targets) needs: each eval scores all 2,999 "
+                                       "of its targets (set eval.tokens to choose)\n")
     for pinned in (["--config", "configs/cpu_gpt2.toml", *data, "--eval.tokens=1048576"],  # an override
                    ["--config", TINY, *data]):  # the config file's own 7,734
         cfg = parse_args(pinned)

@@ -52,9 +52,9 @@ def _fit_eval_tokens(cfg: Config, val_files: list[str]) -> None:
     if have - 1 >= cfg.eval.tokens or have < 2:  # a target needs the token before it
         return
     if os.environ.get("RANK", "0") == "0":
-        print(f"train.py: note: the validation data holds {have:,} tokens, fewer than the default eval.tokens = "
-              f"{cfg.eval.tokens:,} needs: each eval scores all {have - 1:,} of its targets (set eval.tokens to "
-              f"choose)", file=sys.stderr)
+        print(f"train.py: note: the validation data holds {have:,} tokens, fewer than eval.tokens' default "
+              f"({cfg.eval.tokens:,} targets) needs: each eval scores all {have - 1:,} of its targets (set "
+              f"eval.tokens to choose)", file=sys.stderr)
     cfg.eval.tokens = have - 1
 
 
