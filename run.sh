@@ -21,7 +21,8 @@ usage: bash run.sh [COMMAND] [ARGS...]
                          the newest unfinished run in runs/ (FRESH=1: start a new one instead)
   test [PYTEST ARGS]     the whole test suite (pytest); e.g. `bash run.sh test -m "not slow"`
   prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
-  train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1
+  train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1 (torchrun's
+                         own log and failure report go to the run folder's torchrun.log)
   bench [loader|recipe|memory] [ARGS]
                          the benchmarks in scripts/ (default: loader)
   leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)
@@ -106,7 +107,8 @@ gpu_check_env() {
 
 num_gpus() { "$PY" -c 'import torch; print(torch.cuda.device_count())'; }
 
-# train.py, in one process or under torchrun (multi-node through c10d rendezvous).
+# train.py, in one process or under torchrun (multi-node through c10d rendezvous); trainer/torchrun.py keeps
+# torchrun's own log lines and failure report in the run folder's torchrun.log, so a failure reads as one message.
 launch() {
   local nproc=${NPROC:-$(num_gpus)} nnodes=${NNODES:-1}
   [ "$nproc" -gt 0 ] || nproc=1  # no GPU: one process
@@ -114,11 +116,11 @@ launch() {
   if [ "$nproc" = 1 ] && [ "$nnodes" = 1 ]; then
     "$PY" train.py "$@"
   elif [ "$nnodes" = 1 ]; then
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$nproc" train.py "$@"
+    "$PY" -m trainer.torchrun --standalone --nproc_per_node="$nproc" train.py "$@"
   else
     : "${MASTER_ADDR:?multi-node runs need MASTER_ADDR (address of the first node)}"
     : "${RDZV_ID:?multi-node runs need RDZV_ID: a new id for this job, the same on every node (it names the run folder)}"
-    "$PY" -m torch.distributed.run --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
+    "$PY" -m trainer.torchrun --nnodes="$nnodes" --node_rank="${NODE_RANK:-0}" --nproc_per_node="$nproc" \
       --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:${MASTER_PORT:-29517}" --rdzv-id="$RDZV_ID" train.py "$@"
   fi
 }

@@ -697,10 +697,11 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
         resume_changes=progress.resume_changes)
 
 
-def report(message: str) -> None:
-    """fail() with `message`, printed by the first rank to report it (after the early parse, errors may be one
-    rank's own)."""
-    fail(message, distributed.first_to_report(message))
+def report(kind: str, error: Exception) -> None:
+    """fail() with "train.py: <kind>: <error>", printed by the first rank to report an error of that kind: after
+    the early parse an error may be one rank's own, or every rank's in its own words (each rank reads other
+    windows of the data, and may find another bad token first)."""
+    fail(f"train.py: {kind}: {error}", distributed.first_to_report(kind))
 
 
 if __name__ == "__main__":
@@ -710,10 +711,10 @@ if __name__ == "__main__":
         if os.environ.get("RANK", "0") == "0":
             print(e, flush=True)
     except ConfigError as e:
-        report(f"train.py: config error: {e}")
+        report("config error", e)
     except ShardError as e:
-        report(f"train.py: data error: {e}")
+        report("data error", e)
     except Diverged:
         sys.exit(1)  # rank 0 has printed why
     except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
-        report(f"train.py: disk full: {e}")
+        report("disk full", e)

@@ -9,7 +9,8 @@ The token stream is every non-empty document preceded by <|endoftext|>, in an or
 (the whole corpus: a permutation of the files, or of a dataset's rows; a streamed dataset within a buffer of
 --shuffle-buffer rows) or, with --no-shuffle, as stored. It is cut exactly, even inside a document (as llm.c
 and modded-nanogpt do): the first --val-tokens tokens go to DIR/<name>_val_000000.bin, a random sample of the
-documents, the rest to DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
+documents (without --val-tokens, a tenth of a corpus smaller than its default), the rest to
+DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
 DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and token count),
 documents, empty_documents (skipped), tokens, text_bytes (the source's bytes), binary_bytes, bytes_per_token,
 and "settings" (what determines the output).
@@ -46,6 +47,7 @@ BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling,
 # More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data
 # 43%, /bin/ls 53%, UTF-16 text 50%, latin-1 French prose 7%); a few bad bytes are a typo's worth.
 BINARY_SHARE = 0.01
+VAL_TOKENS = 10 * 2**20 + 1  # --val-tokens' default: the speedrun's eval (configs/speedrun_8xh100.toml)
 OUR_SHARDS = ("*_val_[0-9][0-9][0-9][0-9][0-9][0-9].bin", "*_train_[0-9][0-9][0-9][0-9][0-9][0-9].bin")
 
 
@@ -82,9 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="shard file prefix (default: demo, or a slug of the dataset/folder name)")
     p.add_argument("--out", help="output directory (default: shards/NAME)")
     p.add_argument("--shard-tokens", type=int, default=10**8)
-    p.add_argument("--val-tokens", type=int, default=10 * 2**20 + 1,
-                   help="the first N tokens form the val shard (0: none); the default covers the speedrun's eval "
-                        "(10,485,760 targets and the token before the first)")
+    p.add_argument("--val-tokens", type=int,
+                   help=f"the first N tokens form the val shard (0: none); the default, {VAL_TOKENS:,}, covers the "
+                        f"speedrun's eval (10,485,760 targets and the token before the first), and a smaller "
+                        f"corpus gives a tenth of its tokens instead")
     p.add_argument("--max-docs", type=int, help="stop after this many (non-empty) documents")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens (cut exactly)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),  # the CPUs a SLURM job may use
@@ -95,8 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("shard_tokens", "val_tokens"):  # the llm.c header stores the count as an int32
-        if getattr(args, flag) > 2**31 - 1:
+        if getattr(args, flag) is not None and getattr(args, flag) > 2**31 - 1:
             p.error(f"--{flag.replace('_', '-')} must be < 2**31 (the shard header's int32 token count)")
+    args.fit_val = args.val_tokens is None  # a corpus smaller than the default split keeps a tenth (_tokenize)
+    args.val_tokens = VAL_TOKENS if args.fit_val else args.val_tokens
     if args.val_tokens < 0:
         p.error("--val-tokens must be >= 0")
     args.tokenizer = args.tokenizer or ("bytes" if args.source else "gpt2")
@@ -371,6 +376,13 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
+    if args.fit_val and not meta["shards"] and 2 <= buffered <= args.val_tokens:
+        val = max(1, buffered // 10)
+        print(f"prepare: the corpus gave {plural(buffered, 'token')}, fewer than the default val split "
+              f"(--val-tokens {args.val_tokens:,}): its first {val:,} form the val shard, the rest the train data",
+              file=sys.stderr)
+        rest = _write_next(args.out, meta, np.concatenate(buf), size=val)
+        buf, buffered = [rest], len(rest)
     _check_training_left(meta, buffered, empty, args.val_tokens)
     if buffered:
         _write_next(args.out, meta, np.concatenate(buf))
@@ -415,9 +427,11 @@ def _report(out: Path, meta: dict, done: int, empty: int, rate: float, worst: tu
               f"ones became U+FFFD){most}", file=sys.stderr)
 
 
-def _write_next(out: Path, meta: dict, tokens: np.ndarray) -> np.ndarray:
-    """Write the next shard from the head of `tokens`; return the tokens left over."""
-    name, size = shard_file(meta)
+def _write_next(out: Path, meta: dict, tokens: np.ndarray, size: int | None = None) -> np.ndarray:
+    """Write the next shard from the head of `tokens` (at most `size`, default its own size); return the tokens
+    left over."""
+    name, own = shard_file(meta)
+    size = size or own
     write_shard(out / name, tokens[:size], dtype=meta["dtype"])
     n = min(size, len(tokens))
     meta["shards"].append({"file": name, "tokens": n})

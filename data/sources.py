@@ -113,6 +113,9 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     user named them (--files), for the messages."""
     datasets = import_optional("datasets", READERS_NEED, SourceError)
 
+    # its "Generating train split" bars would come between prepare's own lines; a hub dataset keeps them (and its
+    # download bars), the one sign of life in a long download
+    datasets.disable_progress_bars()
     named = f"--files {given!r}" if given else f"{files[0].parent}/*{files[0].suffix}"
     where = f"{named} ({plural(len(files), 'file')})"
 

@@ -76,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint", type=Path,
                     help="a checkpoint.pt written by train.py, or a run folder (runs/<run_id>): the one its run saved")
     ap.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
-    ap.add_argument("--tokens", type=int, default=200, help="number of tokens to generate")
-    ap.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    ap.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only")
+    ap.add_argument("--tokens", type=int, default=200, help="number of tokens to generate (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: %(default)s)")
+    ap.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only (default: all)")
     ap.add_argument("--seed", type=int, default=None, help="fixes the sample (default: a fresh one each run)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer name or .tiktoken path (default: from meta.json)")
     ap.add_argument("--force", action="store_true",
                     help="sample even with a tokenizer whose vocabulary size is not the model's")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the model runs (default: cuda where there is a GPU, else cpu; here %(default)s)")
     args = ap.parse_args(argv)
     if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
         ap.error("--tokens and --temperature must be >= 0 and --top-k >= 1")

@@ -1,11 +1,15 @@
 """trainer/config.py and trainer/starter.py: TOML files, overrides, the starter's flags, errors, the TOML writer."""
+import dataclasses
+import re
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import TRAIN, run
 from trainer import starter
-from trainer.config import ConfigError, parse_args, to_toml
+from trainer.config import SECTIONS, ConfigError, parse_args, to_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -58,6 +62,7 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.budget_s=-5"], ["train.budget_s = -5.0 is negative", "seconds > 0"]),
     (["--train.schedule=time", "--train.budget_s=0"], ["train.schedule = 'time' needs train.budget_s > 0"]),
     (["--train.seq_len"], ["--train.seq_len has no value"]),
+    (["--train.budget_s", "--log.run_id=x"], ["--train.budget_s has no value; write --train.budget_s=VALUE"]),
     (["--train.schedule=time", "--train.budget_s=nan"], ["train.budget_s = nan must hold finite numbers only"]),
     (["--optim.betas=[nan, 0.95]"], ["optim.betas = [nan, 0.95] must hold finite numbers only"]),
     (["--train.lr_final_frac=-1"], ["train.lr_final_frac = -1.0 must lie in [0, 1]"]),
@@ -182,3 +187,43 @@ def test_resume_and_overwrite_flags_set_train_resume_and_exclude_each_other():
     assert parse_args([*base, "--overwrite"]).train.resume == "overwrite"
     with pytest.raises(ConfigError, match="--resume continues the run in log.run_id, --overwrite replaces it"):
         parse_args([*base, "--resume", "--overwrite"])
+
+
+def test_help_explains_the_overrides_with_every_key_before_torch_is_imported():
+    probe = ("import runpy, sys\n"
+             f"sys.argv = [{TRAIN!r}, '--help']\n"
+             "try:\n"
+             f"    runpy.run_path({TRAIN!r}, run_name='__main__')\n"
+             "except SystemExit as e:\n"
+             "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)\n")
+    proc = run([sys.executable, "-c", probe])
+    assert proc.stdout.endswith("exit 0 torch imported: False\n") and proc.stderr == "", proc.stderr
+    assert "overrides: --section.key=value (or --section.key value), applied after the config file" in proc.stdout
+    for section, cls in SECTIONS.items():
+        keys = re.findall(r"^  (\w+) = ", proc.stdout.split(f"\n[{section}]\n", 1)[1].split("\n\n", 1)[0], re.M)
+        assert keys == [f.name for f in dataclasses.fields(cls)], section
+    # the default and the comment of the dataclass field; a key without a comment lists its values
+    assert re.search(r"^  budget_s = 0\.0 +training-time budget; 0 = none$", proc.stdout, re.M)
+    assert re.search(r'^  timing = "from_first_forward" +one of "from_first_forward", "exclude_warmup"$',
+                     proc.stdout, re.M)
+
+
+def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one_stays(tmp_path, capsys):
+    from tests.helpers import make_shards
+    from trainer.data import resolve_data
+
+    make_shards(tmp_path, [5000], vocab=257)
+    make_shards(tmp_path, [3000], vocab=257, pattern="test_val_{:06d}.bin")
+    data = [f"--data.train={tmp_path}/*_train_*.bin", f"--data.val={tmp_path}/*_val_*.bin", "--model.vocab_size=257"]
+    cfg = parse_args(["--config", "configs/cpu_gpt2.toml", *data])  # sets no eval.tokens
+    resolve_data(cfg)
+    assert cfg.eval.tokens == 2999  # every target: the first token is only an input
+    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than "
+                                       "eval.tokens' default (1,048,576 targets) needs: each eval scores all 2,999 "
+                                       "of its targets (set eval.tokens to choose)\n")
+    for pinned in (["--config", "configs/cpu_gpt2.toml", *data, "--eval.tokens=1048576"],  # an override
+                   ["--config", TINY, *data]):  # the config file's own 7,734
+        cfg = parse_args(pinned)
+        before = cfg.eval.tokens
+        resolve_data(cfg)
+        assert cfg.eval.tokens == before and capsys.readouterr().err == ""

@@ -1,9 +1,13 @@
 """Errors at start: a config error comes before torch is imported, and an error that every rank hits prints
 once, not once per rank (8 copies under 8 processes, 32 at the hackathon), before the process group exists
 and after; real torchrun runs on gloo."""
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
-from tests.helpers import TRAIN, run, tiny_args, tiny_data, torchrun
+from tests.helpers import ROOT, TRAIN, run, tiny_args, tiny_data, torchrun
 
 
 def test_a_config_error_comes_before_torch_is_imported():
@@ -28,3 +32,61 @@ def test_an_error_every_rank_hits_prints_once(tmp_path):
     proc = torchrun(tiny_args(data, tmp_path / "runs", "once", f"--data.train={data}/*_trian_*.bin"), check=False)
     assert proc.returncode != 0
     assert proc.stderr.count(f"config error: data.train = '{data}/*_trian_*.bin' matches no file") == 1, proc.stderr
+
+
+def test_a_failure_under_run_sh_is_one_line_and_torchruns_report_stays_in_the_run_folder(tmp_path):
+    # Each rank finds another out-of-vocabulary token first (its own windows): one message still, not one a rank
+    # followed by torchrun's ~40 lines of log and ChildFailedError report.
+    data = tiny_data(tmp_path / "data")
+    args = tiny_args(data, tmp_path / "runs", "bad", "--model.vocab_size=100")[3:]  # after train.py --config X
+    # torch's deprecation warnings in a DDP run are not this test's concern
+    env = {"NPROC": "2", "SHARDRUN_VENV": sys.prefix, "PYTHONWARNINGS": "ignore::FutureWarning"}
+    proc = run(["bash", "run.sh", "train", "configs/tiny.toml", *args], env=env, check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: data error: ") and "vocab_size 100" in lines[0], \
+        proc.stderr
+    assert "ChildFailedError" in (tmp_path / "runs" / "bad" / "torchrun.log").read_text()
+
+
+WORKER = """
+import os, signal, sys, time
+rank = os.environ["RANK"]
+signal.signal(signal.SIGTERM, lambda *_: (print(f"rank {rank} stopped", flush=True), sys.exit(0)))
+if rank == "1" and sys.argv[1] == "die":
+    os.kill(os.getpid(), signal.SIGKILL)
+open(os.path.join(os.path.dirname(sys.argv[0]), "ready" + rank), "w").close()
+time.sleep(120)
+"""
+
+
+def launcher(script: Path, how: str) -> list[str]:
+    """trainer/torchrun.py (run.sh's torchrun) running `script` in 2 processes."""
+    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script), how]
+
+
+def test_a_rank_killed_by_a_signal_gets_one_line_naming_it_and_the_report(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    proc = run(launcher(script, "die"), check=False)
+    assert proc.returncode == 1
+    message, = proc.stderr.splitlines()
+    assert message.startswith("torchrun: rank 1 was killed by SIGKILL (out of memory? see trainer/memory.py); "
+                              "torchrun's report: "), message
+    report = Path(message.rsplit(": ", 1)[1])
+    assert "ChildFailedError" in report.read_text() and "exitcode  : -9" in report.read_text()
+    report.unlink()
+
+
+def test_a_stopped_torchrun_leaves_the_ranks_words_and_no_traceback(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    proc = subprocess.Popen(launcher(script, "wait"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{rank}").exists() for rank in "01") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # as a scheduler stops a job: torchrun passes it on to the ranks
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == "", err
+    assert sorted(out.splitlines()) == ["rank 0 stopped", "rank 1 stopped"]

@@ -93,6 +93,7 @@ def test_the_hackathon_shape_under_the_organizers_flags_is_refused_at_once(tmp_p
                      "--log.run_id=big"], check=False, timeout=120)
     assert proc.returncode == 1  # the ranks' own exit with the message, not -9
     out = proc.stdout + proc.stderr
-    assert "train.py: config error: this config needs about" in out and "(MemAvailable" in out
+    # one refusal: both ranks describe the tightest rank's memory alike
+    assert out.count("train.py: config error: this config needs about") == 1 and "(MemAvailable" in out, out
     assert "lower train.batch_size to" in out
     assert not (tmp_path / "runs").exists() and not Path("checkpoint.pt").exists()

@@ -3,11 +3,13 @@
 import json
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
 
 from data.prepare import main
+from tests.helpers import run
 from tests.test_prepare import documents_of, token_stream, write_corpus
 
 
@@ -158,3 +160,26 @@ def test_shards_of_other_settings_are_refused_naming_each_difference(tmp_path, c
     assert message == (f"prepare: error: {out} holds shards made with other settings: seed: 0 there, 3 now; "
                        f"source.bytes: 1,000 there, 2,000 now; source.files: 1 there, 2 now; write to another "
                        f"--out directory, or pass --overwrite to replace them")
+
+
+def test_local_rows_are_read_without_datasets_progress_bars(tmp_path):
+    # a process of its own: datasets' switch is process-wide, and another test may have turned it off
+    pattern = write_corpus(tmp_path / "corpus", "jsonl")
+    proc = run([sys.executable, "-m", "data.prepare", "--files", pattern, "--tokenizer", "bytes", "--workers", "1",
+                "--val-tokens", "10", "--out", str(tmp_path / "out")])
+    assert [line[:9] for line in proc.stderr.splitlines()] == ["prepare: "], proc.stderr
+
+
+def test_a_corpus_smaller_than_the_default_val_split_keeps_a_tenth_for_val(tmp_path, capsys):
+    text_files(tmp_path / "c", {f"{i}.txt": f"document {i} holds a few words of text".encode() for i in range(20)})
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o"))
+    assert message == "" and "fewer than the default val split (--val-tokens 10,485,761)" in err, err
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+    (val, val_n), (train, train_n) = [(s["file"], s["tokens"]) for s in meta["shards"]]
+    assert "_val_" in val and "_train_" in train and val_n == meta["tokens"] // 10 and val_n + train_n == meta["tokens"]
+    # the same command again finds its folder complete; a val split asked for is never shrunk
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o"))
+    assert message == "" and "already complete" in err, err
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o2"),
+                             "--val-tokens", "100000")
+    assert "none left for training after the val split (--val-tokens 100,000)" in message, message

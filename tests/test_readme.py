@@ -1,12 +1,17 @@
 """The README, docs/CONFIG.md's key reference and docs/DESIGN.md's layout stay in step with the code."""
+import base64
 import dataclasses
 import fnmatch
+import json
 import re
+import shutil
+import sys
 import typing
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run
 from model.config import choices
 from trainer.config import SECTIONS
 
@@ -94,3 +99,63 @@ def test_design_stands_alone():
     links = [link for link in re.findall(r"\]\(([^)#]+)", DESIGN)
              if not ((ROOT / "docs" / link).exists() and (ROOT / "docs" / link).resolve().is_relative_to(ROOT))]
     assert links == [] and re.findall(r"`\.\./", DESIGN) == [] and re.findall(r"(?<![\w/&])#\d+", DESIGN) == []
+
+
+def code_block_after(heading: str) -> list[str]:
+    """The command lines (not comments) of the README's first ```bash block after `heading`."""
+    block = README.split(heading, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def gpt2_sized_ranks(path: Path) -> Path:
+    """A .tiktoken rank file of GPT-2's size (50,256 ranks + <|endoftext|> = 50,257 ids) for an offline test: the
+    256 bytes, every pair of printable ASCII characters (so text merges), then tokens no text reaches."""
+    printable = [bytes([c]) for c in range(32, 127)]
+    tokens = [bytes([b]) for b in range(256)] + [a + b for a in printable for b in printable]
+    tokens += [b"\x00\x01" + i.to_bytes(3, "big") for i in range(50256 - len(tokens))]
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    return path
+
+
+@pytest.mark.slow
+def test_the_own_corpus_quickstart_runs_as_written(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "runs", "shards", ".git", "__pycache__",
+                                                             ".pytest_cache", "records", "tests"))
+    # a small corpus of real prose: the README's paragraphs, one document each
+    (repo / "corpus").mkdir()
+    for i, paragraph in enumerate(p for p in README.split("\n\n")[:60] if len(p) > 200):
+        (repo / "corpus" / f"{i:03d}.txt").write_text(paragraph)
+    lines = code_block_after("**Your own corpus, start to finish**")
+    assert len(lines) == 4 and "--tokenizer gpt2" in lines[0], lines
+    # offline, GPT-2's BPE files cannot be fetched: a rank file of its size stands in for the name
+    lines[0] = lines[0].replace("--tokenizer gpt2", f"--tokenizer {gpt2_sized_ranks(tmp_path / 'gpt2.tiktoken')}")
+    env = {"SHARDRUN_VENV": sys.prefix, "BUDGET": "4", "PYTHONDONTWRITEBYTECODE": "1"}
+    out = [run(["bash", "-c", line], cwd=repo, env=env, timeout=600) for line in lines]
+    assert "fewer than the default val split" in out[0].stderr, out[0].stderr
+    assert json.loads((repo / "shards" / "mine" / "meta.json").read_text())["vocab_size"] == 50257
+    assert "train.py: note: the validation data holds" in out[1].stderr, out[1].stderr
+    summary = json.loads((repo / "runs" / "mine" / "summary.json").read_text())
+    assert summary["final_val_loss"] > 0 and summary["steps"] >= 1
+    assert out[2].stdout.startswith("The ") and "cpu_gpt2" in out[3].stdout, out[3].stdout
+
+
+def test_the_install_line_lets_a_script_elsewhere_import_the_project(tmp_path):
+    # The README's line as written, in a throwaway venv that sees this venv's packages (as run.sh's venv holds
+    # the requirements), then a script in a folder outside the repository imports the loader.
+    line = "\n.venv/bin/python -m pip install --no-deps --no-build-isolation -e .\n"
+    assert line in README
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "requirements.pth").write_text(next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    # --python: this venv's pip installs into the throwaway one (made without pip, in a second)
+    pip_args = line.split("-m pip ", 1)[1].split()
+    run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "--disable-pip-version-check",
+         *pip_args[:-1], str(ROOT)], cwd=tmp_path)
+    script = tmp_path / "elsewhere" / "mine.py"
+    script.parent.mkdir()
+    script.write_text("import data.loader, trainer.config, train\nfrom data.loader import TokenLoader\n"
+                      "print(data.loader.__file__)\n")
+    out = run([str(venv / "bin" / "python"), str(script)], cwd=script.parent).stdout
+    assert out.strip() == str(ROOT / "data" / "loader.py")

@@ -168,3 +168,13 @@ def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
     table = run([sys.executable, "-m", "scripts.leaderboard", str(tmp_path / "runs")]).stdout.splitlines()
     cells = table[1].split()
     assert cells[:2] + cells[3:6] == ["tiny", "tiny", "1", "r1", "0"]  # track, config, runs, run ids, reached
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    for default in ["(default: start a new document)", "(default: 200)", "(default: 0.8)", "(default: all)",
+                    "(default: a fresh one each run)", "(default: from meta.json)", "(default: cuda where there is"]:
+        assert default in text, default

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
+import re
 import shlex
 import tomllib
 import typing
@@ -137,6 +139,8 @@ class Config:
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
     starter: str = ""            # which starter flags were applied and which overridden ("" = none given)
     extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
+    # "section.key" of every key a config file, a starter flag or an override set: the others hold their defaults
+    given: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
@@ -244,7 +248,8 @@ def apply_override(cfg: Config, dotted: str, text: str) -> None:
 
 
 def _argparser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False)
+    p = argparse.ArgumentParser(description="Train a GPT (see train.py's docstring).", allow_abbrev=False,
+                                epilog=overrides_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="TOML file in configs/")
     p.add_argument("--resume", action="store_true", help="continue the run in log.run_id (train.resume = must)")
     p.add_argument("--overwrite", action="store_true",
@@ -254,6 +259,35 @@ def _argparser() -> argparse.ArgumentParser:
                    help="resume the run although train.budget_s or train.max_steps changed (see README)")
     starter.add_flags(p)
     return p
+
+
+def overrides_help() -> str:
+    """--help's account of the --section.key=value overrides: every section's keys, defaults and comments."""
+    lines = ["overrides: --section.key=value (or --section.key value), applied after the config file; the value is",
+             "read as TOML (0.01, true, [1, 2], \"x\"), and a string needs no quotes. The sections, their keys and",
+             "defaults (the README's Configuration section says more):"]
+    for section, cls in SECTIONS.items():
+        lines += ["", f"[{section}]"]
+        defaults, notes, hints = cls(), _field_comments(cls), typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            setting = f"{f.name} = {json.dumps(getattr(defaults, f.name))}"  # JSON's literals here are TOML's
+            allowed = choices(hints[f.name])
+            note = notes.get(f.name) or ("one of " + ", ".join(map(json.dumps, allowed)) if allowed else "")
+            lines.append(f"  {setting:<34} {note}".rstrip())
+    return "\n".join(lines)
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """{field: its comment} from the dataclass's source: the comment on the field's line, else the lines above."""
+    notes, above = {}, []
+    for line in inspect.getsource(cls).splitlines():
+        code, _, comment = line.strip().partition("# ")
+        if not code:
+            above = [*above, comment] if comment else []
+        elif match := re.match(r"(\w+): ", code):
+            notes[match.group(1)] = comment.strip() or " ".join(above)
+            above = []
+    return notes
 
 
 def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
@@ -267,7 +301,7 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
         if "=" in arg:
             key, _, value = arg[2:].partition("=")
             i += 1
-        elif i + 1 < len(rest):
+        elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
             key, value = arg[2:], rest[i + 1]
             i += 2
         else:
@@ -295,6 +329,7 @@ def parse_args(argv: list[str]) -> Config:
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
+    cfg.given = frozenset({*from_file, *(key for key, _ in overrides), *(k for keys in flags.values() for k in keys)})
     validate(cfg)
     if flags:
         cfg.starter = starter.report(cfg, args, flags, path, from_file, {key for key, _ in overrides})

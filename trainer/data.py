@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data.loader import TokenLoader, ValBatches, val_batches
 from data.meta import META, MetaError, read_meta
+from data.shards import open_shard
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
@@ -16,7 +17,8 @@ from trainer.distributed import Dist
 def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
     """Sorted train and val files, and the meta.json beside the train files ({} if none).
 
-    Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal.
+    Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal; fits an
+    eval.tokens left at its default to a smaller val set.
     """
     files = sorted(glob(cfg.data.train))
     if not files:
@@ -31,6 +33,8 @@ def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
     except MetaError as e:
         raise ConfigError(str(e)) from None
     _apply_meta(cfg, meta, folder / META)
+    if cfg.data.val not in ("", "holdout") and "eval.tokens" not in cfg.given:
+        _fit_eval_tokens(cfg, val_files)
     return files, val_files, meta
 
 
@@ -41,6 +45,22 @@ def _where_shards_come_from(pattern: str) -> str:
                 f"{Path(pattern).parent} (N train shards of 100M tokens each), or run bash run.sh on a GPU machine, "
                 f"which fetches them")
     return "point it at your token shards (python -m data.prepare writes them) or pass --data_dir"
+
+
+def _fit_eval_tokens(cfg: Config, val_files: list[str]) -> None:
+    """Lower eval.tokens to every target of `val_files` where they hold fewer than its default, saying so (rank 0).
+
+    A small corpus's val shard is then scored whole instead of refused. Only the default gives way: a config that
+    sets eval.tokens (every record's does) is scored on exactly that many, or refused by val_loader.
+    """
+    have = sum(len(open_shard(f, raw_dtype=cfg.data.raw_dtype, fmt=cfg.data.format)) for f in val_files)
+    if have - 1 >= cfg.eval.tokens or have < 2:  # a target needs the token before it
+        return
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train.py: note: the validation data holds {have:,} tokens, fewer than eval.tokens' default "
+              f"({cfg.eval.tokens:,} targets) needs: each eval scores all {have - 1:,} of its targets (set "
+              f"eval.tokens to choose)", file=sys.stderr)
+    cfg.eval.tokens = have - 1
 
 
 def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:

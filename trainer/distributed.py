@@ -74,18 +74,18 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.S
     return dist.PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def first_to_report(message: str) -> bool:
-    """True on the one rank that should print `message`, so an error every rank hits prints once.
+def first_to_report(kind: str) -> bool:
+    """True on the one rank that should print its error of this `kind`, so an error every rank hits prints once.
 
     Before the process group exists that is rank 0: every rank parses the same command line and files. After,
-    it is the first rank to claim the message in the rendezvous store (kept after close()), so an error of one
+    it is the first rank to claim the kind in the rendezvous store (kept after close()), so an error of one
     rank alone still prints; if the store is gone, every rank says it rather than none.
     """
     if _store is None:
         return int(os.environ.get("RANK", 0)) == 0
     try:
         _store.set_timeout(datetime.timedelta(seconds=10))
-        return _store.add("report/" + hashlib.sha256(message.encode()).hexdigest(), 1) == 1
+        return _store.add("report/" + hashlib.sha256(kind.encode()).hexdigest(), 1) == 1
     except RuntimeError:  # DistStoreError, DistNetworkError: the store's host (rank 0 without torchrun) has exited
         return True
 

@@ -84,7 +84,7 @@ def available(dist: Dist) -> tuple[float, str] | None:
     """Bytes this process may use and where that number comes from; None where it cannot be known."""
     if dist.cuda:
         free, _ = torch.cuda.mem_get_info(dist.device)
-        return free, f"free on {torch.cuda.get_device_name(dist.device)}"
+        return free, source_of(dist, free)
     meminfo = Path("/proc/meminfo")
     if not meminfo.exists():
         return None
@@ -92,8 +92,18 @@ def available(dist: Dist) -> tuple[float, str] | None:
               None)
     if kb is None:
         return None
+    limit = kb * 1024 / int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return limit, source_of(dist, limit)
+
+
+def source_of(dist: Dist, limit: float) -> str:
+    """Where a process's `limit` bytes come from, in words that depend on nothing else: every rank describes the
+    tightest rank's limit alike, so that their refusals are one message, which train.py prints once."""
+    if dist.cuda:
+        return f"free on {torch.cuda.get_device_name(dist.device)}"
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return kb * 1024 / local, f"MemAvailable {kb * 1024 / GB:.1f} GB / {local} process(es) on this node"
+    node = "this node" if local == dist.world_size else "the tightest node"
+    return f"MemAvailable {limit * local / GB:.1f} GB / {local} process(es) on {node}"
 
 
 def _advice(cfg: Config, world_size: int, cuda: bool, limit: float) -> str:
@@ -135,12 +145,12 @@ def verdict(cfg: Config, world_size: int, cuda: bool, limit: float, source: str)
 
 def check_memory(cfg: Config, dist: Dist) -> None:
     """Refuse (ConfigError) a config that cannot fit in the tightest process's memory; warn on a near fit."""
-    limit, source = available(dist) or (math.inf, "")
+    limit, _ = available(dist) or (math.inf, "")
     # every rank judges by the tightest one, so that all of them stop, or go on, together
     tightest = -distributed.max_over_ranks([-limit], dist.device)[0]
     if math.isinf(tightest):
         return
-    found = verdict(cfg, dist.world_size, dist.cuda, tightest, source if tightest == limit else "the tightest rank")
+    found = verdict(cfg, dist.world_size, dist.cuda, tightest, source_of(dist, tightest))
     if found is None:
         return
     level, message = found

@@ -1,0 +1,88 @@
+"""torchrun as run.sh launches it: the workers' output reaches the console untouched, torchrun's own goes to a file.
+
+    python -m trainer.torchrun [TORCHRUN OPTIONS] train.py [TRAIN.PY ARGS]
+
+A failed run then leaves the user train.py's one message instead of it followed by torchrun's log lines and its
+~30-line ChildFailedError report (and a stopped one without its SignalException traceback). That text goes to
+<log.dir>/<run_id>/torchrun.log once train.py has made the run folder, else to a temporary file. A rank that died
+without a word (killed by a signal: -9 from the OOM killer) gets one line naming it and the file. The exit status is
+torchrun's: 0, or 1 for a failed or stopped run.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import tempfile
+import time
+import traceback
+from argparse import Namespace
+from pathlib import Path
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+
+def main(argv: list[str]) -> int:
+    """Run torchrun with `argv` (its own command line), keep its text in a file; its exit status."""
+    args = torchrun.parse_args(argv)
+    text = io.StringIO()
+    handler = logging.StreamHandler(text)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # torch gives "torch" and several of its loggers (torch.distributed, .rendezvous, ...) each a stderr handler
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger) and logger.handlers:
+            logger.handlers = [handler]
+    status, note = 0, ""
+    try:
+        torchrun.run(args)
+    except ChildFailedError as e:
+        status = 1
+        text.write(traceback.format_exc())
+        rank, failure = e.get_first_failure()
+        if failure.exitcode < 0:  # a signal: the rank printed nothing (train.py's own errors exit 1 after saying why)
+            oom = " (out of memory? see trainer/memory.py)" if failure.signal_name() == "SIGKILL" else ""
+            note = f"rank {rank} was killed by {failure.signal_name()}{oom}"
+    except SignalException:  # torchrun was stopped and passed the signal on: the ranks say what they did
+        status = 1
+        text.write(traceback.format_exc())
+    finally:
+        path = keep(text.getvalue(), args, argv)
+    if note:
+        print(f"torchrun: {note}; torchrun's report: {path}", file=sys.stderr, flush=True)
+    return status
+
+
+def keep(text: str, args: Namespace, argv: list[str]) -> Path:
+    """Append torchrun's `text` to the run folder's torchrun.log (a temporary file without one); its path."""
+    folder = run_folder(args)
+    entry = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} torchrun {' '.join(argv)}\n{text}"
+    if folder is None:
+        with tempfile.NamedTemporaryFile("w", prefix="shardrun-torchrun-", suffix=".log", delete=False) as f:
+            f.write(entry)
+        return Path(f.name)
+    path = folder / "torchrun.log"
+    with path.open("a") as f:  # a log, appended to by each launch of the run (a resume too)
+        f.write(entry)
+    return path
+
+
+def run_folder(args: Namespace) -> Path | None:
+    """The run folder train.py made under torchrun's `args`, or None (another script, a refused config)."""
+    if Path(args.training_script).name != "train.py":
+        return None
+    from trainer.config import ConfigError, parse_args
+
+    try:
+        cfg = parse_args(args.training_script_args)
+    except (ConfigError, SystemExit):
+        return None
+    # train.py's default_run_id: torchrun's rendezvous id, which --standalone drew ("none": none was given)
+    run_id = cfg.log.run_id or (f"{cfg.name}-{args.rdzv_id}" if args.rdzv_id != "none" else "")
+    folder = Path(cfg.log.dir) / run_id
+    return folder if run_id and folder.is_dir() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
