@@ -152,15 +152,15 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     proc, warning = saving_every_step(tmp_path, "full", "2m")
     assert warning.group(4) == "first"
     last = proc.stderr.strip().splitlines()[-1]
-    # the first save is due after step 1 and, read a step late like every flag, comes after step 2
-    rank0 = tmp_path / "disk" / "full" / "resume" / "step0000002" / "rank0.pt"
+    # the first save is due after step 1, and on CPU the flags are read at once: it comes after step 1
+    rank0 = tmp_path / "disk" / "full" / "resume" / "step0000001" / "rank0.pt"
     assert re.fullmatch(disk_full_line(re.escape(str(rank0)), "train.py: disk full: "), last), last
-    # no half-written file, no empty resume/step0000002/; the checkpoint written before it is whole
+    # no half-written file, no empty resume/step0000001/; the checkpoint written before it is whole
     run_dir = tmp_path / "after" / "full"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
-    assert ckpt["step"] == 2
+    assert ckpt["step"] == 1
 
 
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
@@ -173,9 +173,9 @@ def test_a_run_that_saves_twice_is_warned_when_the_second_save_does_not_fit(tmp_
     last = proc.stderr.strip().splitlines()[-1]
     resume = re.escape(str(tmp_path / "disk" / "twice" / "resume"))
     failed = re.fullmatch(disk_full_line(rf"{resume}/(step\d+)/rank0\.pt", "train.py: disk full: "), last)
-    assert failed, last  # as warned: not the first save (step 2, complete in the run folder), a later one
+    assert failed, last  # as warned: not the first save (step 1, complete in the run folder), a later one
     done = json.loads((tmp_path / "after" / "twice" / "resume" / "done.json").read_text())
-    assert done["step"] == 2 and failed.group(1) != "step0000002"
+    assert done["step"] == 1 and failed.group(1) != "step0000001"
 
 
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
