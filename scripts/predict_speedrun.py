@@ -115,7 +115,7 @@ def main() -> None:
     p.add_argument("--measured", type=Path, help="scripts/gpu_check.sh's --json output: fills the measured column")
     p.add_argument("--shards", action="store_true",
                    help=f"print only the number of FineWeb train shards that hold {CONFIG}'s budget at the "
-                        f"predicted tokens/s, + {SHARD_MARGIN - 1:.0%} (run.sh's default)")
+                        f"predicted tokens/s, + {round(100 * (SHARD_MARGIN - 1))}%% (run.sh's default)")
     args = p.parse_args()
     if args.shards:
         print(shards_needed(args.mfu))
