@@ -20,6 +20,7 @@ import torch
 import data.loader
 from data.loader import PAD_TARGET, TokenLoader, val_batches
 from data.shards import ShardError, write_shard
+from tests import stream_digests
 from tests.helpers import ROOT, make_shards, run, torchrun
 
 T = 15            # seq_len
@@ -538,3 +539,25 @@ def test_the_fill_thread_sets_the_consumers_cuda_device_before_its_first_item(tm
         next(loader)
         assert sorted(t.name for t in loader._threads) == ["TokenLoader fill", "TokenLoader read"]
     assert calls == [("pump 3", 3), "a", "b", "a", "b"]  # a CPU loader's threads set no device
+
+
+@pytest.fixture(scope="module")
+def digest_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("digests")
+    stream_digests.write_data(root)
+    return root
+
+
+RECORDED = json.loads((ROOT / "tests" / "data" / "loader_digests.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(stream_digests.CONFIGS))
+def test_the_stream_is_the_recorded_one(digest_data, name):
+    """For a fixed seed the batches and states are bit for bit those recorded (tests/stream_digests.py)."""
+    assert RECORDED["batches"] == stream_digests.BATCHES
+    assert stream_digests.stream_digest(digest_data, name) == RECORDED["stream"][name]
+
+
+@pytest.mark.parametrize("name", sorted(stream_digests.VAL))
+def test_the_val_batches_are_the_recorded_ones(digest_data, name):
+    assert stream_digests.val_digest(digest_data, name) == RECORDED["val"][name]
