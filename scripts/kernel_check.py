@@ -11,9 +11,10 @@ flex  FlexAttention with the speedrun's mask (causal, its window, the document m
       size 128, a document mask) and its milliseconds per forward + backward against SDPA's.
       On CPU FlexAttention has no backward: flex is checked forward only, eager, and the gradient comparison
       runs with SDPA in its place (the code path, not the kernel).
-ring  200 batches through TokenLoader's pinned CUDA ring equal the CPU path's, byte for byte, at the speedrun's
-      and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls holds
-      their copies back: a ring slot refilled before its copy ran would show. On CPU: a ring of another size.
+ring  200 batches through TokenLoader's pinned CUDA staging buffers equal the CPU path's, byte for byte, at the
+      speedrun's and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls
+      holds their copies back: a staging buffer refilled before its copy ran would show. On CPU: the batches of
+      one CPU loader, all held as they came, against another's.
 """
 from __future__ import annotations
 
@@ -178,11 +179,11 @@ def hold_back_copies(device: torch.device) -> None:
 
 def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | None, device: torch.device,
                n: int = RING_BATCHES, keep: Callable | None = None) -> dict:
-    """n batches of a TokenLoader on `device` (CPU: with another ring size) against the CPU loader's; `data` is
-    the config's [data] section (format, raw dtype). `keep(batch)` is what is held of each batch: a CPU batch
-    is a view of the ring, valid until the next one, so by default those are copied; a device batch is not."""
+    """n batches of a TokenLoader on `device`, all held, against the CPU loader's; `data` is the config's [data]
+    section (format, raw dtype). `keep(batch)` is what is held of each batch: by default the batch itself,
+    which belongs to its caller on every device."""
     cuda = device.type == "cuda"
-    keep = keep or ((lambda b: b) if cuda else (lambda b: tuple(t.clone() for t in b)))
+    keep = keep or (lambda b: b)
     kw = dict(bos_id=bos_id, fmt=data.format, raw_dtype=data.raw_dtype, seed=0)
     with TokenLoader(files, batch_size, seq_len, device="cpu", **kw) as want, \
             TokenLoader(files, batch_size, seq_len, device=device, prefetch=4 if cuda else 1, **kw) as got:
@@ -192,7 +193,7 @@ def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | No
         same_state = got.state_dict() == want.state_dict()
     return {"batches": n, "shape": [batch_size, seq_len], "bos_aligned": bos_id is not None, "mismatches": len(bad),
             "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
-            "compared": "pinned CUDA ring vs CPU" if cuda else "CPU ring (prefetch 1) vs CPU ring (prefetch 4)"}
+            "compared": "pinned CUDA staging vs CPU" if cuda else "CPU (prefetch 1) vs CPU (prefetch 4), held"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -112,7 +112,7 @@ def stream_digest(root: Path, name: str, batches: int = BATCHES) -> str:
 
 def val_digest(root: Path, name: str) -> str:
     """The digest of val configuration `name`: every rank's batches, rank by rank."""
-    from data.loader import val_batches
+    from data.val import val_batches
     folder, batch_size, seq_len, num_tokens, world, tail = VAL[name]
     h = hashlib.sha256()
     for rank in range(world):

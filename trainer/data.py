@@ -10,7 +10,8 @@ from typing import Iterator
 
 import torch
 
-from data.loader import TokenLoader, val_batches
+from data.loader import TokenLoader
+from data.val import val_batches
 from data.meta import META, MetaError, read_meta
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
