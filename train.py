@@ -91,7 +91,8 @@ from typing import NamedTuple  # noqa: E402
 import torch  # noqa: E402
 
 from atomic import DiskFullError, write_text  # noqa: E402
-from data.loader import PAD_TARGET, TokenLoader  # noqa: E402
+from data.loader import TokenLoader  # noqa: E402
+from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
 from optim import build_optimizers, warmup_momentum  # noqa: E402

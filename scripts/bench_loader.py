@@ -1,34 +1,37 @@
-"""Benchmark the TokenLoader against the loaders it replaces, on the same shards.
+"""Benchmark the TokenLoader against what the tracks need, side by side with the loader it replaced.
 
     python -m scripts.bench_loader                       # ~2 GB of random uint16 shards in a temp dir
     python -m scripts.bench_loader --data 'shards/fineweb/*train*.bin' --skip-big --json bench.json
-    python -m scripts.bench_loader --shard-tokens 10000000  # the same 1e9 tokens in 100 files
+    python -m scripts.bench_loader --track-s 0           # without the two short CPU-track training runs
 
-Host-side tokens/s at B=16, T=1024 (device cpu) of: a memcpy ceiling (uint16 tokens cast-copied into a
-preallocated int64 buffer), the same copy of B windows from random places with one slice-copy per window
-(how the shuffled loader first did it), our loader sequential (shuffle=False) and shuffled (the default),
-each with a warm and a cold page cache, shuffled with the last HELD batches held (as a gradient-accumulation
-loop holds its micro-batches; a batch is the caller's, never reused by the loader), shuffled within working
-sets of one shard (shuffle_shards=1) cold, a hackathon-starter-style loader (per-sample Python loop over
-np.memmap, astype(int64), torch.stack) and nanoGPT's get_batch (memmap re-created every batch, random offsets). The warm-cache loaders take turns in
-short rounds and each reports its median round, so that all of them see the same load on a shared host,
-and the CPUs the process kept busy meanwhile: the shuffled loader's two threads need two, and a virtual
-machine whose host takes one of them away shows it there, not in the single-threaded ceiling.
-Then the time to the first batch on 1 GB and 4 GB datasets and on the hackathon's layout, 49 files of 1e9
-tokens (sparse raw files: only the file count and sizes matter at start-up), and the growth of anonymous
-RSS while streaming the whole set once in each order (the warm loaders' own first pass, so that their maps
-hold every page before they are timed). Generated data is removed at the end.
+"before" is data/loader.py of commit BEFORE, read from git into a module of its own (a loader with two
+background threads); "after" is this tree's. Each row prints its target, judged on "after":
+  - data wait on the CPU track: summary.json's data_wait_frac of a short train.py run of configs/cpu.toml on
+    the stdlib demo corpus;
+  - the slowdown of a main thread that runs a Python-heavy loop of STEP_MS (standing for a step's kernel
+    launches) while the loader delivers the speedrun's per-rank batch (1 x 49,152 tokens, BOS-aligned,
+    shuffled) once per step, against the loop alone;
+  - tokens/s at B=16, T=1024 (device cpu) shuffled and sequential, warm (the loaders take turns in short
+    rounds, each reports its median) and cold (the files' pages dropped first), beside a memcpy ceiling
+    (uint16 tokens cast-copied into a preallocated int64 buffer), a hackathon-starter-style loader and
+    nanoGPT's get_batch;
+  - the time to the first batch on 1 GB, 4 GB and the hackathon's 49 x 1e9 tokens (sparse raw files);
+  - the growth of anonymous RSS over a whole pass in each order.
+Generated data is removed at the end.
 """
 from __future__ import annotations
 
 import argparse
-import collections
+import json
+import operator
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -38,16 +41,31 @@ import torch
 if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import data.loader
 from atomic import write_json
-from data.loader import TokenLoader, resolve_files
+from data.regions import resolve_files
 from data.shards import open_shard, write_shard
 
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "f4d8184"  # the last commit of the two-thread loader
 B, T = 16, 1024
 SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
-TARGETS = {"vs_memcpy": 0.5, "vs_starter": 10.0, "first_batch_ms": 50.0, "rss_anon_mb": 100.0,
-           "shuffled_cold_tokens_per_s": 20e6}
 HACKATHON = (49, 10**9)  # files, tokens per file
-HELD = 8  # batches the "held" row keeps alive
+SPEEDRUN = {"batch_size": 1, "seq_len": 49152, "bos_id": 50256}  # configs/speedrun_8xh100.toml, per rank
+STEP_MS = 100.0  # about one speedrun step
+TARGETS = {"data_wait_frac": ("<=", 0.01), "main_thread_slowdown": ("<=", 0.02), "shuffled_warm": (">=", 50e6),
+           "shuffled_cold": (">=", 20e6), "first_batch_ms": ("<", 50.0), "shuffled_rss_anon_growth_mb": ("<", 16.0),
+           "sequential_rss_anon_growth_mb": ("<", 16.0)}
+COMPARE = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
+
+
+def before_module() -> types.ModuleType:
+    """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.)."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:data/loader.py"], capture_output=True,
+                            text=True, check=True).stdout
+    module = types.ModuleType("loader_before")
+    exec(compile(source, f"{BEFORE}:data/loader.py", "exec"), module.__dict__)
+    return module
 
 
 def make_data(folder: Path, size_gb: float, shard_tokens: int = SHARD_TOKENS) -> list[Path]:
@@ -86,18 +104,14 @@ def rate(next_batch: Callable[[], object], seconds: float) -> float:
     return n * B * T / (time.perf_counter() - t0)
 
 
-def rates(loaders: dict[str, Callable[[], object]], seconds: float, rounds: int) -> dict[str, dict]:
-    """Median tokens/s of each loader over `rounds` turns of seconds / rounds each, taken in turn, and the
-    median number of CPUs the process kept busy meanwhile (CPU seconds of all its threads per second)."""
+def rates(loaders: dict[str, Callable[[], object]], seconds: float, rounds: int) -> dict[str, float]:
+    """Median tokens/s of each loader over `rounds` turns of seconds / rounds each, taken in turn, so that all of
+    them see the same load of a shared host."""
     got: dict[str, list[float]] = {name: [] for name in loaders}
-    cpus: dict[str, list[float]] = {name: [] for name in loaders}
-    for _ in range(rounds):  # one loader after another for seconds each swung 2x with the load of other jobs
+    for _ in range(rounds):
         for name, next_batch in loaders.items():
-            cpu, wall = time.process_time(), time.perf_counter()
             got[name].append(rate(next_batch, seconds / rounds))
-            cpus[name].append((time.process_time() - cpu) / (time.perf_counter() - wall))
-    return {name: {"tokens_per_s": statistics.median(v), "rounds": v, "cpus_busy": statistics.median(cpus[name])}
-            for name, v in got.items()}
+    return {name: statistics.median(v) for name, v in got.items()}
 
 
 def positions(arrays: list[np.ndarray], step: int) -> Iterator[tuple[np.ndarray, int]]:
@@ -143,28 +157,6 @@ def memcpy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
     return next_batch
 
 
-def random_copy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
-    """The same copy, of B windows of T + 1 tokens from random files and offsets, one slice-copy per window."""
-    rng, out = np.random.default_rng(0), np.empty((B, T + 1), dtype=np.int64)
-
-    def next_batch():
-        files, starts = rng.integers(len(arrays), size=B), rng.random(B)
-        for row, (f, s) in enumerate(zip(files.tolist(), starts.tolist())):
-            a = arrays[f]
-            p = int(s * (len(a) - T)) // (T + 1) * (T + 1)
-            out[row] = a[p:p + T + 1]
-    return next_batch
-
-
-def held_loader(loader: TokenLoader) -> Callable[[], None]:
-    """The loader's batches, each held until HELD newer ones have come."""
-    held: collections.deque = collections.deque(maxlen=HELD)
-
-    def next_batch():
-        held.append(next(loader))
-    return next_batch
-
-
 def rss_anon_mb() -> float:
     """Anonymous resident memory of this process (file pages of the memory maps are not counted)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -183,98 +175,159 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def pass_rss_growth_mb(loader: TokenLoader, batches: int) -> float:
-    """Growth of anonymous RSS over `batches` batches of a new TokenLoader (one pass over the data)."""
+def pass_rss_growth_mb(loader, batches: int) -> float:
+    """Growth of anonymous RSS over `batches` batches of a new loader (one pass over the data)."""
     before = rss_anon_mb()
     for _ in range(batches):
         next(loader)
     return rss_anon_mb() - before
 
 
-def cold_rate(paths: list[Path], seconds: float, **kwargs) -> dict:
-    """Tokens/s of a TokenLoader right after the files' pages were dropped from the page cache."""
+def cold_rate(make: Callable, paths: list[Path], seconds: float, **kwargs) -> float:
+    """Tokens/s of a loader right after the files' pages were dropped from the page cache."""
     evict(paths)
-    with TokenLoader(paths, B, T, **kwargs) as loader:
-        return {"tokens_per_s": rate(loader.__next__, seconds)}
+    with make(paths, B, T, **kwargs) as loader:
+        return rate(loader.__next__, seconds)
 
 
-def first_batch_ms(paths: list[Path], **kwargs) -> float:
-    """Milliseconds from constructing a TokenLoader to holding its first batch (median of 3 tries)."""
+def first_batch_ms(make: Callable, paths: list[Path], **kwargs) -> float:
+    """Milliseconds from constructing a loader to holding its first batch (median of 3 tries)."""
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        with TokenLoader(paths, B, T, **kwargs) as loader:
+        with make(paths, B, T, **kwargs) as loader:
             next(loader)
             times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[1]
 
 
-def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big: bool) -> dict:
-    """Every number of the report."""
+def python_step(n: int) -> int:
+    """Python-heavy work standing for a step's kernel launches: calls, attribute and dict traffic."""
+    table, total = {}, 0
+    for i in range(n):
+        table[i & 1023] = i
+        total += len(table) + abs(-i)
+    return total
+
+
+def main_thread_slowdown(makers: dict[str, Callable], paths: list[Path], pairs: int) -> dict[str, float]:
+    """How much longer a step of STEP_MS of python_step takes with one next(loader) in it, per loader: the median
+    over `pairs` rounds of one step alone and one with each loader, so that each ratio sees one load."""
+    n, t0 = 20_000, time.perf_counter()
+    python_step(n)
+    n = int(n * STEP_MS / 1e3 / (time.perf_counter() - t0))
+    loaders = {name: make(paths, **SPEEDRUN) for name, make in makers.items()}
+    ratios: dict[str, list[float]] = {name: [] for name in loaders}
+    for loader in loaders.values():
+        next(loader)
+    for _ in range(pairs):
+        t0 = time.perf_counter()
+        python_step(n)
+        alone = time.perf_counter() - t0
+        for name, loader in loaders.items():
+            t0 = time.perf_counter()
+            python_step(n)
+            next(loader)
+            ratios[name].append((time.perf_counter() - t0) / alone - 1)
+    for loader in loaders.values():
+        loader.close()
+    return {name: statistics.median(v) for name, v in ratios.items()}
+
+
+def track_wait(tmp: Path, before: bool, seconds: float) -> float:
+    """summary.json's data_wait_frac of a configs/cpu.toml run of `seconds` on the demo corpus in tmp/demo
+    (made the first time), with the "before" loader in place of data.loader where `before`."""
+    demo = tmp / "demo"
+    if not demo.exists():
+        subprocess.run([sys.executable, "-m", "data.prepare", "--demo", "--tokenizer", "bytes", "--out", str(demo),
+                        "--max-tokens", "4000000", "--val-tokens", "100000", "--shard-tokens", "2000000",
+                        "--workers", "1"], cwd=ROOT, check=True, capture_output=True)
+    name = "before" if before else "after"
+    swap = "sys.modules['data.loader'] = before_module(); " if before else ""
+    boot = (f"import runpy, sys; from scripts.bench_loader import before_module; {swap}"
+            f"sys.argv = sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
+    subprocess.run([sys.executable, "-c", boot, "train.py", "--config", "configs/cpu.toml",
+                    f"--data.train={demo}/demo_train_*.bin", f"--data.val={demo}/demo_val_*.bin",
+                    f"--train.budget_s={seconds}", "--eval.tokens=8192", f"--log.dir={tmp / 'runs'}",
+                    f"--log.run_id={name}"], cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads((tmp / "runs" / name / "summary.json").read_text())["data_wait_frac"]
+
+
+def measure(paths: list[Path], seconds: float, rounds: int, tmp: Path, skip_big: bool, track_s: float,
+            pairs: int) -> dict:
+    """Every number of the report: per loader ("before", "after") and for the reference loaders."""
+    makers = {"before": before_module().TokenLoader, "after": data.loader.TokenLoader}
     arrays = [open_shard(p).view(np.ndarray) for p in paths]
     total = sum(len(a) for a in arrays)
-    result = {"cpus": os.cpu_count(), "tokens": total}
+    result: dict = {"cpus": os.cpu_count(), "tokens": total, **{name: {} for name in makers}}
     epoch = total // (B * (T + 1))
-    with TokenLoader(paths, B, T, shuffle=False) as ours, TokenLoader(paths, B, T) as shuffled:
-        # One whole pass in each order: measures memory, warms the page cache, and maps every page into the
-        # loaders' own maps (a new map faults on the first touch of each part of it, ~7 us a fault on this
-        # VM: paid once per process, so it is kept out of the warm rates).
-        result["rss_anon_growth_mb"] = pass_rss_growth_mb(ours, epoch)
-        result["shuffled_rss_anon_growth_mb"] = pass_rss_growth_mb(shuffled, epoch)
-        result.update(rates({"memcpy": memcpy_loader(arrays), "random_copy": random_copy_loader(arrays),
-                             "ours": ours.__next__, "shuffled": shuffled.__next__, "shuffled_held": held_loader(shuffled),
-                             "starter": starter_loader(arrays),
-                             "nanogpt": nanogpt_loader(paths)}, seconds, rounds))
-    result["ours_cold"] = cold_rate(paths, seconds, shuffle=False)
-    result["shuffled_cold"] = cold_rate(paths, seconds)
-    result["shuffled_k1_cold"] = cold_rate(paths, seconds, shuffle_shards=1)
-    result["first_batch_ms"] = {}
+    loaders = {(name, order): make(paths, B, T, shuffle=order == "shuffled")
+               for name, make in makers.items() for order in ("sequential", "shuffled")}
+    for (name, order), loader in loaders.items():  # one pass each: memory, and every page in its maps
+        result[name][f"{order}_rss_anon_growth_mb"] = pass_rss_growth_mb(loader, epoch)
+    warm = rates({"memcpy": memcpy_loader(arrays), "starter": starter_loader(arrays), "nanogpt": nanogpt_loader(paths),
+                  **{f"{name} {order}": loader.__next__ for (name, order), loader in loaders.items()}}, seconds, rounds)
+    for loader in loaders.values():
+        loader.close()
+    result["reference"] = {k: warm[k] for k in ("memcpy", "starter", "nanogpt")}
+    for name, make in makers.items():
+        r = result[name]
+        for order in ("sequential", "shuffled"):
+            r[f"{order}_warm"] = warm[f"{name} {order}"]
+        r["sequential_cold"] = cold_rate(make, paths, seconds, shuffle=False)
+        r["shuffled_cold"] = cold_rate(make, paths, seconds)
+        r["shuffled_k1_cold"] = cold_rate(make, paths, seconds, shuffle_shards=1)
+        r["first_batch_ms"] = {}
     sets = [("1GB", 10, SHARD_TOKENS // 2)] + ([] if skip_big else [("4GB", 20, SHARD_TOKENS), ("49x1e9", *HACKATHON)])
-    for name, files, tokens in sets:
-        sparse = make_sparse(tmp / f"sparse_{name}", files, tokens)
-        for order, shuffle in (("seq", False), ("shuffled", True)):
-            for mode, bos in (("plain", None), ("bos", 0)):
-                ms = first_batch_ms(sparse, fmt="raw", raw_dtype="uint16", bos_id=bos, shuffle=shuffle)
-                result["first_batch_ms"][f"{name}_{order}_{mode}"] = ms
+    for set_name, files, tokens in sets:
+        sparse = make_sparse(tmp / f"sparse_{set_name}", files, tokens)
+        for name, make in makers.items():
+            for order, shuffle in (("seq", False), ("shuffled", True)):
+                for mode, bos in (("plain", None), ("bos", 0)):
+                    ms = first_batch_ms(make, sparse, fmt="raw", raw_dtype="uint16", bos_id=bos, shuffle=shuffle)
+                    result[name]["first_batch_ms"][f"{set_name}_{order}_{mode}"] = ms
+    for name, slowdown in main_thread_slowdown(makers, paths, pairs).items():
+        result[name]["main_thread_slowdown"] = slowdown
+    if track_s:
+        for name in makers:
+            result[name]["data_wait_frac"] = track_wait(tmp, name == "before", track_s)
     result["load_avg_end"] = os.getloadavg()[0]
     return result
 
 
 def report(r: dict) -> str:
-    """The markdown tables."""
-    ceiling = r["memcpy"]["tokens_per_s"]
+    """The markdown table: each row with both loaders, its target and whether "after" meets it."""
+    def shown(key: str, value: float) -> str:
+        if key.endswith("_ms") or key.endswith("_mb"):
+            return f"{value:.1f}"
+        return f"{value:.2%}" if key in ("data_wait_frac", "main_thread_slowdown") else f"{value / 1e6:,.1f}M"
     lines = [f"B={B}, T={T}, {r['tokens']:,} tokens, {r['cpus']} CPUs, load average {r['load_avg_start']:.2f} "
-             f"before, {r['load_avg_end']:.2f} after (this benchmark included)", "",
-             "| loader | tokens/s | / memcpy ceiling | CPUs busy |", "|---|---:|---:|---:|"]
-    for key, name in (("memcpy", "memcpy ceiling"), ("random_copy", "memcpy of B random windows, a slice each"),
-                      ("ours", "TokenLoader sequential (warm cache)"),
-                      ("shuffled", "TokenLoader shuffled (warm cache)"),
-                      ("shuffled_held", f"TokenLoader shuffled, the last {HELD} batches held (warm cache)"),
-                      ("ours_cold", "TokenLoader sequential (cold cache)"),
-                      ("shuffled_cold", "TokenLoader shuffled (cold cache)"),
-                      ("shuffled_k1_cold", "TokenLoader shuffled, shuffle_shards=1 (cold cache)"),
-                      ("starter", "starter-style loop"), ("nanogpt", "nanoGPT get_batch")):
-        tps = r[key]["tokens_per_s"]
-        busy = f"{r[key]['cpus_busy']:.2f}" if "cpus_busy" in r[key] else "-"  # warm rows only
-        lines.append(f"| {name} | {tps / 1e6:,.1f}M | {tps / ceiling:.2f} | {busy} |")
-    ours, shuffled = r["ours"]["tokens_per_s"], r["shuffled"]["tokens_per_s"]
-    first = max(r["first_batch_ms"].values())
-    checks = [("TokenLoader sequential / memcpy", ours / ceiling, TARGETS["vs_memcpy"], ">="),
-              ("TokenLoader shuffled / memcpy", shuffled / ceiling, TARGETS["vs_memcpy"], ">="),
-              ("TokenLoader sequential / starter", ours / r["starter"]["tokens_per_s"], TARGETS["vs_starter"], ">="),
-              ("TokenLoader shuffled, cold, tokens/s", r["shuffled_cold"]["tokens_per_s"],
-               TARGETS["shuffled_cold_tokens_per_s"], ">="),
-              ("first batch, ms, slowest of " + ", ".join(f"{k} {v:.1f}" for k, v in r["first_batch_ms"].items()),
-               first, TARGETS["first_batch_ms"], "<"),
-              ("anon RSS growth over a full pass, sequential, MB", r["rss_anon_growth_mb"],
-               TARGETS["rss_anon_mb"], "<"),
-              ("anon RSS growth over a full pass, shuffled, MB", r["shuffled_rss_anon_growth_mb"],
-               TARGETS["rss_anon_mb"], "<")]
-    lines += ["", "| check | value | target | ok |", "|---|---:|---:|---|"]
-    for name, value, target, op in checks:
-        ok = value >= target if op == ">=" else value < target
-        shown = f"{value / 1e6:.1f}M" if target >= 1e6 else f"{value:.2f}"
-        lines.append(f"| {name} | {shown} | {op} {target:g} | {'yes' if ok else 'NO'} |")
+             f"before, {r['load_avg_end']:.2f} after (this benchmark included); before = {BEFORE}:data/loader.py", "",
+             "| measure | before | after | target | after meets it |", "|---|---:|---:|---:|---|"]
+    rows = [("data wait, share of a configs/cpu.toml step", "data_wait_frac"),
+            (f"slowdown of a {STEP_MS:.0f} ms Python step by one speedrun batch (1 x 49,152, BOS)",
+             "main_thread_slowdown"),
+            ("shuffled, warm, tokens/s", "shuffled_warm"), ("shuffled, cold, tokens/s", "shuffled_cold"),
+            ("sequential, warm, tokens/s", "sequential_warm"), ("sequential, cold, tokens/s", "sequential_cold"),
+            ("shuffled, shuffle_shards=1, cold, tokens/s", "shuffled_k1_cold"),
+            ("first batch, ms, slowest of its sets", "first_batch_ms"),
+            ("anon RSS growth over a full pass, shuffled, MB", "shuffled_rss_anon_growth_mb"),
+            ("anon RSS growth over a full pass, sequential, MB", "sequential_rss_anon_growth_mb")]
+    for label, key in rows:
+        if key not in r["after"]:
+            continue
+        values = [r[name][key] for name in ("before", "after")]
+        if key == "first_batch_ms":
+            values = [max(v.values()) for v in values]
+        goal, verdict = "-", "-"
+        if key in TARGETS:
+            op, target = TARGETS[key]
+            goal, verdict = f"{op} {shown(key, target)}", "PASS" if COMPARE[op](values[1], target) else "FAIL"
+        lines.append(f"| {label} | {shown(key, values[0])} | {shown(key, values[1])} | {goal} | {verdict} |")
+    lines += ["", "| reference loader, warm | tokens/s |", "|---|---:|"]
+    lines += [f"| {name} | {value / 1e6:,.1f}M |" for name, value in r["reference"].items()]
+    lines += ["", "first batch, ms (after): " + ", ".join(f"{k} {v:.1f}" for k, v in r["after"]["first_batch_ms"].items())]
     return "\n".join(lines)
 
 
@@ -285,15 +338,18 @@ def main() -> None:
     ap.add_argument("--size-gb", type=float, default=2.0, help="size of the generated data")
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="tokens per generated shard")
     ap.add_argument("--tmp", default=None, help="where to put generated data (default: the system temp dir)")
-    ap.add_argument("--skip-big", action="store_true", help="skip the 4 GB time-to-first-batch dataset")
+    ap.add_argument("--skip-big", action="store_true", help="skip the 4 GB and 49 x 1e9 first-batch datasets")
     ap.add_argument("--seconds", type=float, default=3.0, help="how long each throughput measurement runs")
-    ap.add_argument("--rounds", type=int, default=6, help="turns the warm-cache loaders take (median reported)")
+    ap.add_argument("--rounds", type=int, default=6, help="turns the warm loaders take (median reported)")
+    ap.add_argument("--pairs", type=int, default=100, help="rounds of the main-thread measurement (median)")
+    ap.add_argument("--track-s", type=float, default=30.0, help="seconds of each CPU-track run (0: skip them)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
     tmp, load = Path(tempfile.mkdtemp(prefix="bench_loader_", dir=args.tmp)), os.getloadavg()[0]
     try:
         paths = resolve_files(args.data) if args.data else make_data(tmp, args.size_gb, args.shard_tokens)
-        result = {"load_avg_start": load, **measure(paths, args.seconds, args.rounds, tmp, args.skip_big)}
+        result = {"load_avg_start": load,
+                  **measure(paths, args.seconds, args.rounds, tmp, args.skip_big, args.track_s, args.pairs)}
     finally:
         shutil.rmtree(tmp)
     print(report(result))

@@ -546,7 +546,7 @@ def kernel_verdicts(row: dict, cpu: bool) -> list[dict]:
         state = "equal" if r["state_equal"] else "differs"
         out.append(line("kernels", what, "PASS" if ok else "FAIL",
                         f"{r['batches'] - r['mismatches']}/{r['batches']} equal, state {state}"
-                        + (" (CPU vs CPU)" if cpu else ""), "byte for byte"))
+                        + (" (CPU vs CPU, all held)" if cpu else ""), "byte for byte"))
     flex = k.get("flex")
     if flex is None:
         return out + [line("kernels", "FlexAttention vs SDPA (bf16)", "FAIL", f"not reached: {row['status']}", "runs")]

@@ -11,9 +11,10 @@ flex  FlexAttention with the speedrun's mask (causal, its window, the document m
       size 128, a document mask) and its milliseconds per forward + backward against SDPA's.
       On CPU FlexAttention has no backward: flex is checked forward only, eager, and the gradient comparison
       runs with SDPA in its place (the code path, not the kernel).
-ring  200 batches through TokenLoader's pinned CUDA ring equal the CPU path's, byte for byte, at the speedrun's
-      and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls holds
-      their copies back: a ring slot refilled before its copy ran would show. On CPU: another prefetch depth.
+ring  200 batches through TokenLoader's pinned CUDA staging buffers equal the CPU path's, byte for byte, at the
+      speedrun's and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls
+      holds their copies back: a staging buffer refilled before its copy ran would show. On CPU: the batches of
+      one CPU loader, all held as they came, against another's.
 """
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
     # 49,152-token sequences would need 230 GB
     B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
-    # None for no window: model/gpt.py's masks read None as none, and a window of 0 would mask every key
+    # None for no window: model/gpt.py reads a window of 0 as "none" and, since issue #12, None
     window = (min(model_cfg.window, T // 4) if cpu else model_cfg.window) or None
     H, D = (2 if cpu else model_cfg.n_head), model_cfg.head_dim
     gen = torch.Generator().manual_seed(0)
@@ -178,9 +179,9 @@ def hold_back_copies(device: torch.device) -> None:
 
 def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | None, device: torch.device,
                n: int = RING_BATCHES, keep: Callable | None = None) -> dict:
-    """n batches of a TokenLoader on `device` (CPU: with another prefetch depth) against the CPU loader's, all
-    held until the end; `data` is the config's [data] section (format, raw dtype). `keep(batch)` is what is held
-    of each batch (default: the batch itself)."""
+    """n batches of a TokenLoader on `device`, all held, against the CPU loader's; `data` is the config's [data]
+    section (format, raw dtype). `keep(batch)` is what is held of each batch: by default the batch itself,
+    which belongs to its caller on every device."""
     cuda = device.type == "cuda"
     keep = keep or (lambda b: b)
     kw = dict(bos_id=bos_id, fmt=data.format, raw_dtype=data.raw_dtype, seed=0)
@@ -192,7 +193,7 @@ def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | No
         same_state = got.state_dict() == want.state_dict()
     return {"batches": n, "shape": [batch_size, seq_len], "bos_aligned": bos_id is not None, "mismatches": len(bad),
             "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
-            "compared": "pinned CUDA ring vs CPU" if cuda else "CPU (prefetch 1) vs CPU (prefetch 4)"}
+            "compared": "pinned CUDA staging vs CPU" if cuda else "CPU (prefetch 1) vs CPU (prefetch 4), held"}
 
 
 def main(argv: list[str] | None = None) -> None:

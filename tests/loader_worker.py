@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from atomic import atomic_path
-from data.loader import TokenLoader, val_batches
+from data.loader import TokenLoader
+from data.val import val_batches
 from tests.helpers import exit_skipping_teardown
 
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from data.loader import PAD_TARGET, TokenLoader, val_batches
+from data.loader import TokenLoader
+from data.val import PAD_TARGET, val_batches
 from model import get_model
 from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run, torchrun,
                            train_args)

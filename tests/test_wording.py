@@ -1,7 +1,8 @@
 """Messages count in words a person would write: "1 file", not "1 files"; the config's key names, not the code's."""
 import pytest
 
-from data.loader import TokenLoader, val_batches
+from data.loader import TokenLoader
+from data.val import val_batches
 from data.shards import ShardError
 from plural import plural
 from tests.helpers import make_shards

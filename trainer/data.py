@@ -7,7 +7,8 @@ import sys
 from glob import glob
 from pathlib import Path
 
-from data.loader import TokenLoader, ValBatches, val_batches
+from data.loader import TokenLoader
+from data.val import ValBatches, val_batches
 from data.meta import META, MetaError, read_meta
 from data.shards import open_shard
 from trainer.config import Config, ConfigError

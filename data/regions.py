@@ -1,0 +1,162 @@
+"""Token files as regions of memory maps: the tokens [lo, hi) of one shard, where its windows may start, and the
+hints that ask the kernel for its pages before they are read."""
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from data.meta import MetaError, read_meta
+from data.shards import ShardError, open_shard
+from plural import plural
+
+BOS_SCAN_FIRST = 1 << 10   # the sequential stream looks for the next BOS in this many tokens first,
+BOS_SCAN_TOKENS = 1 << 16  # and at most this many at a time: bounded memory
+
+
+def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """A glob pattern or a list of paths -> the sorted list of files; no match is an error."""
+    pattern = isinstance(files, (str, os.PathLike))
+    found = sorted(Path(p) for p in (glob.glob(str(files)) if pattern else files))
+    if not found:
+        raise ShardError(f"no file matches {str(files)!r}; check the data path/glob (data.train / data.val)" if pattern
+                         else "the list of token files is empty; give at least one shard")
+    return found
+
+
+class Region:
+    """Tokens [lo, hi) of one memory-mapped shard."""
+
+    def __init__(self, path: Path, tokens: np.memmap, lo: int, hi: int):
+        self.path, self.tokens, self.lo, self.hi = path, tokens, lo, hi
+        self.array = tokens.view(np.ndarray)  # slicing a plain ndarray skips np.memmap's per-slice overhead
+        self._mmap = getattr(tokens, "_mmap", None) if hasattr(mmap, "MADV_WILLNEED") else None  # numpy's own
+        # np.memmap maps from the offset rounded down to the allocation granularity
+        self._base = tokens.offset % mmap.ALLOCATIONGRANULARITY
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def cut(self, lo: int, hi: int) -> Region:
+        """Tokens [lo, hi) of the same file."""
+        return Region(self.path, self.tokens, lo, hi)
+
+    def window_start(self, pos: int, length: int, bos_id: int | None) -> int | None:
+        """Where the next window at or after `pos` starts, or None if none fits before `hi`."""
+        start = pos if bos_id is None else self._next_bos(pos, bos_id)
+        return start if start is not None and start + length <= self.hi else None
+
+    def _next_bos(self, pos: int, bos_id: int) -> int | None:
+        step = BOS_SCAN_FIRST  # then doubling: a document longer than that is rare, a file without one rarer
+        while pos < self.hi:
+            found = np.flatnonzero(self.array[pos:min(pos + step, self.hi)] == bos_id)
+            if len(found):
+                return pos + int(found[0])
+            pos, step = pos + step, min(2 * step, BOS_SCAN_TOKENS)
+        return None
+
+    def hint(self, start: int, stop: int) -> None:
+        """Ask the kernel to read tokens [start, stop) in the background (MADV_WILLNEED), if it can."""
+        if self._mmap is not None:
+            size = self.array.itemsize
+            begin, end = self._base + start * size, self._base + min(stop, self.hi) * size
+            begin -= begin % mmap.PAGESIZE
+            self._mmap.madvise(mmap.MADV_WILLNEED, begin, end - begin)
+
+    def random_access(self) -> None:
+        """MADV_RANDOM: a page fault then reads its page, not read_ahead_kb around it for a window of a few KiB."""
+        if self._mmap is not None and hasattr(mmap, "MADV_RANDOM"):
+            self._mmap.madvise(mmap.MADV_RANDOM)
+
+
+def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:
+    """Every file whole, opened (and its header checked) by data.shards."""
+    regions = []
+    for p in paths:
+        tokens = open_shard(p, raw_dtype=raw_dtype, fmt=fmt)
+        regions.append(Region(p, tokens, 0, len(tokens)))
+    return regions
+
+
+def names(regions: list[Region]) -> str:
+    """The first few files, for a message."""
+    return ", ".join(str(r.path) for r in regions[:3]) + (" ..." if len(regions) > 3 else "")
+
+
+def split_tail(regions: list[Region], n: int) -> tuple[list[Region], Region]:
+    """(regions without the last n tokens of the last file, a region of those n tokens)."""
+    last = regions[-1]
+    if not 0 < n < len(last):
+        raise ShardError(f"{last.path}: the held-out tail (data.val = 'holdout') of eval.tokens = {n} must be "
+                         f"between 1 and the last file's {len(last)} tokens; lower eval.tokens or use a "
+                         f"separate validation set")
+    cut = last.hi - n
+    return regions[:-1] + [last.cut(last.lo, cut)], last.cut(cut, last.hi)
+
+
+def check_fits(regions: list[Region], length: int) -> None:
+    """A window of `length` tokens must fit in some file."""
+    biggest = max(regions, key=len)
+    if len(biggest) < length:
+        raise ShardError(f"seq_len + 1 = {length} tokens is longer than every file: the largest, {biggest.path}, "
+                         f"has {len(biggest)} usable tokens; lower seq_len or use bigger shards")
+
+
+def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardError:
+    """The error of a BOS-aligned stream whose files hold no window at all."""
+    return ShardError(f"no window of {length} tokens starting with bos_id={bos_id} in "
+                      f"{plural(len(regions), 'file')} ({names(regions)}); check bos_id (meta.json eot_token) or "
+                      f"turn off data.bos_aligned")
+
+
+def read_ahead(regions: list[Region]) -> None:
+    """Ask the kernel to read the regions whole, in order, in large requests (POSIX_FADV_WILLNEED). In a thread of
+    its own: a request returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
+    threading.Thread(target=_read_ahead, args=(regions,), daemon=True, name="TokenLoader read-ahead").start()
+
+
+def _read_ahead(regions: list[Region]) -> None:
+    for region in regions:  # only hints: an error ends them quietly
+        try:
+            fd = os.open(region.path, os.O_RDONLY)
+            try:
+                step, size = _readahead_bytes(os.fstat(fd).st_dev), region.array.itemsize
+                begin, end = region.tokens.offset + region.lo * size, region.tokens.offset + region.hi * size
+                for at in range(begin - begin % mmap.PAGESIZE, end, step):
+                    os.posix_fadvise(fd, at, min(step, end - at), os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
+            return
+
+
+def _readahead_bytes(device: int) -> int:
+    """The most one WILLNEED request reads on this device: the first read_ahead_kb of a larger range only."""
+    try:
+        kb = int(Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text())
+        return max(mmap.PAGESIZE, kb << 10)
+    except (OSError, ValueError):
+        return 128 << 10  # Linux's default read_ahead_kb
+
+
+def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
+    """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
+    for folder in {p.parent for p in paths}:
+        try:
+            declared = read_meta(folder).get("vocab_size")  # None without a meta.json
+        except MetaError as e:
+            raise ShardError(str(e)) from None
+        if not isinstance(declared, int) or declared > vocab_size:
+            return False
+    return True
+
+
+def out_of_vocabulary(path: Path, token: int, at: int, vocab_size: int) -> ShardError:
+    """The error for token id `token` >= vocab_size at token `at` of the file `path`."""
+    return ShardError(f"{path}: token id {token} at token {at} is >= vocab_size {vocab_size}; the data was tokenized "
+                      f"with another tokenizer: use its vocabulary (model.vocab_size) or re-tokenize")
