@@ -22,6 +22,7 @@ Generated data is removed at the end.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import operator
 import os
@@ -63,8 +64,11 @@ def before_module() -> types.ModuleType:
     """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.)."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:data/loader.py"], capture_output=True,
                             text=True, check=True).stdout
-    module = types.ModuleType("loader_before")
-    exec(compile(source, f"{BEFORE}:data/loader.py", "exec"), module.__dict__)
+    path = Path(tempfile.mkdtemp(prefix="shardrun-bench-")) / "loader_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("loader_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

@@ -53,7 +53,8 @@ def test_a_failure_under_run_sh_is_one_line_and_torchruns_report_stays_in_the_ru
 WORKER = """
 import os, signal, sys, time
 rank = os.environ["RANK"]
-signal.signal(signal.SIGTERM, lambda *_: (print(f"rank {rank} stopped", flush=True), sys.exit(0)))
+# one write: print() writes the text and its newline apart, so two ranks' lines could interleave
+signal.signal(signal.SIGTERM, lambda *_: (os.write(1, f"rank {rank} stopped\\n".encode()), sys.exit(0)))
 if rank == "1" and sys.argv[1] == "die":
     os.kill(os.getpid(), signal.SIGKILL)
 open(os.path.join(os.path.dirname(sys.argv[0]), "ready" + rank), "w").close()
