@@ -228,8 +228,6 @@ def setup(cfg: Config, dist: Dist) -> Run:
         restore(run.model.module, run.optimizers, run.loader, resumed)
         run.clock.load_state_dict(resumed["clock"])
         run.progress = Progress(**resumed["progress"])
-        if "flops" not in resumed["progress"]:  # saved before Progress counted them: its steps at today's window
-            run.progress.flops = run.progress.tokens * run.flops_per_token()
         run.saved_step = run.progress.step
         run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
         report_changes(run, marker["config"]["train"], changes)

@@ -21,7 +21,6 @@ from data.streams import Sequential, Shuffled, Window
 from plural import plural
 
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
-LEGACY = {"shuffle": False, "shuffle_shards": 0}  # what a state saved before these keys existed meant
 
 
 class TokenLoader:
@@ -120,7 +119,7 @@ class TokenLoader:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
         for key, want in self._spec.items():
-            had = state.get(key, LEGACY.get(key))
+            had = state.get(key)
             if had != want:
                 shown = plural(len(want), "file") if key == "files" else repr(want)
                 raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "

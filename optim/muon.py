@@ -32,10 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-try:
-    from torch.distributed.tensor import DTensor, Shard
-except ImportError:  # torch < 2.5 kept DTensor under _tensor
-    from torch.distributed._tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Shard
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the same arguments; the old name warns there).

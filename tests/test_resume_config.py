@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
-from tests.helpers import resume_state_files, run, tiny_args, tiny_data
+from tests.helpers import run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 from trainer.runs import unfinished_run
 
@@ -159,20 +159,6 @@ def test_a_run_whose_resume_changed_its_result_gets_its_own_leaderboard_row(fini
         (1, f"train.max_steps=40, {own}"), (1, f"train.max_steps=40, resumed=train.max_steps 30->40, {own}"),
         (2, own)]
     assert {s["run_id"] for r in rows if r["runs"] == 2 for s in r["summaries"]} == {"r1", "again"}
-
-
-def test_a_state_saved_before_flops_were_counted_resumes_with_its_steps_flops(finished, tmp_path):
-    """The summary's MFU is FLOPs / tokens: a state without the count resumed at 0 FLOPs for its 30 steps."""
-    data, run_dir = finished
-    run_dir = copy_of(run_dir, tmp_path)
-    (state,) = resume_state_files(run_dir)
-    old = torch.load(state, weights_only=True)
-    per_token = old["progress"].pop("flops") / old["progress"]["tokens"]
-    torch.save(old, state)
-    relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget")
-    (state,) = resume_state_files(run_dir)
-    progress = torch.load(state, weights_only=True)["progress"]
-    assert progress["step"] == 40 and progress["flops"] / progress["tokens"] == pytest.approx(per_token)
 
 
 def test_the_newest_unfinished_run_is_found_with_what_would_keep_it_from_continuing(finished, tmp_path):

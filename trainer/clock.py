@@ -90,4 +90,4 @@ class Clock:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved charged time (the clock stays stopped until start())."""
         self.charged, self.started_at = float(state["elapsed"]), None
-        self.synced = float(state.get("synced", state["elapsed"]))  # states saved before `synced` existed lack it
+        self.synced = float(state["synced"])
