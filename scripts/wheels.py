@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.torch:
         have.add("torch")
     lines = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    wanted = [line for line in lines if line and not line.startswith("#") and project(line) not in without]
-    unknown = without - {project(line) for line in wanted + lines if line and not line.startswith("#")}
+    requirements = [line for line in lines if line and not line.startswith("#")]
+    wanted = [line for line in requirements if project(line) not in without]
+    unknown = without - {project(line) for line in requirements}
     if unknown:
         sys.exit(f"run.sh wheels: --without {','.join(sorted(unknown))}: not in requirements.txt")
     # the node installs these; what it has satisfies a line without a wheel, so download only the rest
