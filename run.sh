@@ -75,6 +75,8 @@ setup_env() {
     "$PY" -m pip install -q --disable-pip-version-check "${from[@]}" -r "$req"
     echo "$want" > "$VENV/.requirements.sha"
   fi
+  # The project on the venv's path, as an editable install puts it (that needs setuptools, which offline nodes lack).
+  echo "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun.pth"
 }
 
 # A virtualenv that sees every package of the interpreter $1 (its torch above all). A base that is itself a venv

@@ -90,13 +90,13 @@ from typing import NamedTuple  # noqa: E402
 
 import torch  # noqa: E402
 
-from atomic import DiskFullError, write_text  # noqa: E402
+from trainer.atomic import DiskFullError, write_text  # noqa: E402
 from data.loader import TokenLoader  # noqa: E402
 from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model import get_model  # noqa: E402
-from optim import build_optimizers, warmup_momentum  # noqa: E402
-from plural import plural  # noqa: E402
+from optim.groups import build_optimizers, warmup_momentum  # noqa: E402
+from data.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (done_path, load_resume, remove_run, restore, resume_marker, run_files,  # noqa: E402
                                 save_checkpoint, save_resume, save_space, training_state)

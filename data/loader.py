@@ -18,7 +18,7 @@ import torch
 from data.regions import check_fits, meta_vouches, open_regions, out_of_vocabulary, resolve_files, split_tail
 from data.shards import ShardError
 from data.streams import Sequential, Shuffled, Window
-from plural import plural
+from data.plural import plural
 
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
 

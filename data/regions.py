@@ -13,7 +13,7 @@ import numpy as np
 
 from data.meta import MetaError, read_meta
 from data.shards import ShardError, open_shard
-from plural import plural
+from data.plural import plural
 
 BOS_SCAN_FIRST = 1 << 10   # the sequential stream looks for the next BOS in this many tokens first,
 BOS_SCAN_TOKENS = 1 << 16  # and at most this many at a time: bounded memory

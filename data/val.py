@@ -9,7 +9,7 @@ import torch
 
 from data.regions import Region, meta_vouches, names, open_regions, out_of_vocabulary, resolve_files, split_tail
 from data.shards import ShardError
-from plural import plural
+from data.plural import plural
 
 PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss skips these targets
 

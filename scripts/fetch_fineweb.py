@@ -17,8 +17,6 @@ from urllib.parse import urlparse
 
 from huggingface_hub import constants, hf_hub_download
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.shards import ShardError, open_shard
 

@@ -29,11 +29,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from optional import import_optional
-from trainer.config import ROOT, Config, ConfigError, apply_file, config_chain
+from trainer import ROOT
+from trainer.config import Config, ConfigError, apply_file, config_chain
+from trainer.optional import import_optional
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
 NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss", "time_to_target_s",

@@ -7,7 +7,7 @@
 
 Reads each run folder's metrics.jsonl and, once the run has finished, its summary.json: a run that is
 still going, or was killed, plots what it has logged. train.py draws runs/<run_id>/loss.png at the end of
-every run, and scripts/bench_recipe.py and `scripts/leaderboard.py --plot` theirs, with the same functions
+every run, and scripts/bench/recipe.py and `scripts/leaderboard.py --plot` theirs, with the same functions
 (trainer/plots.py; matplotlib's Agg backend, no display).
 """
 from __future__ import annotations
@@ -16,8 +16,6 @@ import argparse
 import sys
 from pathlib import Path
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.plots import X_AXES, PlotError, plot_runs
 

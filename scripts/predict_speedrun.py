@@ -16,13 +16,10 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import get_model
 from trainer.config import Config, parse_args as parse_train_args

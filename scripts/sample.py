@@ -20,8 +20,6 @@ from pathlib import Path
 
 import torch
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer

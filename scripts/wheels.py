@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from trainer import ROOT
+
 # pip matches a manylinux tag exactly, so name every glibc a node may have: 2.17 (CentOS 7) and later
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from model import get_model
-from optim import build_optimizers
+from optim.groups import build_optimizers
 from trainer.config import parse_args
 from trainer.memory import estimate
 

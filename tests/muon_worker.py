@@ -17,9 +17,11 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from atomic import atomic_path
+from trainer.atomic import atomic_path
 from model import get_model
-from optim import OptimConfig, build_optimizers, muon
+from optim import muon
+from optim.config import OptimConfig
+from optim.groups import build_optimizers
 from optim.muon import Muon, ns_flops
 from tests.helpers import exit_skipping_teardown
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as tdist
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from atomic import atomic_path
+from trainer.atomic import atomic_path
 from model import get_model
 from model.gpt import GPT, Block
 from trainer import distributed

@@ -1,16 +1,16 @@
-"""scripts/bench_memory.py on tiny sizes: real processes, real /proc accounting, generated data removed."""
+"""scripts/bench/memory.py on tiny sizes: real processes, real /proc accounting, generated data removed."""
 import json
 import sys
 
 import pytest
 
-from scripts import bench_memory
+from scripts.bench import memory as bench_memory
 from tests.helpers import run
 
 
 def test_two_processes_share_the_shard_pages(tmp_path):
     out = tmp_path / "mem.json"
-    proc = run([sys.executable, "-m", "scripts.bench_memory", "--size-gb", "0.02", "--procs", "2", "--tmp",
+    proc = run([sys.executable, "-m", "scripts.bench.memory", "--size-gb", "0.02", "--procs", "2", "--tmp",
                 str(tmp_path), "--json", str(out)], timeout=240)
     shared = json.loads(out.read_text())["shared"]
     assert "| total |" in proc.stdout and "larger than memory: skipped (pass --big" in proc.stdout

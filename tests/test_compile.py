@@ -9,7 +9,8 @@ from torch._dynamo.utils import counters
 
 import model.gpt
 from model import get_model
-from optim import OptimConfig, build_optimizers
+from optim.config import OptimConfig
+from optim.groups import build_optimizers
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.parallel import ParallelModel, parallelize

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from model import get_model
-from optim import OptimConfig, build_optimizers
+from optim.config import OptimConfig
+from optim.groups import build_optimizers
 from tests.helpers import run, tiny_args, tiny_data
 from tests.muon_worker import GPT_CONFIG
 from trainer import distributed

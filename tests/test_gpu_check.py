@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from data.val import PAD_TARGET
-from scripts import gpu_check, kernel_check, train_probe
+from scripts.gpu_check import kernels as kernel_check, probe as train_probe, runner as gpu_check
 from data.meta import read_meta
 from data.shards import open_shard
 from tests.helpers import ROOT, demo_data, make_shards, run, stock_node
@@ -312,7 +312,7 @@ def test_a_check_killed_mid_run_still_reports_what_it_measured(tmp_path):
     # the probe's JSON after its window and metrics.jsonl are what a timeout leaves: SIGKILL, no summary.json
     make_shards(tmp_path, [60_000], vocab=257)
     out, runs = tmp_path / "probe.json", tmp_path / "runs"
-    cmd = [sys.executable, "-m", "scripts.train_probe", f"--probe-out={out}", "--probe-skip=1", "--probe-steps=3",
+    cmd = [sys.executable, "-m", "scripts.gpu_check.probe", f"--probe-out={out}", "--probe-skip=1", "--probe-steps=3",
            "--config", "configs/tiny.toml", f"--data.train={tmp_path}/test_train_*.bin", "--data.val=",
            "--model.vocab_size=257", "--optim.name=muon", "--train.max_steps=100000", f"--log.dir={runs}",
            "--log.run_id=k", "--log.every_steps=1"]

@@ -6,7 +6,7 @@ import sys
 import pytest
 from matplotlib.image import imread
 
-from atomic import write_json
+from trainer.atomic import write_json
 from scripts.leaderboard import (SummaryError, find_summaries, format_table, group_rows, load_summary, mean_std,
                                  t_test_below)
 from tests.helpers import run

@@ -409,7 +409,7 @@ def test_memory_does_not_grow_with_the_number_of_windows(tmp_path):
 @pytest.mark.slow  # ~30 s, most of it importing torch on a busy 2-core machine
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run([sys.executable, "-m", "scripts.bench_loader", "--size-gb", "0.01", "--skip-big", "--seconds", "0.1",
+    proc = run([sys.executable, "-m", "scripts.bench.loader", "--size-gb", "0.01", "--skip-big", "--seconds", "0.1",
                 "--rounds", "1", "--pairs", "2", "--track-s", "0", "--tmp", str(tmp_path), "--json", str(out)],
                timeout=300)
     result = json.loads(out.read_text())

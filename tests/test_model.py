@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import model.gpt
 from model import GPTConfig, get_model
-from optim import OptimConfig, build_optimizers, param_roles
+from optim.config import OptimConfig
+from optim.groups import build_optimizers, param_roles
 from trainer.clock import lr_multiplier
 from trainer.config import parse_args
 

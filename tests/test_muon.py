@@ -7,7 +7,8 @@ import torch
 
 import train as trainer
 from model import get_model
-from optim import OptimConfig, build_optimizers
+from optim.config import OptimConfig
+from optim.groups import build_optimizers
 from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from tests.helpers import ROOT, torchrun
 from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train

@@ -1,4 +1,4 @@
-"""The recipe configs say what their tracks need, and scripts/bench_recipe.py compares two real train.py runs."""
+"""The recipe configs say what their tracks need, and scripts/bench/recipe.py compares two real train.py runs."""
 import json
 import math
 import os
@@ -10,7 +10,7 @@ import torch
 from matplotlib.image import imread
 
 from model import get_model
-from scripts import bench_recipe
+from scripts.bench import recipe as bench_recipe
 from tests.helpers import ROOT, run
 from trainer.config import parse_args
 
@@ -175,7 +175,7 @@ def test_time_to_reach_reads_the_first_eval_at_or_below(tmp_path):
 @pytest.mark.slow
 def test_bench_trains_both_recipes_for_real(small_demo, tmp_path):
     out = tmp_path / "bench.json"
-    proc = run([sys.executable, "-m", "scripts.bench_recipe", "--budget", "8", "--eval-every", "2",
+    proc = run([sys.executable, "-m", "scripts.bench.recipe", "--budget", "8", "--eval-every", "2",
                 "--baseline-steps", "30", "--data", str(small_demo), "--runs", str(tmp_path / "runs"),
                 "--json", str(out), *(f"--override={o}" for o in TINY)], timeout=300, cwd=ROOT)
     res = json.loads(out.read_text())

@@ -8,15 +8,19 @@ import pytest
 
 from tests.helpers import ROOT
 
-SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.name != "__init__.py")
+SCRIPTS = sorted(p for p in (ROOT / "scripts").rglob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+
+
+def module(path):
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
 @pytest.mark.parametrize("how", ["path", "module"])
 def test_every_script_starts_by_path_and_as_a_module(how, tmp_path):
-    # By path from another folder, so that only the script itself can put the repository on sys.path;
+    # By path from another folder, so that only the venv's path (run.sh puts the project on it) finds the package;
     # as a module from the root, as `python -m` is used. All at once: each start is mostly torch's import.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    procs = {p.stem: subprocess.Popen([sys.executable, *([str(p)] if how == "path" else ["-m", f"scripts.{p.stem}"]),
+    procs = {module(p): subprocess.Popen([sys.executable, *([str(p)] if how == "path" else ["-m", module(p)]),
                                        "--help"], cwd=tmp_path if how == "path" else ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for p in SCRIPTS}
@@ -25,7 +29,13 @@ def test_every_script_starts_by_path_and_as_a_module(how, tmp_path):
         out, err = proc.communicate(timeout=180)
         if proc.returncode != 0 or "usage:" not in out:
             failed[name] = f"exit {proc.returncode}: {(err.strip().splitlines() or [out[-300:]])[-1]}"
-    assert len(SCRIPTS) >= 7 and not failed, failed
+    assert len(SCRIPTS) >= 11 and not failed, failed
+
+
+def test_no_file_outside_tests_edits_sys_path():
+    code = [ROOT / "train.py", *(p for d in ("data", "model", "optim", "trainer", "scripts") for p in (ROOT / d).rglob("*.py"))]
+    edits = [str(p.relative_to(ROOT)) for p in code if "sys.path" in p.read_text()]
+    assert not edits, f"{edits}: import the project as a package (run.sh puts it on the venv's path)"
 
 
 @pytest.mark.parametrize("cmd", [["-m", "data.prepare"], ["train.py"]])

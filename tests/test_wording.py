@@ -4,7 +4,7 @@ import pytest
 from data.loader import TokenLoader
 from data.val import val_batches
 from data.shards import ShardError
-from plural import plural
+from data.plural import plural
 from tests.helpers import make_shards
 
 

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from model.config import GPTConfig, OptimConfig, choices, value_type
-from optional import import_optional
-from trainer import starter
-
-ROOT = Path(__file__).resolve().parents[1]
+from model.config import GPTConfig, choices, value_type
+from optim.config import OptimConfig
+from trainer import ROOT, starter
+from trainer.optional import import_optional
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 
 from model import get_model
 from model.gpt import GPTConfig
-from optim import param_roles
+from optim.groups import param_roles
 from trainer import distributed
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist

@@ -17,13 +17,12 @@ from typing import Any, TextIO
 
 import torch
 
-from atomic import reporting_full_disk, write_json
-from optional import import_optional
+from trainer import ROOT
+from trainer.atomic import reporting_full_disk, write_json
 from trainer.config import ConfigError
 from trainer.distributed import Dist
 from trainer.mfu import peak_flops
-
-ROOT = Path(__file__).resolve().parents[1]
+from trainer.optional import import_optional
 
 
 @dataclass

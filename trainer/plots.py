@@ -3,7 +3,7 @@
 plot_runs draws the val loss (points and line) and smoothed train loss of one or more run folders from their
 metrics.jsonl and, once a run has finished, its summary.json: a run that is still going, or was killed, plots
 what it has logged. train.py draws runs/<run_id>/loss.png with plot_or_warn at the end of every run;
-scripts/plot.py is the command line, and scripts/bench_recipe.py and `scripts/leaderboard.py --plot` draw
+scripts/plot.py is the command line, and scripts/bench/recipe.py and `scripts/leaderboard.py --plot` draw
 theirs with this module too. matplotlib is imported only to draw, so importing this module costs nothing.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atomic import atomic_path
-from optional import import_optional
+from trainer.atomic import atomic_path
+from trainer.optional import import_optional
 
 X_AXES = {"time": "training time (s)", "tokens": "tokens", "steps": "step"}
 SIZE_IN, DPI = (10.0, 6.0), 100  # 1000 x 600 pixels per panel row: readable in a README at full width

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from trainer import ROOT
+
 HACKATHON_CONFIG = ROOT / "configs" / "hackathon_32gpu.toml"
 
 # flag: (its type, the keys it sets with their values, from the flag's value)

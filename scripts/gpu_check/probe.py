@@ -1,6 +1,6 @@
 """train.py with a probe attached from outside: where a step's time goes, compile health, memory.
 
-    python -m scripts.train_probe --probe-out OUT.json --config configs/speedrun_8xh100.toml [train.py arguments]
+    python -m scripts.gpu_check.probe --probe-out OUT.json --config configs/speedrun_8xh100.toml [train.py arguments]
 
 It runs train.main itself, so the step it times is the real one (train_step, the flag exchange, the log line),
 not a copy, and train.py knows nothing of it: the probe wraps train.py's functions (setup, warm_up, train,
@@ -41,11 +41,9 @@ from typing import Any, Callable
 
 import torch
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train as trainpy
-from atomic import write_json
+from trainer.atomic import write_json
 from data.shards import ShardError
 from trainer.config import ConfigError
 from trainer.metrics import peak_mem_gb
@@ -197,7 +195,7 @@ class Probe:
     def _wrap(name: str, hook: Callable) -> None:
         real = getattr(trainpy, name, None)
         if real is None:
-            raise SystemExit(f"train_probe: train.py has no function {name}(); update scripts/train_probe.py")
+            raise SystemExit(f"gpu_check.probe: train.py has no function {name}(); update scripts/gpu_check/probe.py")
         setattr(trainpy, name, lambda *args, **kwargs: hook(real, *args, **kwargs))
 
     def save(self, stage: str) -> None:
@@ -398,7 +396,7 @@ class Batches:
 
 def main(argv: list[str]) -> None:
     """Run train.py's main on the arguments that are not the probe's."""
-    p = argparse.ArgumentParser(prog="python -m scripts.train_probe", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check.probe", description=__doc__.split("\n")[0],
                                 epilog="every other argument goes to train.py", allow_abbrev=False)
     p.add_argument("--probe-out", type=Path, required=True, help="the probe's JSON")
     p.add_argument("--probe-skip", type=int, default=PROBE_SKIP, help="timed steps before the window")

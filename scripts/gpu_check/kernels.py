@@ -1,7 +1,7 @@
 """The kernels the recipes lean on, checked on the device that will run them (a part of scripts/gpu_check.sh).
 
-    python -m scripts.kernel_check --out OUT.json --data DIR          # CUDA: the speedrun's attention in bf16
-    python -m scripts.kernel_check --out OUT.json --data DIR --cpu    # tiny sizes, as far as a CPU goes
+    python -m scripts.gpu_check.kernels --out OUT.json --data DIR          # CUDA: the speedrun's attention in bf16
+    python -m scripts.gpu_check.kernels --out OUT.json --data DIR --cpu    # tiny sizes, as far as a CPU goes
 
 flex  FlexAttention with the speedrun's mask (causal, its window, the document mask), compiled as the compiled
       model runs it, against SDPA given the same mask as a dense boolean tensor (model/gpt.py's attention_mask),
@@ -28,15 +28,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atomic import write_json
 from data.loader import TokenLoader
 from model.gpt import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
+from trainer import ROOT
+from trainer.atomic import write_json
 from trainer.config import parse_args as parse_train_args
 
-ROOT = Path(__file__).resolve().parents[1]
 RING_BATCHES = 200
 FLEX_MAX_T = 4096
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
@@ -198,13 +195,13 @@ def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | No
 
 def main(argv: list[str] | None = None) -> None:
     """Run both checks and write their results to --out (rewritten after each)."""
-    p = argparse.ArgumentParser(prog="python -m scripts.kernel_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check.kernels", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True, help="gpu_check's data folder (random/ and raw/)")
     p.add_argument("--cpu", action="store_true", help="tiny sizes on CPU")
     args = p.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
-        sys.exit("kernel_check: no CUDA device; use --cpu")
+        sys.exit("gpu_check.kernels: no CUDA device; use --cpu")
     device = torch.device("cpu" if args.cpu else "cuda")
     speedrun, hackathon = (parse_train_args(["--config", str(ROOT / "configs" / f"{name}.toml")])
                            for name in ("speedrun_8xh100", "hackathon_32gpu"))

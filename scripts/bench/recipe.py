@@ -1,8 +1,8 @@
 """Does the modern recipe beat nanoGPT's CPU recipe? Both trained as the CPU track runs them, one after the other.
 
-    python -m scripts.bench_recipe [--budget 80] [--data shards/demo] [--json bench.json]
-    python -m scripts.bench_recipe --budget 20 --baseline-steps 300 --override eval.tokens=16384  # a quick look
-    python -m scripts.bench_recipe --budget 60 --ab model.attn_scale=0.12   # configs/cpu.toml without / with
+    python -m scripts.bench.recipe [--budget 80] [--data shards/demo] [--json bench.json]
+    python -m scripts.bench.recipe --budget 20 --baseline-steps 300 --override eval.tokens=16384  # a quick look
+    python -m scripts.bench.recipe --budget 60 --ab model.attn_scale=0.12   # configs/cpu.toml without / with
 
 Trains configs/baseline_cpu.toml (nanoGPT's recipe: its 2,000 steps, however long they take) and then
 configs/cpu.toml for --budget seconds, through train.py (subprocesses, no special path), on the same shards
@@ -30,16 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atomic import write_json
 from model import get_model
+from trainer import ROOT
+from trainer.atomic import write_json
 from trainer.config import parse_args as parse_train_args
 from trainer.data import resolve_data
 from trainer.plots import plot_runs, read_run
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"baseline": "configs/baseline_cpu.toml", "modern": "configs/cpu.toml"}
 PARAM_TOLERANCE = 0.15  # baseline_cpu.toml is nanoGPT's fixed 4 x 128 recipe: 845K parameters to cpu.toml's 935K
 PREPARE = ["--demo", "--tokenizer", "bytes", "--val-tokens", "1000000", "--shard-tokens", "10000000"]
@@ -47,7 +44,7 @@ PREPARE = ["--demo", "--tokenizer", "bytes", "--val-tokens", "1000000", "--shard
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m scripts.bench_recipe", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.recipe", description=__doc__.split("\n")[0])
     p.add_argument("--budget", type=float, default=80.0,
                    help="training seconds of the modern recipe (the baseline trains its 2,000 steps); "
                         "with --ab, of both")
@@ -198,7 +195,7 @@ def table(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of `python -m scripts.bench_recipe`."""
+    """Entry point of `python -m scripts.bench.recipe`."""
     args = parse_args(argv)
     ensure_data(args.data)
     stamp = time.strftime("%Y%m%d-%H%M%S")

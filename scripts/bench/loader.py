@@ -1,8 +1,8 @@
 """Benchmark the TokenLoader against what the tracks need, side by side with the loader it replaced.
 
-    python -m scripts.bench_loader                       # ~2 GB of random uint16 shards in a temp dir
-    python -m scripts.bench_loader --data 'shards/fineweb/*train*.bin' --skip-big --json bench.json
-    python -m scripts.bench_loader --track-s 0           # without the two short CPU-track training runs
+    python -m scripts.bench.loader                       # ~2 GB of random uint16 shards in a temp dir
+    python -m scripts.bench.loader --data 'shards/fineweb/*train*.bin' --skip-big --json bench.json
+    python -m scripts.bench.loader --track-s 0           # without the two short CPU-track training runs
 
 "before" is data/loader.py of commit BEFORE, read from git into a module of its own (a loader with two
 background threads); "after" is this tree's. Each row prints its target, judged on "after":
@@ -39,15 +39,12 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import data.loader
-from atomic import write_json
 from data.regions import resolve_files
 from data.shards import open_shard, write_shard
+from trainer import ROOT
+from trainer.atomic import write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 BEFORE = "f4d8184"  # the last commit of the two-thread loader
 B, T = 16, 1024
 SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
@@ -248,7 +245,7 @@ def track_wait(tmp: Path, before: bool, seconds: float) -> float:
                         "--workers", "1"], cwd=ROOT, check=True, capture_output=True)
     name = "before" if before else "after"
     swap = "sys.modules['data.loader'] = before_module(); " if before else ""
-    boot = (f"import runpy, sys; from scripts.bench_loader import before_module; {swap}"
+    boot = (f"import runpy, sys; from scripts.bench.loader import before_module; {swap}"
             f"sys.argv = sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
     subprocess.run([sys.executable, "-c", boot, "train.py", "--config", "configs/cpu.toml",
                     f"--data.train={demo}/demo_train_*.bin", f"--data.val={demo}/demo_val_*.bin",

@@ -15,11 +15,11 @@ it ran out:
                wrapped in DDP as the 8-GPU run is (train.ddp_always)
     text       the same run on the demo corpus: the loss must fall, but not to ~0 (a leaking mask would). Its
                model, vocabulary and shapes are the speedrun's, so it loads the speedrun's compiled graphs
-    kernels    scripts/kernel_check.py: FlexAttention vs SDPA in bf16 (output and gradients, head size 128,
+    kernels    scripts/gpu_check/kernels.py: FlexAttention vs SDPA in bf16 (output and gradients, head size 128,
                document mask + window), its backward's compile, the pinned loader ring vs the CPU path
     hackathon  configs/hackathon_32gpu.toml (its model and per-GPU batch) on random raw chunks
 The training checks save no checkpoint (train.save_checkpoint = false): that is not what they measure. They run
-train.py under scripts/train_probe.py, which times the phases of ~30 real steps with CUDA events
+train.py under scripts/gpu_check/probe.py, which times the phases of ~30 real steps with CUDA events
 (forward+backward, each optimizer, the flag exchange, the GPU's idle gap, data wait), counts graph breaks,
 recompiles and dynamic (symbolic-size) graphs in training, in two back-to-back evals halfway through the
 budget and in the training after them, and times the compiles; it rewrites its JSON after every stage, and
@@ -55,16 +55,13 @@ from typing import Iterable
 import numpy as np
 import torch
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from atomic import atomic_path, write_json
 from data.meta import META, read_meta
 from data.shards import open_shard, write_shard
+from trainer import ROOT
+from trainer.atomic import atomic_path, write_json
 from trainer.config import parse_args as parse_train_args
 from trainer.mfu import gpu_peak_flops
 
-ROOT = Path(__file__).resolve().parents[1]
 GPT2_VOCAB, GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50257, 50256, 32000, 256
 MEAN_DOC_TOKENS = 1000  # FineWeb documents average about this many GPT-2 tokens
 LEAK_FLOOR = 0.3  # nats per byte: a causal byte model cannot get this low in seconds; one that sees targets can
@@ -76,7 +73,7 @@ CALL_S = 540  # the whole check, shell bound included: a device call runs 600 s 
 SPEEDRUN_MIN_S = 230  # the speedrun check's least timeout: a cold compile of its model and eval shape, and a margin
 CHECKS = ("speedrun", "text", "kernels", "hackathon")
 TRAINING = ("speedrun", "hackathon", "text")
-PHASES = ("data", "forward+backward", "adamw", "muon", "other", "flags", "idle")  # train_probe's, in step order
+PHASES = ("data", "forward+backward", "adamw", "muon", "other", "flags", "idle")  # the probe's, in step order
 # Thresholds of the verdicts
 MFU_FLOOR = 0.30  # the MFU the speedrun's budget assumes (scripts/predict_speedrun.py)
 DATA_WAIT_MAX = 0.01  # of a step: the loader must hide behind the GPU
@@ -100,7 +97,7 @@ class Sizes:
     # the demo corpus' val loss must fall below this: ln(50,257) = 10.8 at init, and its bytes' unigram entropy
     # is 3.1 nats, so a GPU's figure below that needs context
     text_max_loss: float
-    probe: tuple[int, int]  # train_probe's window: steps skipped, steps timed
+    probe: tuple[int, int]  # the probe's window: steps skipped, steps timed
     overrides: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # for the subprocesses, on top of ours
 
@@ -308,7 +305,7 @@ def steady(run_dir: Path) -> tuple[float | None, float | None]:
 
 
 def run_training(name: str, work: Path, sizes: Sizes, deadline: float) -> dict:
-    """Train one check under train_probe; collect summary.json, the probe's JSON and metrics.jsonl, whatever
+    """Train one check under the probe; collect summary.json, the probe's JSON and metrics.jsonl, whatever
     the exit."""
     argv, init = check_args(name, work, sizes)
     argv.append(f"--eval.tokens={eval_tokens(argv, sizes.eval_batches)}")
@@ -317,7 +314,7 @@ def run_training(name: str, work: Path, sizes: Sizes, deadline: float) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     probe_path.unlink(missing_ok=True)
     skip, steps = sizes.probe
-    cmd = [sys.executable, "-m", "scripts.train_probe", f"--probe-out={probe_path}", f"--probe-skip={skip}",
+    cmd = [sys.executable, "-m", "scripts.gpu_check.probe", f"--probe-out={probe_path}", f"--probe-skip={skip}",
            f"--probe-steps={steps}", *argv]
     row = {"check": name, "args": argv, "init_loss": init}
     row.update(run_timed(name, cmd, work, sizes, deadline))
@@ -386,10 +383,10 @@ def _first(*values):
 
 
 def run_kernels(work: Path, sizes: Sizes, deadline: float, cpu: bool) -> dict:
-    """scripts/kernel_check.py on the data built for the checks."""
+    """scripts/gpu_check/kernels.py on the data built for the checks."""
     out = work / "runs" / "kernels.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "scripts.kernel_check", f"--out={out}", f"--data={work / 'data'}",
+    cmd = [sys.executable, "-m", "scripts.gpu_check.kernels", f"--out={out}", f"--data={work / 'data'}",
            *(["--cpu"] if cpu else [])]
     row = {"check": "kernels", **run_timed("kernels", cmd, work, sizes, deadline)}
     row["kernels"] = read_json(out)
@@ -529,7 +526,7 @@ def speed_verdicts(row: dict, probe: dict, cpu: bool) -> list[dict]:
 
 
 def kernel_verdicts(row: dict, cpu: bool) -> list[dict]:
-    """The verdicts of scripts/kernel_check.py's results."""
+    """The verdicts of scripts/gpu_check/kernels.py's results."""
     k = row.get("kernels") or {}
     out = [line("kernels", "ran to the end", "PASS" if row["status"] == "ok" else "FAIL", row["status"],
                 f"exit 0 within {row.get('timeout_s', '?')} s")]

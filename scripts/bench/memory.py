@@ -1,7 +1,7 @@
 """Memory of many processes streaming the same shards through TokenLoader: shared file pages, flat heap.
 
-    python -m scripts.bench_memory                          # 4 GB of shards, 8 processes
-    python -m scripts.bench_memory --big --json mem.json    # also a data set larger than the free memory
+    python -m scripts.bench.memory                          # 4 GB of shards, 8 processes
+    python -m scripts.bench.memory --big --json mem.json    # also a data set larger than the free memory
 
 Part 1 (shared): --procs processes each stream the whole --size-gb data set once (each is world_size=1:
 the worst case for memory, every process maps every page of every shard). Per process: anonymous RSS
@@ -19,18 +19,15 @@ import argparse
 import multiprocessing as mp
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if not __package__:  # run by path (python scripts/x.py), not as python -m scripts.x: the root is not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atomic import write_json
+from trainer.atomic import write_json
 from data.loader import TokenLoader
 from data.shards import open_shard
-from scripts.bench_loader import B, T, evict, make_data, rss_anon_mb
+from scripts.bench.loader import B, T, evict, make_data, rss_anon_mb
 
 GB = 1e9
 BIG_MIN_GB = 30.0

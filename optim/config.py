@@ -1,0 +1,41 @@
+"""The [optim] config section as a dataclass, free of torch (trainer/config.py reads it before torch loads)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from model.config import check_choices
+
+
+@dataclass
+class OptimConfig:
+    """The [optim] section."""
+    name: Literal["adamw", "muon"] = "adamw"  # "adamw": one AdamW for all; "muon": Muon + AdamW groups (speedrun)
+    lr: float = 6e-4  # adamw: learning rate of every parameter
+    weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
+    eps: float = 1e-8  # Adam epsilon (both recipes)
+    grad_clip: float = 0.0  # > 0: scale the gradients down to this global norm before every step; 0 = off
+    embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
+    head_lr: float = 0.008  # muon: Adam rate of the untied head
+    scalar_lr: float = 0.04  # muon: Adam rate of norms, biases and learned scalars
+    muon_lr: float = 0.05  # muon: rate of the hidden matrices of the blocks
+    muon_momentum: float = 0.95  # muon: Nesterov momentum
+    muon_momentum_warmup_steps: int = 0  # muon: steps of the linear momentum warm-up (0 = none; records: 300)
+    muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
+    ns_steps: int = 5  # muon: Newton-Schulz iterations
+    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see optim/muon.py)
+
+    def __post_init__(self) -> None:
+        check_choices(self, "optim config")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
+        if self.muon_momentum_warmup_steps < 0:
+            raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
+                             ">= 0 (0 = no warm-up)")
+        if not 0 <= self.muon_momentum_start < 1:
+            raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
+                             "e.g. 0.85")

@@ -1,0 +1,75 @@
+"""The optimizers for the GPT's parameter groups: AdamW alone (baseline) or Muon for hidden matrices + AdamW for the rest.
+
+Learning-rate contract with the trainer: every param group stores its base rate in `group["initial_lr"]`;
+the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of every optimizer, each step.
+Muon's groups also carry their momentum warm-up (`initial_momentum`, `momentum_start`, `momentum_warmup_steps`),
+and the trainer sets `group["momentum"] = warmup_momentum(group, step)` next to the rate: a function of the
+step alone, so a resumed run gets the same values.
+All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from model.gpt import GPT, Attention
+from optim.config import OptimConfig
+from optim.muon import Muon
+
+
+def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar"."""
+    gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
+    if gpt is None:
+        raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")
+    embeds = {id(m.weight) for m in gpt.modules() if isinstance(m, nn.Embedding)}
+    hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2}
+    roles = {"matrix": [], "embed": [], "head": [], "scalar": []}
+    for p in gpt.parameters():
+        if id(p) in embeds:
+            roles["embed"].append(p)
+        elif p is gpt.lm_head.weight:
+            roles["head"].append(p)
+        else:
+            roles["matrix" if id(p) in hidden else "scalar"].append(p)
+    return roles
+
+
+def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over non-empty groups, fused when every parameter is on CUDA."""
+    groups = [g for g in groups if g["params"]]
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    fused = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
+    """The optimizers for `model` (a GPT, possibly wrapped by DDP/FSDP2/compile) under recipe `cfg.name`."""
+    roles = param_roles(model)
+    if cfg.name == "adamw":
+        return [_adamw([
+            {"params": roles["matrix"] + roles["head"], "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+            {"params": roles["embed"] + roles["scalar"], "lr": cfg.lr, "weight_decay": 0.0},
+        ], cfg)]
+    adam = _adamw([
+        {"params": roles["embed"], "lr": cfg.embed_lr, "weight_decay": 0.0},
+        {"params": roles["head"], "lr": cfg.head_lr, "weight_decay": 0.0},
+        {"params": roles["scalar"], "lr": cfg.scalar_lr, "weight_decay": 0.0},
+    ], cfg)
+    fused = {id(m.qkv.weight) for m in model.modules() if isinstance(m, Attention)}
+    groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": 3},  # Q, K, V apart (records)
+              {"params": [p for p in roles["matrix"] if id(p) not in fused]}]
+    muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr)
+    for g in muon.param_groups:
+        g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
+                 momentum_warmup_steps=cfg.muon_momentum_warmup_steps)
+    return [adam, muon]
+
+
+def warmup_momentum(group: dict, step: int) -> float:
+    """Muon's momentum at `step`: linear from `momentum_start` at step 0 to `initial_momentum` at
+    `momentum_warmup_steps`, then constant (the records: 0.85 -> 0.95 over 300 steps)."""
+    frac = min(step / group["momentum_warmup_steps"], 1.0) if group["momentum_warmup_steps"] else 1.0
+    return (1 - frac) * group["momentum_start"] + frac * group["initial_momentum"]  # exactly the target at 1
