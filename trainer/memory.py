@@ -27,7 +27,7 @@ from trainer.distributed import Dist
 
 GB = 1e9
 # Warn above 60% of the limit: the estimate counts live tensors only; this CPU's peak RSS grew 1.05-1.5x the
-# estimate (allocator slack, backward's temporaries; tests/test_memory.py measures it), a GPU's caching
+# estimate (allocator slack, backward's temporaries; tests/trainer/test_memory.py measures it), a GPU's caching
 # allocator keeps some slack too.
 NEAR = 0.6
 

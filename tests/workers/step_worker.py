@@ -1,7 +1,7 @@
-"""torchrun worker for tests/test_step.py: clipped gradients under DDP and FSDP2 (eager and compiled), and the
+"""torchrun worker for tests/trainer/test_parallel.py: clipped gradients under DDP and FSDP2 (eager and compiled), and the
 one-step-late flag exchange, on gloo.
 
-usage: torchrun --nproc_per_node=W tests/step_worker.py OUT.pt
+usage: torchrun --nproc_per_node=W tests/workers/step_worker.py OUT.pt
 Rank 0 saves {"clip": {case: (norm, loss, full clipped gradients)}, "late": [each rank's collect() results],
 "compiled": {case: (Block.forward compiled, GPT.head_loss compiled)}}. The test compares with one process.
 """

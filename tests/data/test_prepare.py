@@ -177,7 +177,7 @@ def test_killed_runs_resume_to_the_same_output(tmp_path):
     common = ["--demo", "--max-docs", "200", "--val-tokens", "10000", "--shard-tokens", "100000", "--workers", "1"]
     out = tmp_path / "killed"
     for shards in (3, 2):  # SIGKILLed right after its 3rd (then 2nd) shard is renamed, before meta.json lists it
-        proc = subprocess.run([sys.executable, str(ROOT / "tests" / "die_at.py"), "data.shards:write_shard",
+        proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "die_at.py"), "data.shards:write_shard",
                                str(shards), "-m", "data.prepare", *common, "--out", str(out)], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

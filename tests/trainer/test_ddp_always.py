@@ -13,7 +13,7 @@ from model import get_model
 from optim.config import OptimConfig
 from optim.groups import build_optimizers
 from tests.helpers import run, tiny_args, tiny_data
-from tests.muon_worker import GPT_CONFIG
+from tests.workers.muon_worker import GPT_CONFIG
 from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.parallel import parallelize

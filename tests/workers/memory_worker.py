@@ -1,6 +1,6 @@
 """One process: two real training steps of a config, then print its peak RSS growth and the estimate as JSON.
 
-usage: python tests/memory_worker.py --config configs/X.toml [--section.key=value ...]
+usage: python tests/workers/memory_worker.py --config configs/X.toml [--section.key=value ...]
 The growth is VmHWM (peak resident memory) minus the resident memory before the model was built.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from optim.config import OptimConfig
 from optim.groups import build_optimizers
 from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from tests.helpers import ROOT, torchrun
-from tests.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
+from tests.workers.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -226,7 +226,7 @@ def test_momentum_warm_up_resumes_exactly(tmp_path):
 def ranks(request, tmp_path_factory):
     """(world size, what the worker's DDP and FSDP2 runs saved): one torchrun launch per world size."""
     out = tmp_path_factory.mktemp("muon") / "results.pt"
-    torchrun([ROOT / "tests" / "muon_worker.py", out], nproc=request.param, env={"PYTHONPATH": str(ROOT)})
+    torchrun([ROOT / "tests" / "workers" / "muon_worker.py", out], nproc=request.param, env={"PYTHONPATH": str(ROOT)})
     return request.param, torch.load(out, weights_only=True)
 
 

@@ -1,7 +1,7 @@
 """torchrun worker: two optimizer steps under DDP, then FSDP2, on gloo; rank 0 saves the full final weights and
 the collectives and Newton-Schulz work of every rank's optimizer steps.
 
-usage: torchrun --nproc_per_node=W tests/muon_worker.py OUT.pt
+usage: torchrun --nproc_per_node=W tests/workers/muon_worker.py OUT.pt
     (saves {"weights": {mode: {case: state}}, "work": {mode: {case: [Work as a dict, per rank]}}})
 The test runs the same steps in one process (`train` with no wrapping) and compares.
 """

@@ -19,7 +19,7 @@ import torch
 
 from trainer.atomic import DiskFullError, atomic_path, write_text
 from model import get_model
-from tests.fault_writer import CONFIG
+from tests.workers.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
 from trainer.checkpoint import save_checkpoint, save_resume, save_space, tensor_bytes
 from trainer.distributed import Dist

@@ -1,7 +1,7 @@
-"""A writer that dies mid-write, for tests/test_faults.py.
+"""A writer that dies mid-write, for tests/e2e/test_faults.py.
 
-usage: python tests/fault_writer.py checkpoint PATH    # save_checkpoint, dying between the write and the rename
-       python tests/fault_writer.py shard PATH TOKENS  # write_shard of TOKENS ids, killed by the kernel mid-write
+usage: python tests/workers/fault_writer.py checkpoint PATH    # save_checkpoint, dying between the write and the rename
+       python tests/workers/fault_writer.py shard PATH TOKENS  # write_shard of TOKENS ids, killed by the kernel mid-write
 """
 from __future__ import annotations
 

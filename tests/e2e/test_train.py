@@ -130,8 +130,8 @@ def test_a_rank_that_cannot_see_the_resume_state_stops_with_the_fix(ddp_run, dem
 
 @pytest.mark.slow
 def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tmp_path):
-    # a lost node: every rank SIGKILLs itself right after the resume state of step 8 is saved (tests/die_at.py)
-    die = [ROOT / "tests" / "die_at.py", "trainer.checkpoint:save_resume", "step=8"]
+    # a lost node: every rank SIGKILLs itself right after the resume state of step 8 is saved (tests/workers/die_at.py)
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=8"]
     proc = torchrun([*die, *train_args(demo, tmp_path, "crash", "--train.checkpoint_every_s=1e-9")], check=False,
                     env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode != 0 and "exitcode: -9" in proc.stderr, proc.stderr[-5000:]

@@ -20,7 +20,7 @@ import torch
 
 from data.shards import open_shard, write_shard
 from model import get_model
-from tests.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
+from tests.workers.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
 from tests.helpers import ROOT, TRAIN, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
@@ -115,8 +115,8 @@ def test_a_killed_rank_restarts_and_repeats_the_uninterrupted_run(shards, tmp_pa
     # a short collective timeout bounds the failed restart: gloo waits that long to connect to a dead address
     every_step = ("--train.checkpoint_every_s=1e-9", f"--train.max_steps={STEPS}", "--train.dist_timeout_s=30")
     whole = start(torchrun_cmd(tiny_args(shards, tmp_path, "whole", *every_step)))
-    # rank 1 SIGKILLs itself once its resume state of step 6 is saved (tests/die_at.py), in the first attempt only
-    die = [ROOT / "tests" / "die_at.py", "trainer.checkpoint:save_resume", "step=6"]
+    # rank 1 SIGKILLs itself once its resume state of step 6 is saved (tests/workers/die_at.py), in the first attempt only
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=6"]
     killed = start(torchrun_cmd([*die, *tiny_args(shards, tmp_path, "killed", *every_step)],
                                 extra=("--max-restarts=1",)), env={"DIE_RANK": "1", "PYTHONPATH": str(ROOT)})
     run_dir = tmp_path / "killed"
@@ -159,7 +159,7 @@ def test_a_checkpoint_writer_dying_before_the_rename_leaves_the_old_one(tmp_path
     torch.manual_seed(0)
     good = get_model(CONFIG).state_dict()
     save_checkpoint(path, CONFIG, good, step=7)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fault_writer.py"), "checkpoint", str(path)],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "fault_writer.py"), "checkpoint", str(path)],
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == DIED_AT_RENAME, proc.stderr
@@ -172,7 +172,7 @@ def test_a_checkpoint_writer_dying_before_the_rename_leaves_the_old_one(tmp_path
 def test_a_shard_writer_killed_mid_write_leaves_the_old_shard(tmp_path):
     path = tmp_path / "x_train_000000.bin"
     write_shard(path, [1, 2, 3])
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fault_writer.py"), "shard", str(path),
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "workers" / "fault_writer.py"), "shard", str(path),
                            str(10_000_000)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGXFSZ, proc.stderr
@@ -220,9 +220,9 @@ def test_torchrun_ends_the_job_when_a_rank_stops_answering(shards, tmp_path, sta
 
 
 def ctrl_c_at_step_4(*where: str) -> tuple[list, dict]:
-    """tests/die_at.py's arguments and environment for a Ctrl-C after the save of step 4 (rank 0 sends it, to
+    """tests/workers/die_at.py's arguments and environment for a Ctrl-C after the save of step 4 (rank 0 sends it, to
     `where`: "parent" is torchrun's agent, which a terminal's Ctrl-C reaches)."""
-    die = [ROOT / "tests" / "die_at.py", "trainer.checkpoint:save_resume", "step=4"]
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=4"]
     return die, {"DIE_RANK": "0", "DIE_SIGNAL": "SIGINT", "PYTHONPATH": str(ROOT),
                  **({"DIE_TARGET": where[0]} if where else {})}
 

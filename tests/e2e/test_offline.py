@@ -2,7 +2,7 @@
 
 Each test runs a real interpreter that can import only the packages it names (tests/helpers.py stock_python),
 so a module-level import of an optional package would fail here. The wheel folder itself, and the check run
-from it, are in tests/test_gpu_check.py's CPU rehearsal.
+from it, are in tests/scripts/test_gpu_check.py's CPU rehearsal.
 """
 import json
 import sys

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, torchrun
-from tests.step_worker import CASES, CLIP, clipped
+from tests.workers.step_worker import CASES, CLIP, clipped
 from trainer.distributed import Dist
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("step") / "results.pt"
-    torchrun([ROOT / "tests" / "step_worker.py", out], env={"PYTHONPATH": str(ROOT)})
+    torchrun([ROOT / "tests" / "workers" / "step_worker.py", out], env={"PYTHONPATH": str(ROOT)})
     return torch.load(out, weights_only=True)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from data.prepare import main
 from tests.helpers import run
-from tests.test_prepare import documents_of, token_stream, write_corpus
+from tests.data.test_prepare import documents_of, token_stream, write_corpus
 
 
 def prepare_cli(capsys, *argv: str) -> tuple[str, str]:

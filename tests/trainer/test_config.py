@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TRAIN, run
+from tests.helpers import ROOT, TRAIN, run
 from trainer import starter
 from trainer.config import SECTIONS, ConfigError, parse_args, to_toml
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
 
 # configs/speedrun_1gpu.toml resolved as it was when it was a full copy of speedrun_8xh100.toml (before `base`)

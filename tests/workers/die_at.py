@@ -2,8 +2,8 @@
 A kill sent from the test after polling for a file comes too late on a fast machine (the run is done) or
 lands anywhere on a slow one; this one lands at the same point on any machine.
 
-usage: python tests/die_at.py MODULE:FUNCTION WHEN SCRIPT [ARG ...]
-       python tests/die_at.py MODULE:FUNCTION WHEN -m MODULE [ARG ...]
+usage: python tests/workers/die_at.py MODULE:FUNCTION WHEN SCRIPT [ARG ...]
+       python tests/workers/die_at.py MODULE:FUNCTION WHEN -m MODULE [ARG ...]
 WHEN: N, the n-th call; or NAME=VALUE, the first call whose argument NAME is VALUE (compared as text).
 
 Under torchrun: only the rank in $DIE_RANK (every rank when unset), and only in the first attempt, so that

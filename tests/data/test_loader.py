@@ -313,7 +313,7 @@ def test_two_ranks_under_torchrun(tmp_path):
     coded_shards(tmp_path, SIZES)
     out = tmp_path / "out"
     pattern = str(tmp_path / "*.bin")
-    torchrun([ROOT / "tests" / "loader_worker.py", pattern, out, 18, B, T], env={"PYTHONPATH": str(ROOT)})
+    torchrun([ROOT / "tests" / "workers" / "loader_worker.py", pattern, out, 18, B, T], env={"PYTHONPATH": str(ROOT)})
     got = [np.load(out / f"rank{r}.npz") for r in range(2)]
     for key, shuffle in (("train", True), ("sequential", False)):
         per_rank = [[windows(*torch.from_numpy(step)) for step in g[key]] for g in got]

@@ -1,6 +1,6 @@
 """torchrun worker: each rank iterates its TokenLoaders and val_batches and saves what it got.
 
-usage: torchrun --nproc_per_node=W tests/loader_worker.py GLOB OUT_DIR STEPS BATCH SEQ_LEN
+usage: torchrun --nproc_per_node=W tests/workers/loader_worker.py GLOB OUT_DIR STEPS BATCH SEQ_LEN
 Writes OUT_DIR/rank{r}.npz with `train` (the shuffled stream), `sequential` (shuffle=False) and `resumed`
 (the shuffled stream from a state saved after STEPS // 2 steps and loaded as train.py does), each
 [steps, 2, B, T], and `val` [2, rows, T]; the test checks the union.

@@ -45,7 +45,7 @@ def test_estimate_counts_states_sharding_and_activations():
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
 ], ids=["modern-activations", "gpt2-logits"])
 def test_estimate_is_a_lower_bound_close_to_a_real_step(argv):
-    out = run([sys.executable, str(ROOT / "tests" / "memory_worker.py"), *argv], env={"PYTHONPATH": str(ROOT)})
+    out = run([sys.executable, str(ROOT / "tests" / "workers" / "memory_worker.py"), *argv], env={"PYTHONPATH": str(ROOT)})
     r = json.loads(out.stdout)
     # Measured here: 1.2x (logits: large buffers the allocator returns) to 1.5x (many mid-size activations).
     assert r["estimate"] <= r["measured"] <= r["estimate"] / NEAR * 1.1, r
