@@ -6,7 +6,6 @@ nothing, unless its budget is extended. A run stopped by a signal, or killed, is
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,6 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
     if not done.exists():
         return None
     marker = json.loads(done.read_text())
-    if "config" not in marker:  # saved before done.json held it: config.toml was written at that run's start
-        marker["config"] = tomllib.loads((run_dir / "config.toml").read_text())
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     # a summary of an earlier stretch (a crash after a resume saved later steps) is not this state's end
