@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from data.val import PAD_TARGET
-from scripts.gpu_check import kernels as kernel_check, probe as train_probe, runner as gpu_check
+from scripts.gpu_check import kernels as kernel_check, probe as train_probe, runner as gpu_check, verdicts
 from data.meta import read_meta
 from data.shards import open_shard
 from tests.helpers import ROOT, demo_data, make_shards, run, stock_node
@@ -105,12 +105,12 @@ def test_the_gpu_plan_runs_the_speedrun_first_with_room_for_its_cold_compile():
 
 def test_loss_verdicts_catch_a_leaking_mask_and_a_model_that_does_not_learn():
     v = math.log(50257)
-    assert gpu_check.loss_verdict("speedrun", v + 0.01, v, 2.5)["verdict"] == "PASS"
-    assert gpu_check.loss_verdict("speedrun", v - 1.0, v, 2.5)["verdict"] == "FAIL"
-    assert gpu_check.loss_verdict("speedrun", None, v, 2.5)["verdict"] == "FAIL"
-    assert gpu_check.loss_verdict("text", 1.2, math.log(50257), 2.5)["verdict"] == "PASS"
+    assert verdicts.loss_verdict("speedrun", v + 0.01, v, 2.5)["verdict"] == "PASS"
+    assert verdicts.loss_verdict("speedrun", v - 1.0, v, 2.5)["verdict"] == "FAIL"
+    assert verdicts.loss_verdict("speedrun", None, v, 2.5)["verdict"] == "FAIL"
+    assert verdicts.loss_verdict("text", 1.2, math.log(50257), 2.5)["verdict"] == "PASS"
     for bad in (0.01, 4.0, float("nan")):
-        assert gpu_check.loss_verdict("text", bad, math.log(50257), 2.5)["verdict"] == "FAIL"
+        assert verdicts.loss_verdict("text", bad, math.log(50257), 2.5)["verdict"] == "FAIL"
 
 
 def probe_result(**changes) -> dict:
@@ -137,7 +137,7 @@ def probe_result(**changes) -> dict:
 def verdicts_of(probe: dict, cpu: bool = False) -> dict[str, str]:
     row = {"check": "speedrun", "status": "ok", "timeout_s": 165, "init_loss": math.log(50257), "probe": probe,
            **gpu_check.figures({"final_val_loss": 10.83}, probe, None, None)}
-    return {v["what"]: v["verdict"] for v in gpu_check.training_verdicts(row, gpu_check.GPU, cpu)}
+    return {v["what"]: v["verdict"] for v in verdicts.training_verdicts(row, gpu_check.GPU, cpu)}
 
 
 def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
@@ -164,7 +164,7 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
         got = verdicts_of(probe)
         assert got[what] in ("FAIL", "SLOW"), (what, got)
         assert {k: v for k, v in got.items() if k != what} == {k: v for k, v in clean.items() if k != what}
-    assert "s0" in {v["what"]: v for v in gpu_check.training_verdicts(
+    assert "s0" in {v["what"]: v for v in verdicts.training_verdicts(
         {"check": "speedrun", "status": "ok", "init_loss": 10.8, "probe": broken["no graph marked dynamic"]},
         gpu_check.GPU, False)}["no graph marked dynamic"]["measured"]
     # a stage that never came, or a torch that does not record graph sizes: said, not passed
@@ -178,7 +178,7 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
     assert verdicts_of(probe_result(eval_oom="CUDA out of memory", eval_oom_shape=[1, 262144])
                        )["eval at its configured shape fits"] == "FAIL"
     # a result the verdicts did not foresee is a FAIL line, not a crash that loses the single GPU run's JSON
-    [odd] = gpu_check.judged({"check": "speedrun", "status": "ok", "probe": {"warm_up": 3}}, gpu_check.GPU, False)
+    [odd] = verdicts.judged({"check": "speedrun", "status": "ok", "probe": {"warm_up": 3}}, gpu_check.GPU, False)
     assert odd["verdict"] == "FAIL" and odd["what"] == "verdicts"
 
 
@@ -186,7 +186,7 @@ def test_a_hackathon_compile_over_its_share_of_the_clock_is_slow():
     probe = probe_result(**{"warm_up.seconds": 90.0})
     row = {"check": "hackathon", "status": "ok", "init_loss": math.log(32000), "probe": probe,
            **gpu_check.figures({"final_val_loss": 10.4}, probe, None, None)}
-    got = {v["what"]: v for v in gpu_check.training_verdicts(row, gpu_check.GPU, False)}
+    got = {v["what"]: v for v in verdicts.training_verdicts(row, gpu_check.GPU, False)}
     assert got["compile seconds (training; eval)"]["verdict"] == "SLOW"
     assert got["compile seconds (training; eval)"]["measured"].startswith("89.4")  # 90 s less 5 steps of 120 ms
 
@@ -199,17 +199,17 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
     flex["tolerance"] = {k: kernel_check.tolerance(v) for k, v in flex["sdpa"].items()}
     flex["ok"] = {k: flex["flex"][k] <= flex["tolerance"][k] for k in flex["sdpa"]}
 
-    def verdicts(kernels: dict) -> list[str]:
-        return [v["verdict"] for v in gpu_check.kernel_verdicts({"status": "ok", "kernels": kernels}, cpu=False)]
+    def kernel_lines(kernels: dict) -> list[str]:
+        return [v["verdict"] for v in verdicts.kernel_verdicts({"status": "ok", "kernels": kernels}, cpu=False)]
 
-    assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex}) == ["PASS"] * 6
-    assert verdicts({"ring_speedrun": {**ring, "mismatches": 3}, "ring_hackathon": ring, "flex": flex})[1] == "FAIL"
+    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex}) == ["PASS"] * 6
+    assert kernel_lines({"ring_speedrun": {**ring, "mismatches": 3}, "ring_hackathon": ring, "flex": flex})[1] == "FAIL"
     loose = {**flex, "ok": {**flex["ok"], "dk": False}}
-    assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring, "flex": loose})[3:] == ["PASS", "FAIL", "PASS"]
-    assert verdicts({"ring_speedrun": ring, "ring_hackathon": ring,
-                     "flex": {"error": "OutOfResources: shared memory"}})[3] == "FAIL"
+    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring, "flex": loose})[3:] == ["PASS", "FAIL", "PASS"]
+    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring,
+                         "flex": {"error": "OutOfResources: shared memory"}})[3] == "FAIL"
     # a check stopped before a part: that part is a FAIL line, not a missing one
-    assert verdicts({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL"]
+    assert kernel_lines({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL"]
 
 
 def test_compile_counts_see_a_graph_break_and_a_recompile():
@@ -264,20 +264,20 @@ def test_compile_counts_see_a_graph_marked_dynamic(dynamic):
 def test_the_text_check_is_judged_on_reusing_the_speedruns_graphs():
     compiled = {"probe": {"shape": {"compile": True}}}
     speedrun = {"check": "speedrun", "compile_s": 120.0, "eval_compile_s": 40.0, **compiled}
-    reused = gpu_check.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 6.0, **compiled}, speedrun)
+    reused = verdicts.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 6.0, **compiled}, speedrun)
     assert reused["verdict"] == "PASS" and reused["measured"] == "training 20.0 s vs 120.0; eval 6.0 s vs 40.0"
-    own = gpu_check.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 35.0, **compiled}, speedrun)
+    own = verdicts.reuse_verdict({"check": "text", "compile_s": 20.0, "eval_compile_s": 35.0, **compiled}, speedrun)
     assert own["verdict"] == "SLOW"
-    eager = gpu_check.reuse_verdict({"check": "text", "compile_s": 1.0, "probe": {"shape": {"compile": False}}},
+    eager = verdicts.reuse_verdict({"check": "text", "compile_s": 1.0, "probe": {"shape": {"compile": False}}},
                                     speedrun)
     assert eager["verdict"].startswith("n/a")
     # judged with the rows before it; a skipped speedrun leaves nothing to compare
     text = {"check": "text", "status": "ok", "init_loss": math.log(50257), "probe": probe_result(),
             **gpu_check.figures({"final_val_loss": 1.5}, probe_result(), None, None)}
-    whats = [v["what"] for v in gpu_check.judged(text, gpu_check.GPU, False, [{"status": "ok", **speedrun}])]
+    whats = [v["what"] for v in verdicts.judged(text, gpu_check.GPU, False, [{"status": "ok", **speedrun}])]
     assert whats[-1] == "reuses the speedrun's compiled graphs"
     skipped = {"check": "speedrun", "status": "skipped: out of time"}
-    assert "reuses the speedrun's compiled graphs" not in [v["what"] for v in gpu_check.judged(
+    assert "reuses the speedrun's compiled graphs" not in [v["what"] for v in verdicts.judged(
         text, gpu_check.GPU, False, [skipped])]
 
 
@@ -290,7 +290,7 @@ def test_a_compile_cut_short_by_the_timeout_reports_how_long_it_had_run():
     done = {"started": {"warm_up": t, "eval": t + 150}, "warm_up": {}, "eval": {"first": {}}}
     assert gpu_check.compiles_cut_short(done, t + 250.0) == {}
     row = {"check": "speedrun", "status": "timeout after 260 s", **in_warm_up}
-    assert gpu_check.compile_cell(row, "compile_s") == "> 250" and gpu_check.compile_cell(row, "eval_compile_s") == "-"
+    assert verdicts.compile_cell(row, "compile_s") == "> 250" and verdicts.compile_cell(row, "eval_compile_s") == "-"
 
 
 def test_phases_are_charged_to_the_mark_that_opens_them():
