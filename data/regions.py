@@ -15,14 +15,18 @@ from data.meta import MetaError, read_meta
 from data.shards import ShardError, open_shard
 from data.plural import plural
 
-BOS_SCAN_FIRST = 1 << 10   # the sequential stream looks for the next BOS in this many tokens first,
-BOS_SCAN_TOKENS = 1 << 16  # and at most this many at a time: bounded memory
+BOS_SCAN = 1 << 12  # tokens searched for the next BOS at a time: bounded memory, few calls per document
+
+
+def match_files(pattern: str | os.PathLike) -> list[Path]:
+    """The files a glob pattern matches, sorted: the one order every reader of a data glob sees."""
+    return sorted(Path(p) for p in glob.glob(str(pattern)))
 
 
 def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     """A glob pattern or a list of paths -> the sorted list of files; no match is an error."""
     pattern = isinstance(files, (str, os.PathLike))
-    found = sorted(Path(p) for p in (glob.glob(str(files)) if pattern else files))
+    found = match_files(files) if pattern else sorted(Path(p) for p in files)
     if not found:
         raise ShardError(f"no file matches {str(files)!r}; check the data path/glob (data.train / data.val)" if pattern
                          else "the list of token files is empty; give at least one shard")
@@ -52,12 +56,10 @@ class Region:
         return start if start is not None and start + length <= self.hi else None
 
     def _next_bos(self, pos: int, bos_id: int) -> int | None:
-        step = BOS_SCAN_FIRST  # then doubling: a document longer than that is rare, a file without one rarer
-        while pos < self.hi:
-            found = np.flatnonzero(self.array[pos:min(pos + step, self.hi)] == bos_id)
+        for at in range(pos, self.hi, BOS_SCAN):
+            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, self.hi)] == bos_id)
             if len(found):
-                return pos + int(found[0])
-            pos, step = pos + step, min(2 * step, BOS_SCAN_TOKENS)
+                return at + int(found[0])
         return None
 
     def hint(self, start: int, stop: int) -> None:
@@ -67,11 +69,6 @@ class Region:
             begin, end = self._base + start * size, self._base + min(stop, self.hi) * size
             begin -= begin % mmap.PAGESIZE
             self._mmap.madvise(mmap.MADV_WILLNEED, begin, end - begin)
-
-    def random_access(self) -> None:
-        """MADV_RANDOM: a page fault then reads its page, not read_ahead_kb around it for a window of a few KiB."""
-        if self._mmap is not None and hasattr(mmap, "MADV_RANDOM"):
-            self._mmap.madvise(mmap.MADV_RANDOM)
 
 
 def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:

@@ -1,20 +1,16 @@
-"""The window streams: which windows of L = seq_len + 1 tokens each global batch holds, in which order, and the
-cursor to resume from. A window lies in one file. A global batch is the next world_size * batch_size windows;
-rank r takes windows [r * batch_size, (r + 1) * batch_size) of it. The cursor, before the next global batch, is
-the same on every rank, so a run may resume with another world size or batch size.
+"""The window streams: which windows of L = seq_len + 1 tokens, each inside one file, each global batch holds.
+A global batch is the next world_size * batch_size windows, rank r's the r-th batch_size of them; the cursor
+after it is the same on every rank, so a run may resume with another world size or batch size.
 
-Sequential: each epoch visits the files (in data.order.file_order's order) front to back. A window starts where
-the previous one ended or, with bos_id, at the next bos_id from there (the rest of a longer document is
-skipped); one that does not fit moves the stream to the next file. Cursor: (epoch, file index, position).
+Sequential: each epoch walks the files (data.order.file_order) front to back; a window starts where the last
+ended or, with bos_id, at the next bos_id from there. Cursor: (epoch, file index, position).
 
-Shuffled: slot k of a file is tokens [kL, (k+1)L) (the tokens after its last whole slot are never read). The
-epoch's files are taken shuffle_shards at a time (0: all) and a block's slots visited in data.order's keyed
-order. A slot is a window; with bos_id, its window starts at the slot's first bos_id and runs into the next
-slot (so a token may be read twice an epoch), and a slot without one, or whose window would pass the file's
-end, is skipped: every rank looks at every slot, to know where the others' windows are. With blocks smaller
-than the data, the files of the block being read and of the next one are read ahead whole, in large
-requests: on a network filesystem each random page costs a round trip. Cursor: (epoch, block, position in the
-block's order).
+Shuffled: slot k of a file is tokens [kL, (k+1)L). An epoch's files are taken shuffle_shards at a time (0: all)
+and a block's slots visited in data.order's keyed order. With bos_id a slot's window starts at its first
+bos_id and may run into the next slot; a slot without one, or whose window passes the file's end, is skipped
+(every rank looks at every slot, to know where the others' windows are). Blocks smaller than the data are read
+ahead whole, this one and the next: on a network filesystem each random page costs a round trip.
+Cursor: (epoch, block, position in the block's order).
 """
 from __future__ import annotations
 
@@ -99,8 +95,6 @@ class Shuffled:
         self.starts = np.array([r.lo for r in regions], dtype=np.int64)
         self._blocks: dict[tuple[int, int], Block] = {}
         self._swept: deque = deque(maxlen=4)  # blocks whose files were read ahead
-        for region in regions:
-            region.random_access()
         self.seek((0, 0, 0))
 
     def seek(self, state: tuple[int, int, int]) -> None:

@@ -120,8 +120,7 @@ def test_no_seed_keeps_file_order_and_seeds_differ(tmp_path):
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_bos_aligned_windows_start_at_documents(tmp_path, world, monkeypatch):
     tokens = coded_shards(tmp_path, [120 * L, 7 * L + 3, 80 * L], bos_seed=0)  # > 72 windows: one epoch
-    monkeypatch.setattr(data.regions, "BOS_SCAN_FIRST", 5)  # many incremental scans per file
-    monkeypatch.setattr(data.regions, "BOS_SCAN_TOKENS", 37)
+    monkeypatch.setattr(data.regions, "BOS_SCAN", 5)  # many scans per file
     steps = 12
     per_rank = []
     for r in range(world):
