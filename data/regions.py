@@ -16,6 +16,7 @@ from data.shards import ShardError, open_shard
 from data.plural import plural
 
 BOS_SCAN = 1 << 12  # tokens searched for the next BOS at a time: bounded memory, few calls per document
+READ_AHEAD = 128 << 10  # bytes per WILLNEED request: the kernel reads at most read_ahead_kb of one (Linux's default)
 
 
 def match_files(pattern: str | os.PathLike) -> list[Path]:
@@ -112,8 +113,8 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
 
 
 def read_ahead(regions: list[Region]) -> None:
-    """Ask the kernel to read the regions whole, in order, in large requests (POSIX_FADV_WILLNEED). In a thread of
-    its own: a request returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
+    """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
+    returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
     threading.Thread(target=_read_ahead, args=(regions,), daemon=True, name="TokenLoader read-ahead").start()
 
 
@@ -122,23 +123,14 @@ def _read_ahead(regions: list[Region]) -> None:
         try:
             fd = os.open(region.path, os.O_RDONLY)
             try:
-                step, size = _readahead_bytes(os.fstat(fd).st_dev), region.array.itemsize
+                size = region.array.itemsize
                 begin, end = region.tokens.offset + region.lo * size, region.tokens.offset + region.hi * size
-                for at in range(begin - begin % mmap.PAGESIZE, end, step):
-                    os.posix_fadvise(fd, at, min(step, end - at), os.POSIX_FADV_WILLNEED)
+                for at in range(begin - begin % mmap.PAGESIZE, end, READ_AHEAD):
+                    os.posix_fadvise(fd, at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
         except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
             return
-
-
-def _readahead_bytes(device: int) -> int:
-    """The most one WILLNEED request reads on this device: the first read_ahead_kb of a larger range only."""
-    try:
-        kb = int(Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text())
-        return max(mmap.PAGESIZE, kb << 10)
-    except (OSError, ValueError):
-        return 128 << 10  # Linux's default read_ahead_kb
 
 
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
