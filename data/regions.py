@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from data.meta import MetaError, read_meta
+from data.meta import MetaError, read_meta, vouches
 from data.shards import ShardError, open_shard
 from data.plural import plural
 
@@ -135,14 +135,10 @@ def _read_ahead(regions: list[Region]) -> None:
 
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
     """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
-    for folder in {p.parent for p in paths}:
-        try:
-            declared = read_meta(folder).get("vocab_size")  # None without a meta.json
-        except MetaError as e:
-            raise ShardError(str(e)) from None
-        if not isinstance(declared, int) or declared > vocab_size:
-            return False
-    return True
+    try:
+        return all(vouches(read_meta(folder), vocab_size) for folder in {p.parent for p in paths})
+    except MetaError as e:
+        raise ShardError(str(e)) from None
 
 
 def out_of_vocabulary(path: Path, token: int, at: int, vocab_size: int) -> ShardError:

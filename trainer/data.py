@@ -9,7 +9,7 @@ from pathlib import Path
 from data.loader import TokenLoader
 from data.regions import match_files
 from data.val import ValBatches, val_batches
-from data.meta import META, MetaError, read_meta
+from data.meta import META, MetaError, read_meta, vouches
 from data.shards import open_shard
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
@@ -91,11 +91,18 @@ def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> Toke
     """This rank's training stream over `files` (resolve_data's, with its `meta`) as the config says."""
     train, data = cfg.train, cfg.data
     bos_id = meta.get("eot_token", cfg.model.bos_id) if data.bos_aligned else None
+    check = data.vocab_check and not _vouched(files, meta, cfg.model.vocab_size)  # meta.json read once
     return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
                        seed=data.seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
-                       vocab_size=cfg.model.vocab_size if data.vocab_check else None,
+                       vocab_size=cfg.model.vocab_size if check else None,
                        holdout_tokens=cfg.eval.tokens if data.val == "holdout" else 0,
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
+
+
+def _vouched(files: list[Path], meta: dict, vocab_size: int) -> bool:
+    """Whether `meta`, the meta.json resolve_data read beside the first file, vouches for all of `files`' ids: the
+    loader then need not read it again to learn the same."""
+    return vouches(meta, vocab_size) and {Path(f).parent for f in files} == {Path(files[0]).parent}
 
 
 def val_loader(cfg: Config, dist: Dist, val_files: list[Path]) -> ValBatches:
