@@ -1,10 +1,8 @@
 """TokenLoader: this rank's training batches from memory-mapped shards, deterministic and exactly resumable.
 
-The window streams (data.streams) say which windows a batch holds; the loader copies them, in the caller's
-thread, into a batch of int64 windows: a window gives inputs = window[:-1], targets = window[1:]. A batch
-belongs to its caller: on CPU it is a fresh tensor, on CUDA a fresh device tensor copied from one of two
-pinned staging buffers, each reused only once its last copy has run. Nothing is read at construction beyond
-the file headers; the kernel is asked for each window's pages a few batches before it is copied.
+data.streams says which windows a batch holds; the caller's thread copies them into a fresh int64 tensor of
+windows (inputs = window[:-1], targets = window[1:]). On CUDA the rows go through one of two pinned buffers,
+each reused once its last copy to the device has run. Construction reads only the file headers.
 """
 from __future__ import annotations
 

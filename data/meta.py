@@ -29,3 +29,9 @@ def read_meta(folder: str | Path, *, missing_ok: bool = True) -> dict:
     if not isinstance(meta, dict):
         raise MetaError(path, f"not a JSON object (a {type(meta).__name__})")
     return meta
+
+
+def vouches(meta: dict, vocab_size: int) -> bool:
+    """True when a meta.json (as read_meta reads it) promises its shards' ids are all < vocab_size."""
+    declared = meta.get("vocab_size")
+    return isinstance(declared, int) and declared <= vocab_size

@@ -11,18 +11,23 @@ from typing import Sequence
 
 import numpy as np
 
-from data.meta import MetaError, read_meta
+from data.meta import MetaError, read_meta, vouches
 from data.shards import ShardError, open_shard
 from data.plural import plural
 
-BOS_SCAN_FIRST = 1 << 10   # the sequential stream looks for the next BOS in this many tokens first,
-BOS_SCAN_TOKENS = 1 << 16  # and at most this many at a time: bounded memory
+BOS_SCAN = 1 << 12  # tokens searched for the next BOS at a time: bounded memory, few calls per document
+READ_AHEAD = 128 << 10  # bytes per WILLNEED request: the kernel reads at most read_ahead_kb of one (Linux's default)
+
+
+def match_files(pattern: str | os.PathLike) -> list[Path]:
+    """The files a glob pattern matches, sorted: the one order every reader of a data glob sees."""
+    return sorted(Path(p) for p in glob.glob(str(pattern)))
 
 
 def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     """A glob pattern or a list of paths -> the sorted list of files; no match is an error."""
     pattern = isinstance(files, (str, os.PathLike))
-    found = sorted(Path(p) for p in (glob.glob(str(files)) if pattern else files))
+    found = match_files(files) if pattern else sorted(Path(p) for p in files)
     if not found:
         raise ShardError(f"no file matches {str(files)!r}; check the data path/glob (data.train / data.val)" if pattern
                          else "the list of token files is empty; give at least one shard")
@@ -52,12 +57,10 @@ class Region:
         return start if start is not None and start + length <= self.hi else None
 
     def _next_bos(self, pos: int, bos_id: int) -> int | None:
-        step = BOS_SCAN_FIRST  # then doubling: a document longer than that is rare, a file without one rarer
-        while pos < self.hi:
-            found = np.flatnonzero(self.array[pos:min(pos + step, self.hi)] == bos_id)
+        for at in range(pos, self.hi, BOS_SCAN):
+            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, self.hi)] == bos_id)
             if len(found):
-                return pos + int(found[0])
-            pos, step = pos + step, min(2 * step, BOS_SCAN_TOKENS)
+                return at + int(found[0])
         return None
 
     def hint(self, start: int, stop: int) -> None:
@@ -67,11 +70,6 @@ class Region:
             begin, end = self._base + start * size, self._base + min(stop, self.hi) * size
             begin -= begin % mmap.PAGESIZE
             self._mmap.madvise(mmap.MADV_WILLNEED, begin, end - begin)
-
-    def random_access(self) -> None:
-        """MADV_RANDOM: a page fault then reads its page, not read_ahead_kb around it for a window of a few KiB."""
-        if self._mmap is not None and hasattr(mmap, "MADV_RANDOM"):
-            self._mmap.madvise(mmap.MADV_RANDOM)
 
 
 def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:
@@ -115,8 +113,8 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
 
 
 def read_ahead(regions: list[Region]) -> None:
-    """Ask the kernel to read the regions whole, in order, in large requests (POSIX_FADV_WILLNEED). In a thread of
-    its own: a request returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
+    """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
+    returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
     threading.Thread(target=_read_ahead, args=(regions,), daemon=True, name="TokenLoader read-ahead").start()
 
 
@@ -125,35 +123,22 @@ def _read_ahead(regions: list[Region]) -> None:
         try:
             fd = os.open(region.path, os.O_RDONLY)
             try:
-                step, size = _readahead_bytes(os.fstat(fd).st_dev), region.array.itemsize
+                size = region.array.itemsize
                 begin, end = region.tokens.offset + region.lo * size, region.tokens.offset + region.hi * size
-                for at in range(begin - begin % mmap.PAGESIZE, end, step):
-                    os.posix_fadvise(fd, at, min(step, end - at), os.POSIX_FADV_WILLNEED)
+                for at in range(begin - begin % mmap.PAGESIZE, end, READ_AHEAD):
+                    os.posix_fadvise(fd, at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(fd)
         except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
             return
 
 
-def _readahead_bytes(device: int) -> int:
-    """The most one WILLNEED request reads on this device: the first read_ahead_kb of a larger range only."""
-    try:
-        kb = int(Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text())
-        return max(mmap.PAGESIZE, kb << 10)
-    except (OSError, ValueError):
-        return 128 << 10  # Linux's default read_ahead_kb
-
-
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
     """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
-    for folder in {p.parent for p in paths}:
-        try:
-            declared = read_meta(folder).get("vocab_size")  # None without a meta.json
-        except MetaError as e:
-            raise ShardError(str(e)) from None
-        if not isinstance(declared, int) or declared > vocab_size:
-            return False
-    return True
+    try:
+        return all(vouches(read_meta(folder), vocab_size) for folder in {p.parent for p in paths})
+    except MetaError as e:
+        raise ShardError(str(e)) from None
 
 
 def out_of_vocabulary(path: Path, token: int, at: int, vocab_size: int) -> ShardError:

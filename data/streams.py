@@ -1,20 +1,16 @@
-"""The window streams: which windows of L = seq_len + 1 tokens each global batch holds, in which order, and the
-cursor to resume from. A window lies in one file. A global batch is the next world_size * batch_size windows;
-rank r takes windows [r * batch_size, (r + 1) * batch_size) of it. The cursor, before the next global batch, is
-the same on every rank, so a run may resume with another world size or batch size.
+"""The window streams: which windows of L = seq_len + 1 tokens, each inside one file, each global batch holds.
+A global batch is the next world_size * batch_size windows, rank r's the r-th batch_size of them; the cursor
+after it is the same on every rank, so a run may resume with another world size or batch size.
 
-Sequential: each epoch visits the files (in data.order.file_order's order) front to back. A window starts where
-the previous one ended or, with bos_id, at the next bos_id from there (the rest of a longer document is
-skipped); one that does not fit moves the stream to the next file. Cursor: (epoch, file index, position).
+Sequential: each epoch walks the files (data.order.file_order) front to back; a window starts where the last
+ended or, with bos_id, at the next bos_id from there. Cursor: (epoch, file index, position).
 
-Shuffled: slot k of a file is tokens [kL, (k+1)L) (the tokens after its last whole slot are never read). The
-epoch's files are taken shuffle_shards at a time (0: all) and a block's slots visited in data.order's keyed
-order. A slot is a window; with bos_id, its window starts at the slot's first bos_id and runs into the next
-slot (so a token may be read twice an epoch), and a slot without one, or whose window would pass the file's
-end, is skipped: every rank looks at every slot, to know where the others' windows are. With blocks smaller
-than the data, the files of the block being read and of the next one are read ahead whole, in large
-requests: on a network filesystem each random page costs a round trip. Cursor: (epoch, block, position in the
-block's order).
+Shuffled: slot k of a file is tokens [kL, (k+1)L). An epoch's files are taken shuffle_shards at a time (0: all)
+and a block's slots visited in data.order's keyed order. With bos_id a slot's window starts at its first
+bos_id and may run into the next slot; a slot without one, or whose window passes the file's end, is skipped
+(every rank looks at every slot, to know where the others' windows are). Blocks smaller than the data are read
+ahead whole, this one and the next: on a network filesystem each random page costs a round trip.
+Cursor: (epoch, block, position in the block's order).
 """
 from __future__ import annotations
 
@@ -97,10 +93,9 @@ class Shuffled:
         self.shards = shards if 0 < shards < len(regions) else len(regions)  # files per block
         self.counts = np.array([len(r) // length for r in regions], dtype=np.int64)  # slots per file
         self.starts = np.array([r.lo for r in regions], dtype=np.int64)
+        self.total = int(self.counts.sum())
         self._blocks: dict[tuple[int, int], Block] = {}
         self._swept: deque = deque(maxlen=4)  # blocks whose files were read ahead
-        for region in regions:
-            region.random_access()
         self.seek((0, 0, 0))
 
     def seek(self, state: tuple[int, int, int]) -> None:
@@ -143,53 +138,46 @@ class Shuffled:
             self._next = (epoch, index, end)
 
     def next_batch(self, ahead: int) -> tuple[list[Window], tuple[int, int, int]]:
-        """This rank's windows of the next global batch, and the cursor after it."""
+        """This rank's windows of the next global batch (the slots up to the per_step-th that holds a window),
+        and the cursor after it."""
         self._compute((ahead + 1) * self.per_step)
-        if self.bos_id is None:
-            batch = self._slots[self._head:self._head + self.per_step]
-            self._head += self.per_step
-            first = self.rank * self.batch_size
-            mine = [(self.regions[f], s) for _, _, _, f, s in batch[first:first + self.batch_size]]
-            epoch, index, pos, _, _ = batch[-1]
-        else:
-            mine, (epoch, index, pos) = self._bos_batch()
+        mine, taken, first = [], 0, self.rank * self.batch_size
+        while taken < self.per_step:
+            if self._head == len(self._slots):
+                self._compute(1)
+            epoch, index, pos, f, start = self._slots[self._head]
+            self._head += 1
+            start = self._window(self.regions[f], start)
+            if start is None:
+                self._dry += 1
+                if self._dry > self.total:  # a whole epoch's slots without a window
+                    raise no_window(self.regions, self.length, self.bos_id)
+                continue
+            self._dry = 0
+            if first <= taken < first + self.batch_size:
+                mine.append((self.regions[f], start))
+            taken += 1
         self._cursor = epoch, index, pos + 1
         self._hint(ahead)
         return mine, self._cursor
 
-    def _bos_batch(self) -> tuple[list[Window], tuple[int, int, int]]:
-        """next_batch with bos_id: the slots up to the per_step-th that holds a window."""
-        mine, taken, total = [], 0, int(self.counts.sum())
-        first, last = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
-        while taken < self.per_step:
-            if self._head == len(self._slots):
-                self._compute(1)
-            epoch, index, pos, f, slot = self._slots[self._head]
-            self._head += 1
-            region = self.regions[f]
-            hit = np.flatnonzero(region.array[slot:slot + self.length] == self.bos_id)
-            if not len(hit) or slot + int(hit[0]) + self.length > region.hi:
-                self._dry += 1
-                if self._dry > total:  # a whole epoch's slots without a window
-                    raise no_window(self.regions, self.length, self.bos_id)
-                continue
-            self._dry = 0
-            if first <= taken < last:
-                mine.append((region, slot + int(hit[0])))
-            taken += 1
-        return mine, (epoch, index, pos)
+    def _window(self, region: Region, slot: int) -> int | None:
+        """Where the window of the slot starting at token `slot` starts, or None if it has none."""
+        if self.bos_id is None:
+            return slot
+        hit = np.flatnonzero(region.array[slot:slot + self.length] == self.bos_id)
+        return slot + int(hit[0]) if len(hit) and slot + int(hit[0]) + self.length <= region.hi else None
 
     def _hint(self, ahead: int) -> None:
         """Hint the pages of the slots up to `ahead` batches on: this rank's windows, or with bos_id every slot
         and the next one (which slots hold whose window is not known yet)."""
         lo, stop = max(self._hinted, self._head), min(len(self._slots), self._head + ahead * self.per_step)
-        if self.bos_id is None:  # the next slot to take starts a global batch
-            for mine in range(self._head + self.rank * self.batch_size, stop, self.per_step):
-                for _, _, _, f, s in self._slots[max(mine, lo):min(mine + self.batch_size, stop)]:
-                    self.regions[f].hint(s, s + self.length)
-        else:
-            for _, _, _, f, s in self._slots[lo:stop]:
-                self.regions[f].hint(s, s + 2 * self.length)
+        first, span = self.rank * self.batch_size, self.length * (1 if self.bos_id is None else 2)
+        for i in range(lo, stop):  # without bos_id, the slot at _head starts a global batch
+            if self.bos_id is None and not first <= (i - self._head) % self.per_step < first + self.batch_size:
+                continue
+            _, _, _, f, s = self._slots[i]
+            self.regions[f].hint(s, s + span)
         self._hinted = max(self._hinted, stop)
         if self.shards < len(self.regions):
             self._read_blocks()

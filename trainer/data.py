@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import os
 import sys
-from glob import glob
 from pathlib import Path
 
 from data.loader import TokenLoader
+from data.regions import match_files
 from data.val import ValBatches, val_batches
-from data.meta import META, MetaError, read_meta
+from data.meta import META, MetaError, read_meta, vouches
 from data.shards import open_shard
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
 
-def resolve_data(cfg: Config) -> tuple[list[str], list[str], dict]:
+def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
     """Sorted train and val files, and the meta.json beside the train files ({} if none).
 
     Fills model.vocab_size from meta.json when it is 0; checks model.bos_id against it for doc_causal; fits an
     eval.tokens left at its default to a smaller val set.
     """
-    files = sorted(glob(cfg.data.train))
+    files = match_files(cfg.data.train)
     if not files:
         raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; {_where_shards_come_from(cfg.data.train)}")
-    val_files = files if cfg.data.val == "holdout" else sorted(glob(cfg.data.val)) if cfg.data.val else []
+    val_files = files if cfg.data.val == "holdout" else match_files(cfg.data.val) if cfg.data.val else []
     if cfg.data.val and not val_files:
         raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
                           f"'holdout' (the tail of the train data) or '' (no evals)")
@@ -48,7 +48,7 @@ def _where_shards_come_from(pattern: str) -> str:
     return "point it at your token shards (python -m data.prepare writes them) or pass --data_dir"
 
 
-def _fit_eval_tokens(cfg: Config, val_files: list[str]) -> None:
+def _fit_eval_tokens(cfg: Config, val_files: list[Path]) -> None:
     """Lower eval.tokens to every target of `val_files` where they hold fewer than its default, saying so (rank 0).
 
     A small corpus's val shard is then scored whole instead of refused. Only the default gives way: a config that
@@ -87,18 +87,25 @@ def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
                           f"model.bos_id to the data's document token or turn model.doc_causal off")
 
 
-def train_loader(cfg: Config, dist: Dist, files: list[str], meta: dict) -> TokenLoader:
+def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> TokenLoader:
     """This rank's training stream over `files` (resolve_data's, with its `meta`) as the config says."""
     train, data = cfg.train, cfg.data
     bos_id = meta.get("eot_token", cfg.model.bos_id) if data.bos_aligned else None
+    check = data.vocab_check and not _vouched(files, meta, cfg.model.vocab_size)  # meta.json read once
     return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
                        seed=data.seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
-                       vocab_size=cfg.model.vocab_size if data.vocab_check else None,
+                       vocab_size=cfg.model.vocab_size if check else None,
                        holdout_tokens=cfg.eval.tokens if data.val == "holdout" else 0,
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 
 
-def val_loader(cfg: Config, dist: Dist, val_files: list[str]) -> ValBatches:
+def _vouched(files: list[Path], meta: dict, vocab_size: int) -> bool:
+    """Whether `meta`, the meta.json resolve_data read beside the first file, vouches for all of `files`' ids: the
+    loader then need not read it again to learn the same."""
+    return vouches(meta, vocab_size) and {Path(f).parent for f in files} == {Path(files[0]).parent}
+
+
+def val_loader(cfg: Config, dist: Dist, val_files: list[Path]) -> ValBatches:
     """This rank's fixed validation batches (opening them validates the val set: too few tokens, or with
     data.vocab_check token ids beyond model.vocab_size, are an error)."""
     eval_cfg = cfg.eval

@@ -58,9 +58,10 @@ COMPARE = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
 
 
 def before_module() -> types.ModuleType:
-    """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.)."""
+    """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.;
+    plural.py has moved into data/ since)."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:data/loader.py"], capture_output=True,
-                            text=True, check=True).stdout
+                            text=True, check=True).stdout.replace("from plural import", "from data.plural import")
     path = Path(tempfile.mkdtemp(prefix="shardrun-bench-")) / "loader_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("loader_before", path)
