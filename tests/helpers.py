@@ -23,6 +23,10 @@ from trainer.checkpoint import done_path
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train.py")
 VOCAB = 257  # tiny_data's ids are below it: the bytes tokenizer's size
+# A GPT that builds and steps in milliseconds, and the modern pieces on top of it (the model and optimizer tests')
+TINY_GPT = dict(vocab_size=257, block_size=32, n_layer=4, n_head=2, n_embd=32)
+MODERN_GPT = dict(rotary=True, norm="rmsnorm", qk_norm=True, activation="relu2", tie_embeddings=False,
+                  zero_init_proj=True, logit_softcap=15.0, value_embeds=2, unet_skips=True, bias=False)
 
 
 def free_port() -> int:

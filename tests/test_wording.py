@@ -4,13 +4,7 @@ import pytest
 from data.loader import TokenLoader
 from data.val import val_batches
 from data.shards import ShardError
-from data.plural import plural
 from tests.helpers import make_shards
-
-
-def test_plural():
-    assert [plural(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]
-    assert plural(1, "process", "processes") == "1 process" and plural(8, "process", "processes") == "8 processes"
 
 
 def test_eval_errors_name_eval_tokens_and_count_one_file_as_one(tmp_path):

@@ -1,5 +1,4 @@
-"""The GPT: config handling, shapes, padded vocabulary, every option trains, masks, the records' pieces,
-checkpoint round trip, FLOPs."""
+"""The GPT: defaults, shapes, every option trains, masks, the records' pieces, checkpoint round trip, FLOPs."""
 import dataclasses
 import math
 import warnings
@@ -12,12 +11,10 @@ import model.gpt
 from model import GPTConfig, get_model
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, param_roles
+from tests.helpers import MODERN_GPT as MODERN, TINY_GPT as TINY
 from trainer.clock import lr_multiplier
 from trainer.config import parse_args
 
-TINY = dict(vocab_size=257, block_size=32, n_layer=4, n_head=2, n_embd=32)
-MODERN = dict(rotary=True, norm="rmsnorm", qk_norm=True, activation="relu2", tie_embeddings=False,
-              zero_init_proj=True, logit_softcap=15.0, value_embeds=2, unet_skips=True, bias=False)
 RECORDS = dict(MODERN, attn_scale=0.12, norm_gain=False, embed_norm=True, x0_mix=True, rope_truncate=True,
                rope_base=1024.0, window=8, window_start=2, window_pattern="LSSL", doc_causal=True, bos_id=0)
 OPTIONS = {  # each option alone on top of TINY, then all of them
@@ -41,17 +38,6 @@ def batch(B=4, T=17, vocab=257, seed=1):
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def test_get_model_takes_full_config_or_model_section():
-    full = {"data": {"seq_len": 16}, "train": {"steps": 3}, "model": TINY}
-    torch.manual_seed(0)
-    a = get_model(full)
-    torch.manual_seed(0)
-    b = get_model(dict(TINY))
-    assert a.cfg == b.cfg == GPTConfig(**TINY)
-    x = batch()
-    torch.testing.assert_close(a(x)[0], b(x)[0], atol=0, rtol=0)
-
-
 def test_defaults_are_gpt2_small():
     m = get_model({})
     assert m.cfg.padded_vocab == 50304 and m.lm_head.weight is m.wte.weight
@@ -59,35 +45,6 @@ def test_defaults_are_gpt2_small():
     c = m.cfg  # the records' pieces are all off
     assert (c.attn_scale, c.norm_gain, c.embed_norm, c.x0_mix, c.rope_truncate) == (0.0, True, False, False, False)
     assert (c.window, c.window_start, c.window_pattern) == (0, 0, "")
-
-
-def test_unknown_key_names_it_and_lists_valid_keys():
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['n_embed', 'rope'\].*valid keys are.*'n_embd'"):
-        get_model({"model": {**TINY, "n_embed": 64, "rope": True}})
-
-
-@pytest.mark.parametrize("bad, message", [
-    (dict(norm="batchnorm"), "norm='batchnorm'; use 'layernorm' or 'rmsnorm'"),
-    (dict(n_head=3), "n_embd=32 must be a multiple of n_head=3"),
-    (dict(value_embeds=3), r"value_embeds=3 needs 0 <= 2 \* value_embeds <= n_layer=4"),
-    (dict(attention="flash"), "attention='flash'; use 'sdpa' or 'flex'"),
-    (dict(n_layer="4"), "n_layer='4' must be of type int"),
-    (dict(rotary=1), "rotary=1 must be of type bool"),
-    (dict(window=True), "window=True must be of type int"),
-    (dict(attn_scale=-1.0), "attn_scale must be >= 0"),
-    (dict(rope_truncate=True), "rope_truncate needs rotary = true"),
-    (dict(rotary=True, rope_truncate=True, n_head=4, n_embd=24), "head size divisible by 4, got 6"),
-    (dict(window=8, window_start=16), "window_start=16 must be at most window=8"),
-    (dict(window_pattern="LS"), "window_pattern='LS' needs window > 0 and only the letters L and S"),
-    (dict(window=8, window_pattern="LSX"), "window_pattern='LSX' needs"),
-])
-def test_bad_values_are_explained(bad, message):
-    with pytest.raises(ValueError, match=message):
-        get_model({**TINY, **bad})
-
-
-def test_toml_integer_for_a_float_key_is_accepted():
-    assert get_model({**TINY, "logit_softcap": 15}).cfg.logit_softcap == 15.0
 
 
 def test_meta_device_build_then_reset_matches_a_normal_build():
@@ -111,11 +68,6 @@ def test_meta_device_build_then_reset_matches_a_normal_build():
 def test_sequence_longer_than_block_size_is_refused():
     with pytest.raises(ValueError, match="sequence length 40 exceeds model block_size=32"):
         tiny()(batch(T=40))
-
-
-@pytest.mark.parametrize("vocab, padded", [(32000, 32000), (50257, 50304), (257, 384), (128, 128)])
-def test_vocab_padding(vocab, padded):
-    assert GPTConfig(vocab_size=vocab).padded_vocab == padded
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -159,28 +111,6 @@ def test_every_option_trains(option, optim):
     m = tiny(**OPTIONS[option])
     losses = _train(m, optim, steps=6)
     assert losses[-1] < losses[0] - 0.1, losses
-
-
-def test_param_roles_cover_every_parameter_once():
-    m = tiny(**MODERN)
-    roles = param_roles(m)
-    ids = [id(p) for ps in roles.values() for p in ps]
-    assert sorted(ids) == sorted(id(p) for p in m.parameters())
-    assert all(p.ndim == 2 for p in roles["matrix"]) and len(roles["matrix"]) == 4 * 4
-    assert roles["head"] == [m.lm_head.weight] and len(roles["embed"]) == 3
-    adamw, muon = build_optimizers(m, OptimConfig(name="muon"))
-    assert all(g["initial_lr"] == g["lr"] for opt in (adamw, muon) for g in opt.param_groups)
-    assert {g["lr"] for g in adamw.param_groups} == {0.6, 0.008, 0.04}
-
-
-def test_adamw_decays_only_matrices():
-    m = tiny()
-    (opt,) = build_optimizers(m, OptimConfig())
-    decayed, plain = opt.param_groups
-    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
-    matrices = {id(p) for p in m.blocks.parameters() if p.ndim == 2}  # the tied head is the embedding
-    assert {id(p) for p in decayed["params"]} == matrices
-    assert len(decayed["params"]) + len(plain["params"]) == len(list(m.parameters()))
 
 
 def _changed_positions(m, x, x2) -> list[int]:

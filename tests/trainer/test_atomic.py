@@ -17,13 +17,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.atomic import DiskFullError, atomic_path, write_text
+from trainer.atomic import DiskFullError, atomic_path, existing_folder, write_json, write_text
 from model import get_model
 from tests.workers.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
 from trainer.checkpoint import save_checkpoint, save_resume, save_space, tensor_bytes
 from trainer.distributed import Dist
 from trainer.metrics import RunLog
+
+
+def test_a_write_goes_to_a_temporary_file_beside_the_target_then_replaces_it(tmp_path):
+    path = tmp_path / "new" / "summary.json"
+    write_text(tmp_path / "old.txt", "old")
+    with atomic_path(tmp_path / "old.txt") as tmp:
+        assert tmp.parent == tmp_path and tmp.name == f".old.txt.tmp{os.getpid()}"
+        tmp.write_text("new")
+        assert (tmp_path / "old.txt").read_text() == "old"  # a reader still sees the old file
+    assert (tmp_path / "old.txt").read_text() == "new" and not tmp.exists()
+    write_json(path, {"b": 1, "a": [2]})  # its folders are made for it
+    assert path.read_text() == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'
+    assert sorted(p.name for p in path.parent.iterdir()) == ["summary.json"]
+
+
+def test_existing_folder_is_the_nearest_folder_above_that_exists(tmp_path):
+    assert existing_folder(tmp_path / "a" / "b" / "c.pt") == tmp_path
+    (tmp_path / "a").mkdir()
+    assert existing_folder(tmp_path / "a" / "b" / "c.pt") == tmp_path / "a"
+    assert existing_folder("x.pt") == Path.cwd()
 
 
 def test_a_failed_write_removes_its_file_and_the_folders_it_made(tmp_path):

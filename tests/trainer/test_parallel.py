@@ -1,11 +1,31 @@
-"""A step's parts on 2 gloo ranks (one torchrun launch): gradient clipping under DDP and FSDP2, eager and compiled,
-equals one process; the flag exchange hands every rank the same result one call late."""
+"""parallelize in one process leaves the plain module; a step's parts on 2 gloo ranks (one torchrun launch):
+gradient clipping under DDP and FSDP2, eager and compiled, equals one process; the flag exchange hands every rank
+the same result one call late."""
 import pytest
 import torch
 
+from model import get_model
 from tests.helpers import ROOT, torchrun
+from tests.workers.muon_worker import GPT_CONFIG
 from tests.workers.step_worker import CASES, CLIP, clipped
+from trainer.config import TrainConfig
 from trainer.distributed import Dist
+from trainer.parallel import autocast, parallelize
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_process_trains_the_plain_module_and_rank_0_gets_a_copy_of_its_state(parallel):
+    model = get_model(GPT_CONFIG)
+    wrapped = parallelize(model, TrainConfig(parallel=parallel), Dist())
+    assert wrapped.module is wrapped.wrapped is wrapped.eval_module is model
+    assert (wrapped.kind, wrapped.sharded, wrapped.master) == ("no wrapper", False, True)
+    state = wrapped.full_state()
+    assert state.keys() == model.state_dict().keys()
+    name, value = next(iter(model.state_dict().items()))
+    assert torch.equal(state[name], value) and state[name].data_ptr() != value.data_ptr()
+    assert parallelize(get_model(GPT_CONFIG), TrainConfig(), Dist(rank=1)).full_state() is None
+    with wrapped.grad_sync(False), autocast(Dist(), "bfloat16"):  # CPU: fp32, nothing to skip
+        assert model(torch.zeros(1, 4, dtype=torch.long))[0].dtype == torch.float32
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,40 @@
+"""The model section: unknown keys and bad values are refused with the reason, TOML integers serve float keys, and
+the vocabulary is padded up to a multiple of VOCAB_MULTIPLE."""
+import pytest
+
+from model import GPTConfig, get_model
+from tests.helpers import TINY_GPT as TINY
+
+
+def test_unknown_key_names_it_and_lists_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['n_embed', 'rope'\].*valid keys are.*'n_embd'"):
+        get_model({"model": {**TINY, "n_embed": 64, "rope": True}})
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(norm="batchnorm"), "norm='batchnorm'; use 'layernorm' or 'rmsnorm'"),
+    (dict(n_head=3), "n_embd=32 must be a multiple of n_head=3"),
+    (dict(value_embeds=3), r"value_embeds=3 needs 0 <= 2 \* value_embeds <= n_layer=4"),
+    (dict(attention="flash"), "attention='flash'; use 'sdpa' or 'flex'"),
+    (dict(n_layer="4"), "n_layer='4' must be of type int"),
+    (dict(rotary=1), "rotary=1 must be of type bool"),
+    (dict(window=True), "window=True must be of type int"),
+    (dict(attn_scale=-1.0), "attn_scale must be >= 0"),
+    (dict(rope_truncate=True), "rope_truncate needs rotary = true"),
+    (dict(rotary=True, rope_truncate=True, n_head=4, n_embd=24), "head size divisible by 4, got 6"),
+    (dict(window=8, window_start=16), "window_start=16 must be at most window=8"),
+    (dict(window_pattern="LS"), "window_pattern='LS' needs window > 0 and only the letters L and S"),
+    (dict(window=8, window_pattern="LSX"), "window_pattern='LSX' needs"),
+])
+def test_bad_values_are_explained(bad, message):
+    with pytest.raises(ValueError, match=message):
+        get_model({**TINY, **bad})
+
+
+def test_toml_integer_for_a_float_key_is_accepted():
+    assert get_model({**TINY, "logit_softcap": 15}).cfg.logit_softcap == 15.0
+
+
+@pytest.mark.parametrize("vocab, padded", [(32000, 32000), (50257, 50304), (257, 384), (128, 128)])
+def test_vocab_padding(vocab, padded):
+    assert GPTConfig(vocab_size=vocab).padded_vocab == padded

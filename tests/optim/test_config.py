@@ -1,0 +1,22 @@
+"""The [optim] section: its defaults are the nanoGPT recipe's, and a bad value is refused with the fix."""
+import pytest
+
+from optim.config import OptimConfig
+
+
+def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
+    cfg = OptimConfig()
+    assert (cfg.name, cfg.lr, cfg.weight_decay, cfg.betas, cfg.grad_clip) == ("adamw", 6e-4, 0.1, [0.9, 0.95], 0.0)
+    assert OptimConfig().betas is not cfg.betas  # each config its own list
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(name="sgd"), "name='sgd'"),
+    (dict(grad_clip=-1.0), r"grad_clip=-1.0 must be >= 0 \(0 = off, e.g. 1.0\)"),
+    (dict(betas=[0.9]), r"betas=\[0.9\] must be a list of two floats, e.g. \[0.9, 0.95\]"),
+    (dict(muon_momentum_warmup_steps=-1), r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"),
+    (dict(muon_momentum_start=1.0), r"muon_momentum_start=1.0 must be in \[0, 1\), e.g. 0.85"),
+])
+def test_bad_values_say_what_to_write(bad, message):
+    with pytest.raises(ValueError, match=f"^optim config: {message}"):
+        OptimConfig(**bad)

@@ -1,0 +1,97 @@
+"""checkpoint.pt (the evaluation contract) and the resume state: round trips through real files, and saves
+that fail or are superseded leave a complete state behind."""
+import json
+
+import pytest
+import torch
+
+from data.loader import TokenLoader
+from model import get_model
+from optim.config import OptimConfig
+from optim.groups import build_optimizers
+from tests.helpers import VOCAB, tiny_data
+from tests.workers.fault_writer import CONFIG
+from trainer.checkpoint import (CheckpointError, load_checkpoint, load_resume, restore, resume_marker, save_checkpoint,
+                                save_resume, training_state)
+from trainer.config import ConfigError
+from trainer.distributed import Dist
+from trainer.runs import done_path
+
+
+def trained_model():
+    torch.manual_seed(0)
+    model = get_model(CONFIG)
+    with torch.no_grad():  # off the init, so that a fresh model differs from it
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    return model
+
+
+def test_a_checkpoint_loads_as_the_contract_says_and_gives_the_same_logits(tmp_path):
+    model, path = trained_model(), tmp_path / "checkpoint.pt"
+    save_checkpoint(path, CONFIG, model.state_dict(), step=7)
+    raw = torch.load(path, weights_only=True)
+    assert raw.keys() == {"config", "model", "step"} and raw["config"] == CONFIG and raw["step"] == 7
+    loaded, config = load_checkpoint(path)
+    assert config == CONFIG and not loaded.training
+    x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x)[0], model.eval()(x)[0], atol=0, rtol=0)
+        assert not torch.equal(get_model(CONFIG).eval()(x)[0], model(x)[0])
+
+
+def test_files_that_are_no_checkpoint_say_why(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint; pass runs/<run_id>/checkpoint.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"weights": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"expected a dict with keys 'config' and 'model'.*got keys \['weights'\]"):
+        load_checkpoint(tmp_path / "other.pt")
+    wider = {"model": {**CONFIG["model"], "n_embd": 32}}
+    save_checkpoint(tmp_path / "mixed.pt", wider, get_model(CONFIG).state_dict(), step=1)
+    with pytest.raises(CheckpointError, match="its config and weights do not make a model"):
+        load_checkpoint(tmp_path / "mixed.pt")
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, CONFIG, get_model(CONFIG).state_dict(), step=1)
+    before = path.read_bytes()
+    with pytest.raises(Exception):  # noqa: B017 - what pickle raises for a function is its own business
+        save_checkpoint(path, {**CONFIG, "unsavable": lambda: 0}, get_model(CONFIG).state_dict(), step=2)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_the_resume_state_restores_model_optimizer_loader_and_rng(tmp_path):
+    data = tiny_data(tmp_path / "data", train_sizes=(5000,), val_tokens=500)
+    run_dir, dist = tmp_path / "run", Dist()
+    model = trained_model()
+    (opt,) = build_optimizers(model, OptimConfig())
+    with TokenLoader(sorted(data.glob("*_train_*.bin")), 2, 16) as loader:
+        x, y = next(loader)
+        model(x, y)[1].backward()
+        opt.step()
+        save_resume(run_dir, dist, 1, training_state(model, [opt], loader), CONFIG, replicated=True)
+        want_batch, want_rand = next(loader), torch.rand(3)
+    marker = resume_marker(run_dir, dist)
+    assert (marker["dir"], marker["step"], marker["world_size"], marker["config"]) == ("step0000001", 1, 1, CONFIG)
+    fresh = get_model(CONFIG)
+    (fresh_opt,) = build_optimizers(fresh, OptimConfig())
+    with TokenLoader(sorted(data.glob("*_train_*.bin")), 2, 16) as fresh_loader:
+        restore(fresh, [fresh_opt], fresh_loader, load_resume(run_dir, dist, marker))
+        got_batch, got_rand = next(fresh_loader), torch.rand(3)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], value, atol=0, rtol=0)
+    assert fresh_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(got_batch, want_batch)) and torch.equal(got_rand, want_rand)
+
+
+def test_a_new_resume_state_replaces_the_old_one_and_names_its_world_size(tmp_path):
+    state = {"model": get_model(CONFIG).state_dict(), "optim": [], "loader": {}, "rng": {"cpu": None, "cuda": None}}
+    for step in (1, 2):
+        save_resume(tmp_path, Dist(), step, state, CONFIG, replicated=False)
+    resume = done_path(tmp_path).parent
+    assert sorted(p.name for p in resume.iterdir()) == ["done.json", "step0000002"]
+    assert json.loads(done_path(tmp_path).read_text())["step"] == 2
+    with pytest.raises(ConfigError, match="saved with world size 1, this one has world size 2"):
+        resume_marker(tmp_path, Dist(world_size=2))
+    assert resume_marker(tmp_path / "elsewhere", Dist()) is None
