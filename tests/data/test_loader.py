@@ -3,17 +3,27 @@
 Most tests use tests.data.coded's shards, whose every window maps back to (file, start)."""
 import json
 import re
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from data.loader import TokenLoader
-from data.val import PAD_TARGET, val_batches
 from data.shards import ShardError, write_shard
-from tests.helpers import ROOT, make_shards, run, torchrun
-from tests.data.coded import B, BOS, L, SIZES, T, WINDOWS_PER_EPOCH, coded_shards, interleave, stream, windows
+from data.val import PAD_TARGET, val_batches
+from tests.data.coded import (
+    BOS,
+    SIZES,
+    WINDOWS_PER_EPOCH,
+    B,
+    L,
+    T,
+    coded_shards,
+    interleave,
+    stream,
+    windows,
+)
+from tests.helpers import ROOT, make_shards, torchrun
 
 
 def test_resume_refuses_another_stream(tmp_path):
@@ -88,24 +98,6 @@ def test_two_ranks_under_torchrun(tmp_path):
     one = [tuple(row) for x, y in val_batches(pattern, B, T, 40 * L) for row in torch.cat([x, y], 1).tolist()]
     two = interleave([[r[i:i + B] for i in range(0, len(r), B)] for r in val])
     assert [r for r in two if r[T] != PAD_TARGET] == [r for r in one if r[T] != PAD_TARGET]
-
-
-@pytest.mark.slow  # ~30 s, most of it importing torch on a busy 2-core machine
-
-
-def test_bench_smoke(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = run([sys.executable, "-m", "scripts.bench.loader", "--size-gb", "0.01", "--skip-big", "--seconds", "0.1",
-                "--rounds", "1", "--pairs", "2", "--track-s", "0", "--tmp", str(tmp_path), "--json", str(out)],
-               timeout=300)
-    result = json.loads(out.read_text())
-    assert "| measure | before | after | target |" in proc.stdout and "PASS" in proc.stdout
-    for name in ("before", "after"):  # today's loader and the one it replaced, side by side
-        r = result[name]
-        assert min(r[k] for k in ("shuffled_warm", "shuffled_cold", "sequential_warm", "shuffled_k1_cold")) > 0
-        assert "1GB_shuffled_bos" in r["first_batch_ms"] and "main_thread_slowdown" in r
-    assert result["reference"]["memcpy"] > 0
-    assert not [p for p in tmp_path.iterdir() if p != out], "the generated shards must be removed"
 
 
 @pytest.mark.parametrize("kw", [{"shuffle": False}, {}, {"bos_id": BOS}])

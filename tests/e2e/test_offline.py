@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from scripts import wheels
 from tests.helpers import ROOT, run, stock_python, tiny_args, tiny_data
 
 # torch, numpy and tiktoken, and tomli_w as a wheel folder brings it: what train.py needs
@@ -81,16 +80,6 @@ def test_the_leaderboards_t_test_without_scipy_names_it_in_one_line(core_python,
             env={"PYTHONPATH": str(ROOT)})
     cmd = ["-m", "scripts.leaderboard", str(tmp_path / "runs"), "--pool-seeds"]
     assert_names_the_package(run([str(core_python), *cmd], env={"PYTHONPATH": str(ROOT)}, check=False), "scipy")
-
-
-def test_the_wheel_folder_lists_what_the_node_installs_and_leaves_out_what_it_has():
-    assert wheels.project("tomli-w>=1.0,<2         # config.toml writer") == "tomli-w"
-    assert wheels.project("huggingface_hub>=0.24") == "huggingface-hub"
-    assert wheels.wheel_project(Path("charset_normalizer-3.5.3-cp311-cp311-manylinux1_x86_64.whl")) == \
-        "charset-normalizer"
-    assert wheels.names("numpy, SciPy,huggingface_hub") == {"numpy", "scipy", "huggingface-hub"}
-    # every glibc from CentOS 7's on: pip matches the tags exactly
-    assert "manylinux_2_17_x86_64" in wheels.PLATFORMS and "manylinux_2_28_x86_64" in wheels.PLATFORMS
 
 
 def test_an_unknown_without_is_refused_before_anything_is_downloaded(tmp_path):

@@ -3,7 +3,6 @@ import dataclasses
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
