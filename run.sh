@@ -133,8 +133,8 @@ cpu_track() {
   local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
   # Derived data: a folder that an older version (or other settings) made is refused by prepare; remake it.
   "$PY" "${demo[@]}" || { echo "[run.sh] making shards/demo again (--overwrite)"; "$PY" "${demo[@]}" --overwrite; }
-  # One single-threaded process per core: on 2 cores, 2 x 1 thread ran ~5x the steps of 1 process x 2 threads
-  # whenever anything else used the CPU (the intra-op threads spin waiting for each other).
+  # One single-threaded process per core: intra-op threads spin waiting for each other whenever anything else
+  # uses the CPU (docs/PERFORMANCE.md).
   local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
   # the arguments launch gives train.py (it adds BUDGET's), for the unfinished runs they would continue
   local args=(--config "$config" ${BUDGET:+--train.budget_s="$BUDGET"})

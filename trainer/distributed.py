@@ -65,8 +65,8 @@ def _attempt_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.S
     """The rendezvous store, with keys private to this torchrun attempt.
 
     torchrun shares its own TCPStore with the workers; after a --max-restarts restart the new group could read
-    the dead group's addresses from it and fail with "connectFullMesh ... Connection refused" (pytorch#135712;
-    3 of 4 restarts here). A key prefix per restart count keeps each attempt apart.
+    the dead group's addresses from it and fail with "connectFullMesh ... Connection refused". A key prefix per
+    restart count keeps each attempt apart.
     """
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun already serves it

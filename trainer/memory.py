@@ -26,9 +26,8 @@ from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
 GB = 1e9
-# Warn above 60% of the limit: the estimate counts live tensors only; this CPU's peak RSS grew 1.05-1.5x the
-# estimate (allocator slack, backward's temporaries; tests/trainer/test_memory.py measures it), a GPU's caching
-# allocator keeps some slack too.
+# Warn well below the limit: the estimate counts live tensors only, while the peak also holds allocator slack and
+# backward's temporaries (tests/trainer/test_memory.py measures the gap).
 NEAR = 0.6
 
 
