@@ -99,7 +99,7 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
     # 49,152-token sequences would need 230 GB
     B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
-    # None for no window: model/gpt.py reads a window of 0 as "none" and, since issue #12, None
+    # None for no window: model/gpt.py reads both a window of 0 and None as "none"
     window = (min(model_cfg.window, T // 4) if cpu else model_cfg.window) or None
     H, D = (2 if cpu else model_cfg.n_head), model_cfg.head_dim
     gen = torch.Generator().manual_seed(0)

@@ -142,8 +142,8 @@ CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
                        "--model.block_size=128", "--train.seq_len=128", "--train.batch_size=2",
                        "--eval.batch_size=0", "--eval.seq_len=0",  # not the speedrun's 262,144-token sequences
                        "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"],
-            # a rehearsal on a GPU machine still runs on the CPU; one thread, as the CPU track runs (run.sh): two
-            # spinning threads on a busy 2-core machine made a step of the text check 1.5 s instead of 0.1 s
+            # a rehearsal on a GPU machine still runs on the CPU; one thread, as the CPU track runs (run.sh):
+            # spinning intra-op threads on a busy machine slow a step many times over
             env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
 
 
