@@ -61,6 +61,9 @@ setup_env() {
   keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
   if [ ! -x "$PY" ]; then
     if [ "$keep_torch" = 1 ]; then see_packages_of "$base"; else "$base" -m venv "$VENV"; fi
+    # The project on the venv's path, as an editable install puts it (that needs setuptools, which offline nodes
+    # lack); written when the venv is made, so a checkout that reuses another's venv leaves it pointing home.
+    echo "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun.pth"
   fi
   want=$(sha256sum "$req" | cut -d' ' -f1)-$keep_torch
   if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
@@ -75,8 +78,6 @@ setup_env() {
     "$PY" -m pip install -q --disable-pip-version-check "${from[@]}" -r "$req"
     echo "$want" > "$VENV/.requirements.sha"
   fi
-  # The project on the venv's path, as an editable install puts it (that needs setuptools, which offline nodes lack).
-  echo "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun.pth"
 }
 
 # A virtualenv that sees every package of the interpreter $1 (its torch above all). A base that is itself a venv
