@@ -3,7 +3,6 @@ import dataclasses
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +26,8 @@ SPEEDRUN_1GPU = {
     "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.8, 0.95], "eps": 1e-10,
               "grad_clip": 0.0, "embed_lr": 0.6, "head_lr": 0.008, "scalar_lr": 0.04, "muon_lr": 0.05,
               "muon_momentum": 0.95, "muon_momentum_warmup_steps": 300, "muon_momentum_start": 0.85,
-              "muon_weight_decay": 0.0, "ns_steps": 5, "adjust_lr": "original"},
+              "muon_weight_decay": 0.0, "ns_steps": 5, "adjust_lr": "original",
+              "ns_coefficients": "newton_schulz", "muon_cautious_wd": False, "normuon": False, "normuon_beta2": 0.95},
     "train": {"batch_size": 1, "seq_len": 49152, "grad_accum": 8, "parallel": "ddp", "ddp_always": False,
               "compile": True, "dtype": "bfloat16", "budget_s": 2080.0, "timing": "exclude_warmup", "warmup_steps": 5,
               "max_steps": 0, "schedule": "time", "lr_warmup_frac": 0.0, "lr_decay_frac": 0.45, "lr_final_frac": 0.1,
