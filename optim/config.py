@@ -26,6 +26,10 @@ class OptimConfig:
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see optim/muon.py)
+    ns_coefficients: Literal["newton_schulz", "polar_express"] = "newton_schulz"  # muon: the iteration's quintics
+    muon_cautious_wd: bool = False  # muon: decay only where the update and the weight share a sign
+    normuon: bool = False  # muon: rescale the orthogonalised update per neuron by its second moment (NorMuon)
+    normuon_beta2: float = 0.95  # muon: NorMuon's second-moment decay
 
     def __post_init__(self) -> None:
         check_choices(self, "optim config")
@@ -36,6 +40,8 @@ class OptimConfig:
         if self.muon_momentum_warmup_steps < 0:
             raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
                              ">= 0 (0 = no warm-up)")
+        if not 0 <= self.normuon_beta2 < 1:
+            raise ValueError(f"optim config: normuon_beta2={self.normuon_beta2} must be in [0, 1), e.g. 0.95")
         if not 0 <= self.muon_momentum_start < 1:
             raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
                              "e.g. 0.85")

@@ -61,7 +61,9 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
     groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": 3},  # Q, K, V apart (records)
               {"params": [p for p in roles["matrix"] if id(p) not in fused]}]
     muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr)
+                weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr,
+                ns_coefficients=cfg.ns_coefficients, cautious_wd=cfg.muon_cautious_wd, normuon=cfg.normuon,
+                normuon_beta2=cfg.normuon_beta2)
     for g in muon.param_groups:
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
                  momentum_warmup_steps=cfg.muon_momentum_warmup_steps)

@@ -3,6 +3,8 @@
 Update of a matrix W (rows x cols) with gradient G, momentum buffer B, rate lr:
     B <- lerp(B, G, 1 - momentum);  U <- lerp(G, B, momentum)        (Nesterov)
     W <- W * (1 - lr * weight_decay) - lr * scale * NS(U)
+Options of the newer speedrun records, each off by default: Polar Express's per-step quintics in place of the
+fixed one (`ns_coefficients`), cautious decay (only where U and W share a sign) and NorMuon (optim/normuon.py).
 NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update is about 1 and its RMS is about
 1 / sqrt(max(rows, cols)). `adjust_lr` picks `scale` (the same rules as torch.optim.Muon):
     "original":        sqrt(max(1, rows / cols))  (Keller Jordan's rule: tall matrices get a larger step)
@@ -27,6 +29,7 @@ Results travel in the precision Newton-Schulz works in (`ns_dtype`: bf16 on CUDA
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -34,7 +37,22 @@ from torch import Tensor
 
 from torch.distributed.tensor import DTensor, Shard
 
+from optim.normuon import moment_shape, normalize
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
+# Polar Express (Amsel, Persson, Musco, Gower, 2025): one quintic per step, each the minimax-optimal one for the
+# range of singular values the previous steps leave, computed for 5 steps with a safety factor of 1.02; the
+# coefficients of modded-nanogpt's record 38 (2025-09-29). Past the fifth step the last quintic repeats.
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+# The starting norm is inflated by the safety factor: the quintics are tuned for singular values up to 1, and
+# bf16 rounding of the Frobenius norm must not push one past it.
+POLAR_EXPRESS_SAFETY = 1.02
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the same arguments; the old name warns there).
 # Looked up on torch.distributed at each call, by name, so the tests' recorder sees it.
 ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
@@ -46,17 +64,37 @@ def ns_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> Tensor:
+class Iteration(NamedTuple):
+    """How a group's updates are orthogonalised: the number of steps and whose quintic coefficients."""
+    steps: int = 5
+    coefficients: str = "newton_schulz"  # or "polar_express"
+
+
+def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
+    """(safety factor of the starting norm, the (a, b, c) of each step) of an iteration's coefficient set."""
+    if coefficients == "newton_schulz":
+        return 1.0, [NS_COEFFS] * steps
+    if coefficients == "polar_express":
+        pe = POLAR_EXPRESS_COEFFS
+        if steps < len(pe):  # cut short, the early steps' overshoot is not undone: singular values up to ~1.8
+            raise ValueError(f"Muon ns_coefficients='polar_express' needs ns_steps >= {len(pe)}, got {steps}")
+        return POLAR_EXPRESS_SAFETY, list(pe) + [pe[-1]] * (steps - len(pe))
+    raise ValueError(f"Muon ns_coefficients={coefficients!r}; use 'newton_schulz' or 'polar_express'")
+
+
+def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz", eps: float = 1e-7,
+                  dtype: torch.dtype | None = None) -> Tensor:
     """Approximately orthogonalise a matrix, or each matrix of a [..., rows, cols] stack (a random one ends with
-    singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device)."""
-    a, b, c = NS_COEFFS
+    singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device), by the quintic
+    iteration X <- a X + (b A + c A^2) X, A = X X^T, with `coefficients`' (a, b, c) per step."""
+    safety, schedule = quintics(coefficients, steps)
     x = g.to(dtype or ns_dtype(g.device)).reshape(-1, *g.shape[-2:])
     wide = x.size(-2) <= x.size(-1)
     if not wide:  # iterate on the smaller Gram matrix
         x = x.mT
     # Frobenius norm >= spectral norm, so every singular value starts in (0, 1], where the iteration converges.
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety).clamp(min=eps)
+    for a, b, c in schedule:
         gram = x @ x.mT
         # addmm rounds to bf16 once per product-and-sum, not once per product and once per sum, a smaller error
         # against fp64; baddbmm is its batched form.
@@ -97,6 +135,14 @@ def _local(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _row_offset(p: Tensor) -> int:
+    """The first row of p that this rank holds: FSDP2 shards like torch.chunk, ceil(rows / world) rows a rank."""
+    if not isinstance(p, DTensor):
+        return 0
+    mesh = p.device_mesh
+    return min(mesh.get_local_rank() * -(-p.shape[0] // mesh.size()), p.shape[0])
+
+
 def _views(u: Tensor, split: int) -> Tensor:
     """The [split, rows / split, cols] stack of the matrices fused in u (a view, no copy)."""
     return u.view(split, u.size(0) // split, u.size(1))
@@ -113,14 +159,14 @@ def _shaped(o: Tensor, like: Tensor) -> Tensor:
     return o if o.shape[-2:] == like.shape[-2:] else o.mT
 
 
-def _batched(views: list[Tensor], steps: list[int], dtype: torch.dtype) -> list[Tensor]:
-    """newton_schulz of every [k, rows, cols] stack, all stacks of one wide shape and step count in one call."""
+def _batched(views: list[Tensor], iterations: list[Iteration], dtype: torch.dtype) -> list[Tensor]:
+    """newton_schulz of every [k, rows, cols] stack, all stacks of one wide shape and iteration in one call."""
     buckets = defaultdict(list)
-    for i, (v, s) in enumerate(zip(views, steps)):
+    for i, (v, s) in enumerate(zip(views, iterations)):
         buckets[(*_wide(v).shape[-2:], s)].append(i)
     out = [None] * len(views)
     for (*_, s), idx in buckets.items():
-        done = newton_schulz(torch.cat([_wide(views[i]) for i in idx]), s, dtype=dtype)
+        done = newton_schulz(torch.cat([_wide(views[i]) for i in idx]), *s, dtype=dtype)
         for i, o in zip(idx, done.split([views[i].size(0) for i in idx])):
             out[i] = _shaped(o, views[i])
     return out
@@ -131,23 +177,23 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.size(0), *t.shape[1:])]) if t.size(0) < rows else t.contiguous()
 
 
-def _orthogonalize_local(updates: list[Tensor], splits: list[int], steps: list[int],
+def _orthogonalize_local(updates: list[Tensor], splits: list[int], iterations: list[Iteration],
                          dtype: torch.dtype) -> list[Tensor]:
     """One process: every view here, batched by shape."""
-    done = _batched([_views(u, k) for u, k in zip(updates, splits)], steps, dtype)
+    done = _batched([_views(u, k) for u, k in zip(updates, splits)], iterations, dtype)
     return [o.reshape(u.shape) for u, o in zip(updates, done)]
 
 
-def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], steps: list[int],
+def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], iterations: list[Iteration],
                               dtype: torch.dtype) -> list[Tensor]:
     """DDP: each view goes to one rank by cost; per wide shape, each rank orthogonalises its share in one call and
     one all_gather gives every rank all the results."""
     rank, world = dist.get_rank(), dist.get_world_size()
     views = [v for u, k in zip(updates, splits) for v in _views(u, k)]
-    view_steps = [s for k, s in zip(splits, steps) for _ in range(k)]
-    owners = assign([ns_flops(*v.shape, s) for v, s in zip(views, view_steps)], world)
+    view_its = [s for k, s in zip(splits, iterations) for _ in range(k)]
+    owners = assign([ns_flops(*v.shape, s.steps) for v, s in zip(views, view_its)], world)
     buckets = defaultdict(list)
-    for n, (v, s) in enumerate(zip(views, view_steps)):
+    for n, (v, s) in enumerate(zip(views, view_its)):
         buckets[(*_wide(v).shape, s)].append(n)
     pending = []
     for (rows, cols, s), ns in buckets.items():
@@ -155,7 +201,7 @@ def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], steps: l
         slots = max(sum(owners[n] == r for n in ns) for r in range(world))  # all_gather sends equal sizes
         send = views[0].new_zeros(slots, rows, cols, dtype=dtype)
         if mine:
-            send[:len(mine)] = newton_schulz(torch.stack([_wide(views[n]) for n in mine]), s, dtype=dtype)
+            send[:len(mine)] = newton_schulz(torch.stack([_wide(views[n]) for n in mine]), *s, dtype=dtype)
         recv = send.new_empty(world * slots, rows, cols)  # gloo takes the concatenated form only, not [world, ...]
         pending.append((getattr(dist, ALL_GATHER)(recv, send, async_op=True), recv.view(world, slots, rows, cols),
                         ns))
@@ -194,7 +240,7 @@ def _to_owners(params: list[DTensor], updates: list[Tensor], owners: list[int], 
     return sends
 
 
-def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[int], steps: list[int],
+def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[int], iterations: list[Iteration],
                            dtype: torch.dtype) -> list[Tensor]:
     """FSDP2: each parameter goes to one rank by cost; per parameter shape, one all_to_all brings the row shards
     of each to its owner, the owner splits and orthogonalises them, and one all_to_all sends the rows back."""
@@ -204,14 +250,15 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
                          f"got placements {params[0].placements} on a {mesh.ndim}-D mesh")
     group = mesh.get_group()
     world = dist.get_world_size(group)
-    owners = assign([k * ns_flops(p.shape[0] // k, p.shape[1], s) for p, k, s in zip(params, splits, steps)], world)
+    owners = assign([k * ns_flops(p.shape[0] // k, p.shape[1], it.steps)
+                     for p, k, it in zip(params, splits, iterations)], world)
     sends, full = _to_owners(params, updates, owners, group, dtype), {}
     for work, recv, _, mine, _ in sends:
         work.wait()
         parts = recv.view(world, len(mine), *recv.shape[1:])  # [source rank, parameter, rows, cols]
         for j, i in enumerate(mine):
             full[i] = _views(parts[:, j].flatten(0, 1)[:params[i].shape[0]], splits[i])
-    done = dict(zip(full, _batched(list(full.values()), [steps[i] for i in full], dtype)))
+    done = dict(zip(full, _batched(list(full.values()), [iterations[i] for i in full], dtype)))
     backs = []
     for _, recv, idx, mine, counts in sends:
         chunk, cols = recv.shape[1:]
@@ -231,7 +278,7 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
     return out
 
 
-def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int], steps: list[int],
+def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int], iterations: list[Iteration],
                    dtype: torch.dtype) -> list[Tensor]:
     """NS of every update's views, shared out across ranks according to how the parameters are distributed."""
     sharded = [isinstance(p, DTensor) for p in params]
@@ -239,24 +286,31 @@ def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int
         if not all(sharded):
             raise ValueError("Muon: its parameters mix DTensor (FSDP2) and plain tensors; shard all or none")
         if params[0].device_mesh.size() > 1:
-            return _orthogonalize_sharded(params, updates, splits, steps, dtype)
+            return _orthogonalize_sharded(params, updates, splits, iterations, dtype)
     elif dist.is_available() and dist.is_initialized():  # also a group of one (train.ddp_always): its rehearsal
-        return _orthogonalize_replicated(updates, splits, steps, dtype)
-    return _orthogonalize_local(updates, splits, steps, dtype)
+        return _orthogonalize_replicated(updates, splits, iterations, dtype)
+    return _orthogonalize_local(updates, splits, iterations, dtype)
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per parameter.
-    Param group option `split`: the number of equal row blocks orthogonalised as separate matrices."""
+    """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per parameter
+    (and NorMuon's second moment). Param group options:
+    `split`: the number of equal row blocks orthogonalised as separate matrices;
+    `ns_coefficients`: the quintics of the iteration, "newton_schulz" or "polar_express" (see `quintics`);
+    `cautious_wd`: decay only the weights whose sign the update shares (W -= lr * U pulls them toward 0);
+    `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, adjust_lr: str = "original", split: int = 1,
-                 ns_dtype: torch.dtype | None = None):
+                 ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
+                 cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
-                                      adjust_lr=adjust_lr, split=split))
+                                      adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
+                                      cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2))
         for group in self.param_groups:
+            quintics(group["ns_coefficients"], group["ns_steps"])  # an unknown name or too few steps fail here
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got a parameter of shape {tuple(p.shape)}; "
@@ -278,14 +332,39 @@ class Muon(torch.optim.Optimizer):
         params = [p for p, _ in work]
         updates = [self._nesterov(p, g["momentum"]) for p, g in work]
         dtype = self.ns_dtype or ns_dtype(params[0].device)
-        done = _orthogonalize(params, updates, [g["split"] for _, g in work], [g["ns_steps"] for _, g in work], dtype)
+        done = _orthogonalize(params, updates, [g["split"] for _, g in work],
+                              [Iteration(g["ns_steps"], g["ns_coefficients"]) for _, g in work], dtype)
+        done = self._normuon(work, done)
         for (p, g), o in zip(work, done):
             w = _local(p)
-            if g["lr"] * g["weight_decay"]:  # else a full read and write of the weights for nothing
-                w.mul_(1 - g["lr"] * g["weight_decay"])
+            decay = g["lr"] * g["weight_decay"]
+            if decay and g["cautious_wd"]:
+                w.addcmul_(w, (o * w >= 0).to(w.dtype), value=-decay)
+            elif decay:  # else a full read and write of the weights for nothing
+                w.mul_(1 - decay)
             view = (p.shape[0] // g["split"], p.shape[1])
             w.add_(o.to(w.dtype), alpha=-g["lr"] * lr_scale(view, g["adjust_lr"]))
         return loss
+
+    def _normuon(self, work: list[tuple[Tensor, dict]], done: list[Tensor]) -> list[Tensor]:
+        """`done` with NorMuon applied to the updates of the groups that ask for it."""
+        picked = [i for i, (_, g) in enumerate(work) if g["normuon"]]
+        if not picked:
+            return done
+        params, groups = [work[i][0] for i in picked], [work[i][1] for i in picked]
+        for p, g in zip(params, groups):
+            if "second_moment" not in self.state[p]:
+                self.state[p]["second_moment"] = torch.zeros(moment_shape(p.shape, g["split"]),
+                                                             dtype=torch.float32, device=_local(p).device)
+        sharded = isinstance(params[0], DTensor) and params[0].device_mesh.size() > 1
+        rescaled = normalize(
+            [done[i] for i in picked], [p.shape for p in params], [g["split"] for g in groups],
+            [_row_offset(p) for p in params], [self.state[p]["second_moment"] for p in params],
+            [g["normuon_beta2"] for g in groups], params[0].device_mesh.get_group() if sharded else None)
+        done = list(done)
+        for i, o in zip(picked, rescaled):
+            done[i] = o
+        return done
 
     def _nesterov(self, p: Tensor, momentum: float) -> Tensor:
         """Advance p's momentum buffer and return the Nesterov update (this rank's part of it)."""

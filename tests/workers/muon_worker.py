@@ -114,14 +114,19 @@ def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], ra
     return work
 
 
-CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss)}
+# "recipe": the MLP under the newer records' options; NorMuon's neurons are the columns of the wide views, whose
+# rows two or three ranks share under FSDP2
+CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss)}
+RECIPE = dict(ns_coefficients="polar_express", cautious_wd=True, normuon=True)
 
 
 def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
-    """Plain Muon for the MLP (its first matrix split in 3); the muon recipe (Muon + AdamW groups) for the GPT."""
-    if name == "mlp":
+    """Plain Muon for the MLP (its first matrix split in 3), also with RECIPE; the muon recipe (Muon + AdamW
+    groups) for the GPT."""
+    if name in ("mlp", "recipe"):
         fused, *rest = model.parameters()  # also through the DDP wrapper
-        return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1)]
+        return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1,
+                     **RECIPE if name == "recipe" else {})]
     return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01))
 
 
