@@ -75,6 +75,28 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     assert "bash run.sh test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_readme_is_a_users_guide_of_about_300_lines():
+    # measurements and their history live in docs/PERFORMANCE.md, git and records/; the README says how to use it
+    assert README.count("\n") <= 300, f"README.md has {README.count(chr(10))} lines"
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/PERFORMANCE.md", "docs/DESIGN.md", "scripts/slurm/README.md"])
+def test_the_commands_the_docs_name_exist(name):
+    # commands get renamed: each `python -m` module and `bash` script a document tells people to run is still there
+    text = (ROOT / name).read_text()
+    modules = set(re.findall(r"python -m ((?:data|scripts|model|optim|trainer)(?:\.\w+)+)", text)) - {"scripts.x"}
+    paths = {m: ROOT / m.replace(".", "/") for m in modules}
+    missing = [m for m, p in paths.items() if not (p.with_suffix(".py").exists() or (p / "__main__.py").exists())]
+    missing += [p for p in set(re.findall(r"bash ([\w/]+\.(?:sh|sbatch))", text)) if not (ROOT / p).exists()]
+    assert missing == [], f"{name} names commands that are not in the repository"
+
+
+def test_each_performance_table_names_the_command_that_reproduces_it():
+    sections = re.split(r"^## ", (ROOT / "docs" / "PERFORMANCE.md").read_text(), flags=re.M)[1:]
+    silent = [s.splitlines()[0] for s in sections if "\n|---" in s and not re.search(r"`(python -m|bash) ", s)]
+    assert silent == [], "docs/PERFORMANCE.md sections with a table but no command"
+
+
 def layout_paths() -> list[str]:
     """The paths named in the first column of docs/DESIGN.md's layout table."""
     table = DESIGN.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
