@@ -55,16 +55,17 @@ USAGE
 # Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch and the packages beside it. A wheel
 # folder (bash run.sh wheels, for a node without network) is installed from with no index, its own list of lines.
 setup_env() {
-  local base=${PYTHON:-python3} req=requirements.txt keep_torch want from=()
+  local base=${PYTHON:-python3} req=requirements.txt keep_torch want pth from=()
   if [ -f "$WHEELS/requirements.txt" ]; then req=$WHEELS/requirements.txt; from=(--no-index --find-links "$WHEELS"); fi
   "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "shardrun needs Python 3.11+")'
   keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
   if [ ! -x "$PY" ]; then
     if [ "$keep_torch" = 1 ]; then see_packages_of "$base"; else "$base" -m venv "$VENV"; fi
     # The project on the venv's path, as an editable install puts it (that needs setuptools, which offline nodes
-    # lack); written when the venv is made, so a checkout that reuses another's venv leaves it pointing home.
-    echo "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun.pth"
+    # lack); written once, so a checkout that reuses another's venv leaves it pointing home.
   fi
+  pth="$("$PY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun.pth"
+  [ -f "$pth" ] || echo "$ROOT" > "$pth"
   want=$(sha256sum "$req" | cut -d' ' -f1)-$keep_torch
   if [ "$(cat "$VENV/.requirements.sha" 2>/dev/null)" != "$want" ]; then
     echo "[run.sh] installing requirements into $VENV (once)${from:+ from $WHEELS, no index} ..."
@@ -220,12 +221,12 @@ gpu_track() {
   summary "$run_id" "The "
 }
 
-# A benchmark name that is not scripts/bench_NAME.py: list the ones there are (before any install).
+# A benchmark name that is not scripts/bench/NAME.py: list the ones there are (before any install).
 check_bench() {
-  [ -f "scripts/bench_$1.py" ] && return
+  [ -f "scripts/bench/$1.py" ] && [ "$1" != __init__ ] && return
   local f known=""
-  for f in scripts/bench_*.py; do f=${f#scripts/bench_}; known+=" ${f%.py}"; done
-  echo "run.sh bench: no benchmark '$1'; the benchmarks are:$known (scripts/bench_NAME.py)" >&2
+  for f in scripts/bench/[a-z]*.py; do f=${f#scripts/bench/}; known+=" ${f%.py}"; done
+  echo "run.sh bench: no benchmark '$1'; the benchmarks are:$known (scripts/bench/NAME.py)" >&2
   exit 2
 }
 
@@ -248,7 +249,7 @@ case "$cmd" in
     launch --config "$config" "$@" ;;
   bench)
     which=${1:-loader}; [ $# -gt 0 ] && shift
-    exec "$PY" -m "scripts.bench_$which" "$@" ;;
+    exec "$PY" -m "scripts.bench.$which" "$@" ;;
   leaderboard)
     if [ $# -eq 0 ]; then
       for d in runs records; do [ -d "$d" ] && set -- "$@" "$d"; done

@@ -34,11 +34,6 @@ def test_the_marker_says_whether_the_run_ended_at_its_state(tmp_path):
     assert read_marker(saved_run(tmp_path / "d", 40, summary=ended))["finished"] is None
 
 
-def test_a_marker_without_its_config_takes_config_toml(tmp_path):
-    marker = read_marker(saved_run(tmp_path, 5, with_config=False))
-    assert marker["config"] == Config().to_dict() and marker["step"] == 5
-
-
 def test_the_newest_unfinished_run_of_the_pattern_is_the_one_found(tmp_path):
     saved_run(tmp_path / "r_old", 10, mtime=1_000)
     saved_run(tmp_path / "r_new", 20, mtime=2_000)
