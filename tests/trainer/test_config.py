@@ -3,13 +3,14 @@ import dataclasses
 import re
 import sys
 import tomllib
-from pathlib import Path
+import typing
 
 import pytest
 
 from tests.helpers import ROOT, TRAIN, run
 from trainer import starter
-from trainer.config import SECTIONS, ConfigError, parse_args, to_toml
+from trainer.config import (RESUME_BUDGET, RESUME_SAFE, SECTIONS, ConfigError, Group, keys_in, parse_args,
+                            to_toml)
 
 TINY = str(ROOT / "configs" / "tiny.toml")
 
@@ -226,3 +227,27 @@ def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one
         before = cfg.eval.tokens
         resolve_data(cfg)
         assert cfg.eval.tokens == before and capsys.readouterr().err == ""
+
+
+def test_the_key_groups_are_the_fields_metadata_and_nest():
+    by_group = {group: keys_in(group) for group in typing.get_args(Group)}
+    declared = {f"{section}.{f.name}": f.metadata["group"] for section, cls in SECTIONS.items()
+                for f in dataclasses.fields(cls) if "group" in f.metadata}
+    assert {key for keys in by_group.values() for key in keys} == declared.keys()
+    assert RESUME_SAFE == declared.keys() - by_group["budget"]
+    assert RESUME_BUDGET == {"train.budget_s", "train.max_steps"}
+    assert by_group["speed"] == {"train.compile", "train.warmup_steps", "train.ddp_always"}
+    assert by_group["neutral"] == {"data.vocab_check", "log.track", "eval.batch_size"}
+    assert by_group["eval"] == {"eval.every_steps", "eval.every_s"}
+    # a key that decides the model, the stream, the optimizer state or the schedule refuses a resume
+    assert not any(key.startswith(("model.", "optim.")) for key in declared)
+
+
+def test_the_eval_shape_and_the_holdout_are_resolved_on_the_config():
+    cfg = parse_args(["--config", TINY, "--data.train=x", "--train.batch_size=3", "--train.seq_len=32"])
+    assert (cfg.eval.batch_size, cfg.eval.seq_len) == (0, 0) and cfg.eval_shape == (3, 32)
+    cfg.eval.batch_size, cfg.eval.seq_len = 2, 48
+    assert cfg.eval_shape == (2, 48)
+    assert not cfg.data.holdout and cfg.holdout_tokens == 0
+    cfg.data.val = "holdout"
+    assert cfg.data.holdout and cfg.holdout_tokens == cfg.eval.tokens
