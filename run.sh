@@ -190,16 +190,9 @@ if found:
 PY
 }
 
-# The checkpoint a run saved: its config's train.checkpoint_path (a config such as the hackathon's sets one,
-# relative to this folder), else the run folder's checkpoint.pt.
+# The checkpoint the run runs/$1 saved, as its folder records it (trainer/runs.py `saved_checkpoint`).
 checkpoint_of() {
-  "$PY" - "runs/$1" <<'PY'
-import sys, tomllib
-from pathlib import Path
-run = Path(sys.argv[1])
-config = tomllib.loads((run / "config.toml").read_text()) if (run / "config.toml").is_file() else {}
-print(config.get("train", {}).get("checkpoint_path") or run / "checkpoint.pt")
-PY
+  "$PY" -c 'import sys, pathlib, trainer.runs as r; print(r.saved_checkpoint(pathlib.Path(sys.argv[1])))' "runs/$1"
 }
 
 # Where a finished run's files are, and the command that samples from its checkpoint.
