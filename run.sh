@@ -192,9 +192,9 @@ if found:
 PY
 }
 
-# The checkpoint a finished run saved, where its summary.json records it.
+# The checkpoint the run runs/$1 saved, as its folder records it (trainer/runs.py `saved_checkpoint`).
 checkpoint_of() {
-  "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint_path"])' "runs/$1/summary.json"
+  "$PY" -c 'import sys, pathlib, trainer.runs as r; print(r.saved_checkpoint(pathlib.Path(sys.argv[1])))' "runs/$1"
 }
 
 # Where a finished run's files are, and the command that samples from its checkpoint.

@@ -94,7 +94,7 @@ from trainer.atomic import DiskFullError, write_text  # noqa: E402
 from data.loader import TokenLoader  # noqa: E402
 from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
-from model import get_model  # noqa: E402
+from model.gpt import GPT  # noqa: E402
 from optim.groups import build_optimizers, warmup_momentum  # noqa: E402
 from data.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
@@ -108,7 +108,7 @@ from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  
 from trainer.mfu import mfu_of  # noqa: E402
 from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
-from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
+from trainer.runs import STOPPED_BY_SIGNAL, checkpoint_path  # noqa: E402
 
 
 @dataclass
@@ -158,7 +158,7 @@ class Run:
     @property
     def checkpoint_path(self) -> Path:
         """Where checkpoint.pt goes: train.checkpoint_path, else the run folder."""
-        return Path(self.cfg.train.checkpoint_path or self.run_dir / "checkpoint.pt")
+        return checkpoint_path(self.run_dir, self.cfg.train.checkpoint_path)
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token of a step at the attention window the model has now."""
@@ -221,7 +221,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
         log.print(cfg.starter)
 
     torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
-    model = parallelize(get_model(config), cfg.train, dist)
+    model = parallelize(GPT(cfg.model), cfg.train, dist)
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
     if resumed:

@@ -1,14 +1,14 @@
 """The model's config section as a dataclass, free of torch.
 
-trainer/config.py builds the run config from them, and train.py parses it before it imports torch (seconds
-on a cold start), so a config error is answered at once. optim/config.py uses its `choices` helpers.
+trainer/config.py builds the run config from them, and train.py parses it before it imports torch, so a
+config error is answered at once. optim/config.py uses its `choices` helpers.
 
 A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
-dataclasses' own checks here and for trainer/config.py's check of files and overrides.
+dataclasses' own checks here and for trainer/config.py's check of files and overrides. `field_value` is the one
+type check of a raw value (a TOML file's, an override's, a checkpoint's config) against a field.
 """
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +25,22 @@ def value_type(hint: Any) -> Any:
     """The type a field's value has: that of a Literal's values (str), else the hint itself."""
     allowed = choices(hint)
     return type(allowed[0]) if allowed else hint
+
+
+def field_value(hint: Any, value: Any) -> Any:
+    """`value` as a field of type `hint` holds it; TypeError naming the type where it is not one.
+
+    TOML writes 15 for 15.0, so an int is a float's value; bool is a subclass of int but never a number here.
+    A Literal's values are checked apart (`check_choices`, and trainer/config.py where it knows the file)."""
+    kind = value_type(hint)
+    origin = typing.get_origin(kind) or kind
+    if origin is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin in (list, tuple) and isinstance(value, (list, tuple)):
+        return origin(value)
+    if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
+        return value
+    raise TypeError(getattr(kind, "__name__", str(kind)))
 
 
 def check_choices(obj: Any, what: str) -> None:
@@ -106,20 +122,18 @@ class GPTConfig:
 
 
 def config_from_dict(section: dict) -> GPTConfig:
-    """GPTConfig from a plain dict; an unknown key or a wrong type is an error naming the key."""
+    """GPTConfig from a plain dict (a checkpoint's model section); an unknown key or a wrong type is an error
+    naming the key."""
     hints = typing.get_type_hints(GPTConfig)
-    fields = [f.name for f in dataclasses.fields(GPTConfig)]
-    unknown = sorted(set(section) - set(fields))
+    unknown = sorted(set(section) - set(hints))
     if unknown:
-        raise ValueError(f"model config: unknown key(s) {unknown}; valid keys are {fields}. "
+        raise ValueError(f"model config: unknown key(s) {unknown}; valid keys are {list(hints)}. "
                          "Fix or remove them in the [model] section.")
     values = {}
     for key, value in section.items():
-        kind = value_type(hints[key])
-        # TOML writes 15 for 15.0; bool is a subclass of int but never a valid number here.
-        ok = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or type(value) is not bool)
-        if not ok:
-            raise ValueError(f"model config: {key}={value!r} must be of type {kind.__name__}; "
-                             "fix it in the [model] section")
-        values[key] = kind(value)
+        try:
+            values[key] = field_value(hints[key], value)
+        except TypeError as e:
+            raise ValueError(f"model config: {key}={value!r} must be of type {e}; "
+                             "fix it in the [model] section") from None
     return GPTConfig(**values)

@@ -7,8 +7,8 @@
 A row holds the runs whose resolved configs (the config.toml beside each summary.json) are identical
 except for run-specific keys (RUN_SPECIFIC: where a run writes, how it is logged, checkpointed and resumed),
 at the same world size, and whose resumes (summary.json's resume_changes) made the same changes that can move a
-result (all but RESUME_NEUTRAL's): a run extended by --extend-budget is not pooled with runs given the longer
-budget from the start. Different seeds make different rows unless --pool-seeds. The fingerprint column is
+result (all but RESULT_NEUTRAL's): a run extended by --extend-budget is not pooled with runs given the longer
+budget from the start. Which key is which, trainer/config.py declares on the key's field (`Group`). Different seeds make different rows unless --pool-seeds. The fingerprint column is
 a hash of what a row's runs share; "differs" names each setting in which a row's runs depart from their config
 file's own values (configs/<config>.toml with its base chain, as train.py reads it today; the code's defaults
 for a run made without one), those that set budget, shape and batch first, clipped unless --all. A record
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import ROOT
-from trainer.config import Config, ConfigError, apply_file, config_chain
+from trainer.config import Config, ConfigError, apply_file, config_chain, keys_in
 from trainer.optional import import_optional
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
@@ -38,22 +38,17 @@ NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss"
                "world_size", "hardware", "torch_version")
 COLUMNS = ("track", "config", "fingerprint", "runs", "run ids", "reached", "time to target (s)", "final val loss",
            "target", "p(mean<=target)", "hardware", "torch", "differs")
-# Where a run writes, how it is watched, checkpointed or resumed: nothing it trains depends on these (a save
-# stops the training clock), so runs that differ only here repeat one experiment.
-RUN_SPECIFIC = ("log.dir", "log.run_id", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
-                "train.checkpoint_path", "train.checkpoint_every_s", "train.save_checkpoint", "train.resume",
-                "train.dist_timeout_s")
-SEEDS = ("train.seed", "data.seed")
-# What a resume may change (trainer/config.py's RESUME_SAFE and, with --extend-budget, the budget) that cannot
-# move a run's result, so that the run stays in the row of the config it ended with: the run-specific keys, a
-# check of the data, a label, and the eval's grouping into batches (the same windows). Evals read the model
-# without changing it and, except where train.timing = "from_first_forward" puts them on the training clock,
-# take no time from training, so their frequency leaves the trajectory alone (the time to target is read at
-# them: from the resume on, at the new frequency). Every other change sets the run apart: a budget extension
-# (the LR schedule spans the new budget from the resume on), train.compile and train.warmup_steps (how fast the
-# clock runs, hence the time to target and the steps a time budget buys), and a key added to RESUME_SAFE later.
-RESUME_NEUTRAL = (*RUN_SPECIFIC, "data.vocab_check", "log.track", "eval.batch_size")
-EVAL_FREQUENCY = ("eval.every_steps", "eval.every_s")
+# Nothing a run trains depends on these (a save stops the training clock), so runs that differ only here repeat
+# one experiment.
+RUN_SPECIFIC = keys_in("run")
+SEEDS = frozenset({"train.seed", "data.seed"})
+# What a resume may change that cannot move a run's result, so that the run stays in the row of the config it
+# ended with. Every other change sets the run apart: a budget extension (the LR schedule spans the new budget from
+# the resume on), how fast the clock runs, and a key given no group.
+RESULT_NEUTRAL = keys_in("run", "neutral")
+# Evals off the training clock leave the trajectory alone (the time to target is read at them: from the resume
+# on, at the new frequency)
+EVAL_FREQUENCY = keys_in("eval")
 DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest (unless --all)
 RUN_IDS_CHARS = 40  # the same for the "run ids" cell
 # What sets a row's budget, shape and batch: "differs" names these first, in this order, then the rest by name.
@@ -134,7 +129,7 @@ def load_config(path: Path) -> dict[str, Any]:
 def experiment(summary: dict, pool_seeds: bool = False) -> dict[str, Any]:
     """What makes a run comparable: its config without run-specific keys (and seeds, if pooled), world size, and
     the changes its resumes made that can move its result."""
-    drop = RUN_SPECIFIC + (SEEDS if pool_seeds else ())
+    drop = RUN_SPECIFIC | (SEEDS if pool_seeds else frozenset())
     exp = {**{k: v for k, v in summary["config"].items() if k not in drop}, "world_size": summary["world_size"]}
     # not the step of the change: runs extended at the end of the same budget end it at different steps
     resumed = [f"{c['key']} {c['saved']}->{c['now']}" for c in summary["resume_changes"]
@@ -143,10 +138,10 @@ def experiment(summary: dict, pool_seeds: bool = False) -> dict[str, Any]:
 
 
 def moves_result(key: str, config: dict[str, Any]) -> bool:
-    """Whether a resume's change of `key` can move the result of a run that ended with `config` (RESUME_NEUTRAL)."""
+    """Whether a resume's change of `key` can move the result of a run that ended with `config` (RESULT_NEUTRAL)."""
     if key in EVAL_FREQUENCY:
         return config["train.timing"] == "from_first_forward"
-    return key not in RESUME_NEUTRAL
+    return key not in RESULT_NEUTRAL
 
 
 def fingerprint(exp: dict[str, Any]) -> str:

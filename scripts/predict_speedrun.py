@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 
-from model import get_model
+from model.gpt import GPT
 from trainer.config import Config, parse_args as parse_train_args
 from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
@@ -43,7 +43,7 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     """(training FLOPs per token at train.seq_len, averaged over the run's window schedule; its attention share):
     GPT.flops_per_token at each of 101 evenly spaced points of training progress (the window grows linearly)."""
     with torch.device("meta"):  # the shapes without allocating the weights
-        model = get_model(cfg.to_dict())
+        model = GPT(cfg.model)
     flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - 12.0 * cfg.model.n_layer * cfg.model.n_embd
     return flops, 1 - matmul_only / flops

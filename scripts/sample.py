@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import sys
-import tomllib
 from pathlib import Path
 
 import torch
-
 
 from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from model.generate import generate
 from trainer.checkpoint import CheckpointError, load_checkpoint
+from trainer.runs import saved_checkpoint
 
 
 class SampleError(ValueError):
@@ -51,17 +49,12 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
 
 
 def run_checkpoint(folder: Path) -> Path:
-    """The checkpoint a run folder's run saved: summary.json's checkpoint_path, else (a run that has not
-    finished) its config.toml's train.checkpoint_path, else checkpoint.pt in the folder."""
-    summary, config = folder / "summary.json", folder / "config.toml"
+    """The checkpoint a run folder's run saved (trainer/runs.py `saved_checkpoint` says where)."""
     try:
-        path = json.loads(summary.read_text()).get("checkpoint_path") if summary.is_file() else None
-        if not path and config.is_file():
-            path = tomllib.loads(config.read_text()).get("train", {}).get("checkpoint_path")
+        path = saved_checkpoint(folder)
     except (OSError, ValueError) as e:  # ValueError: JSON or TOML that does not parse
         raise SampleError(f"{folder}: cannot read where its run saved the checkpoint ({e}); pass the "
                           f"checkpoint.pt itself") from None
-    path = Path(path) if path else folder / "checkpoint.pt"
     if not path.is_file():
         raise SampleError(f"{folder}: its run saved no checkpoint at {path} (yet); train it to its first save "
                           f"(the end of the run, or train.checkpoint_every_s), or pass a checkpoint.pt")

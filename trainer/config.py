@@ -24,10 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from model.config import GPTConfig, choices, value_type
+from model.config import GPTConfig, choices, field_value, value_type
 from optim.config import OptimConfig
 from trainer import ROOT, starter
 from trainer.optional import import_optional
+
+# What a key is to a resume and to a run's result, declared on its field (`grouped`); a key with no group decides
+# the model, the data stream, the optimizer state or the schedule, so a resume refuses to change it:
+#   "run"      where a run writes, how it is watched, checkpointed or resumed: no part of the experiment
+#   "neutral"  a check of the data, a label, the eval's grouping into batches (the same windows): moves no result
+#   "eval"     when evals happen: they read the model without changing it, but on the training clock
+#              (train.timing = "from_first_forward") they take time from training
+#   "speed"    how fast the same arithmetic runs, hence the steps a time budget buys and the time to target
+#   "budget"   how long the run trains: a resume changes it only with --extend-budget
+Group = Literal["run", "neutral", "eval", "speed", "budget"]
+
+
+def grouped(default: Any, group: Group) -> Any:
+    """A dataclass field with `default` whose key is in `group` (see Group)."""
+    return field(default=default, metadata={"group": group})
 
 
 @dataclass
@@ -40,7 +55,12 @@ class DataConfig:
     shuffle: bool = True         # windows in a seeded random order over all shards; false: each shard front to back
     shuffle_shards: int = 0      # shuffle within this many shards at a time, each set read ahead whole; 0 = all
     seed: int = 0                # seeds the order of the shards and of the windows, per epoch
-    vocab_check: bool = True     # refuse token ids >= model.vocab_size
+    vocab_check: bool = grouped(True, "neutral")  # refuse token ids >= model.vocab_size
+
+    @property
+    def holdout(self) -> bool:
+        """Whether the val set is the tail of the train data (val = "holdout") rather than files of its own."""
+        return self.val == "holdout"
 
 
 @dataclass
@@ -50,67 +70,68 @@ class TrainConfig:
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
-    ddp_always: bool = False
-    compile: bool = False        # torch.compile the model (under FSDP2: each block, and the head with the loss)
+    ddp_always: bool = grouped(False, "speed")
+    # torch.compile the model (under FSDP2: each block, and the head with the loss)
+    compile: bool = grouped(False, "speed")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
-    budget_s: float = 0.0        # training-time budget; 0 = none
+    budget_s: float = grouped(0.0, "budget")  # training-time budget; 0 = none
     timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
-    warmup_steps: int = 0        # untimed compile warm-up steps (exclude_warmup), state restored after
-    max_steps: int = 0           # upper bound on steps; 0 = none
+    warmup_steps: int = grouped(0, "speed")  # untimed compile warm-up steps (exclude_warmup), state restored after
+    max_steps: int = grouped(0, "budget")  # upper bound on steps; 0 = none
     # "time": the LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
     schedule: Literal["time", "step"] = "time"
     lr_warmup_frac: float = 0.0  # first fraction of the run with a linear LR warm-up
     lr_decay_frac: float = 0.3   # final fraction of the run over which the LR decays linearly
     lr_final_frac: float = 0.0   # LR multiplier at the end of the decay
     seed: int = 0                # torch seed of the initialisation (the same on every rank)
-    checkpoint_path: str = ""    # "" = <run folder>/checkpoint.pt
-    checkpoint_every_s: float = 0.0  # also save checkpoint + resume state every N seconds; 0 = at the end only
-    save_checkpoint: bool = True     # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks
+    checkpoint_path: str = grouped("", "run")  # "" = <run folder>/checkpoint.pt
+    # also save checkpoint + resume state every N seconds; 0 = at the end only
+    checkpoint_every_s: float = grouped(0.0, "run")
+    # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks
+    save_checkpoint: bool = grouped(True, "run")
     # "auto": if the run folder has complete state; "never": refuse a folder that holds a run; "overwrite": start
     # afresh, replacing what the folder holds
-    resume: Literal["auto", "never", "must", "overwrite"] = "auto"
-    dist_timeout_s: float = 600.0    # a collective stuck this long (lost peer) fails the run instead of hanging
+    resume: Literal["auto", "never", "must", "overwrite"] = grouped("auto", "run")
+    # a collective stuck this long (lost peer) fails the run instead of hanging
+    dist_timeout_s: float = grouped(600.0, "run")
 
 
 @dataclass
 class EvalConfig:
-    every_steps: int = 0         # 0 = only at the end
-    every_s: float = 0.0         # on the training clock; 0 = off
+    every_steps: int = grouped(0, "eval")  # 0 = only at the end
+    every_s: float = grouped(0.0, "eval")  # on the training clock; 0 = off
     tokens: int = 1 << 20        # validation targets scored per eval (the data needs one token more)
     seq_len: int = 0             # tokens per eval sequence; 0 = train.seq_len; longer needs model.rotary
-    batch_size: int = 0          # 0 = train.batch_size
+    batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
 
 
 @dataclass
 class LogConfig:
-    dir: str = "runs"            # parent folder of the run folders
-    run_id: str = ""             # "" = <config name>-<torchrun run id, else timestamp-pid>; fix it to resume by name
-    track: str = "cpu"           # leaderboard label: cpu | speedrun | hackathon | ...
-    every_steps: int = 10        # one console line and metrics.jsonl record every N steps
-    wandb: bool = False          # also log to Weights & Biases (WANDB_MODE=offline|disabled need no network)
-    wandb_project: str = "shardrun"  # wandb project
-    wandb_run: str = ""          # "" = run_id
+    dir: str = grouped("runs", "run")  # parent folder of the run folders
+    # "" = <config name>-<torchrun run id, else timestamp-pid>; fix it to resume by name
+    run_id: str = grouped("", "run")
+    track: str = grouped("cpu", "neutral")  # leaderboard label: cpu | speedrun | hackathon | ...
+    every_steps: int = grouped(10, "run")  # one console line and metrics.jsonl record every N steps
+    wandb: bool = grouped(False, "run")  # also log to Weights & Biases (WANDB_MODE=offline|disabled need no network)
+    wandb_project: str = grouped("shardrun", "run")  # wandb project
+    wandb_run: str = grouped("", "run")  # "" = run_id
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": GPTConfig, "optim": OptimConfig,
                              "train": TrainConfig, "eval": EvalConfig, "log": LogConfig}
-# Keys a resumed run may change: they decide what is logged and where, when evals and saves happen, and how
-# fast the same arithmetic runs, never the model, the data stream, the optimizer state, the LR schedule or
-# what the run's record measures. Every other key, including one added later, refuses the resume.
-RESUME_SAFE = frozenset({
-    "data.vocab_check",                      # a check of the data, not the data
-    "train.compile", "train.warmup_steps",   # the same math; warm-up steps are undone before the clock starts
-    "train.ddp_always",                      # the same math through DDP's wrapper in one process
-    "train.checkpoint_path", "train.checkpoint_every_s", "train.save_checkpoint", "train.resume",
-    "train.dist_timeout_s",
-    "eval.every_steps", "eval.every_s", "eval.batch_size",   # eval.batch_size: the same windows, regrouped
-    "log.dir", "log.run_id", "log.track", "log.every_steps", "log.wandb", "log.wandb_project", "log.wandb_run",
-})
-# How long the run trains: changed on resume only with --extend-budget (the README's "Resuming" says what it
-# does to the LR schedule)
-RESUME_BUDGET = frozenset({"train.budget_s", "train.max_steps"})
+
+
+def keys_in(*groups: Group) -> frozenset[str]:
+    """The "section.key" names of the fields in one of `groups`."""
+    return frozenset(f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+                     if f.metadata.get("group") in groups)
+
+
+# the keys a resume may change; every other key, including one added later, refuses the resume
+RESUME_SAFE = keys_in("run", "neutral", "eval", "speed")
+RESUME_BUDGET = keys_in("budget")  # changed on resume only with --extend-budget
 
 
 class Change(NamedTuple):
@@ -145,21 +166,28 @@ class Config:
         """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
         return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
 
+    @property
+    def eval_shape(self) -> tuple[int, int]:
+        """(rows, tokens) of an eval batch: eval.batch_size and eval.seq_len, 0 meaning the training shape's."""
+        return self.eval.batch_size or self.train.batch_size, self.eval.seq_len or self.train.seq_len
+
+    @property
+    def holdout_tokens(self) -> int:
+        """The tokens at the end of the train data that are the val set (eval.tokens under data.val = "holdout"),
+        which training leaves out; 0 where the val set has files of its own."""
+        return self.eval.tokens if self.data.holdout else 0
+
 
 def _check_value(section: str, key: str, value: Any, hint: Any, where: str) -> Any:
     """Return `value` converted to the field's type, or raise naming the key and the expected type (or values)."""
-    allowed, hint = choices(hint), value_type(hint)
-    origin = typing.get_origin(hint) or hint
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if origin in (list, tuple) and isinstance(value, (list, tuple)):
-        return origin(value)
-    if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
-        if allowed and value not in allowed:
-            raise ConfigError(f"{where}: {section}.{key} = {value!r} is not one of {', '.join(allowed)}")
-        return value
-    name = getattr(hint, "__name__", str(hint))
-    raise ConfigError(f"{where}: {section}.{key} must be {name}, got {value!r} ({type(value).__name__})")
+    try:
+        typed = field_value(hint, value)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {section}.{key} must be {e}, got {value!r} ({type(value).__name__})") from None
+    allowed = choices(hint)
+    if allowed and typed not in allowed:
+        raise ConfigError(f"{where}: {section}.{key} = {typed!r} is not one of {', '.join(allowed)}")
+    return typed
 
 
 def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
@@ -346,9 +374,9 @@ def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, shape: bool
 def validate(cfg: Config) -> None:
     """Refuse combinations that cannot run, naming the keys to change."""
     train = cfg.train
-    try:  # the model's and optimizer's own checks (vocab_size 0 is resolved later, from meta.json)
-        GPTConfig(**{**dataclasses.asdict(cfg.model), "vocab_size": cfg.model.vocab_size or 1})
-        OptimConfig(**dataclasses.asdict(cfg.optim))
+    try:  # the model's and optimizer's own checks, on copies (vocab_size 0 is resolved later, from meta.json)
+        dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or 1)
+        dataclasses.replace(cfg.optim)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not cfg.data.train:

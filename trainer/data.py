@@ -24,7 +24,7 @@ def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
     files = match_files(cfg.data.train)
     if not files:
         raise ConfigError(f"data.train = {cfg.data.train!r} matches no file; {_where_shards_come_from(cfg.data.train)}")
-    val_files = files if cfg.data.val == "holdout" else match_files(cfg.data.val) if cfg.data.val else []
+    val_files = files if cfg.data.holdout else match_files(cfg.data.val) if cfg.data.val else []
     if cfg.data.val and not val_files:
         raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
                           f"'holdout' (the tail of the train data) or '' (no evals)")
@@ -34,7 +34,7 @@ def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
     except MetaError as e:
         raise ConfigError(str(e)) from None
     _apply_meta(cfg, meta, folder / META)
-    if cfg.data.val not in ("", "holdout") and "eval.tokens" not in cfg.given:
+    if val_files and not cfg.data.holdout and "eval.tokens" not in cfg.given:
         _fit_eval_tokens(cfg, val_files)
     return files, val_files, meta
 
@@ -75,7 +75,11 @@ def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
                      "is missing (data.prepare writes one beside its shards; shards made elsewhere have none)")
             raise ConfigError(f"model.vocab_size = 0 means 'read meta.json', but {meta_path} {found}; "
                               f"set --model.vocab_size=N, the vocabulary the shards were tokenized with")
-        cfg.model.vocab_size = int(meta["vocab_size"])
+        vocab = meta["vocab_size"]
+        if type(vocab) is not int or vocab <= 0:
+            raise ConfigError(f"{meta_path}: vocab_size = {vocab!r} is not a positive integer; re-run data.prepare "
+                              f"there, or set --model.vocab_size=N, the vocabulary the shards were tokenized with")
+        cfg.model.vocab_size = vocab
     model_cfg = cfg.model
     if model_cfg.doc_causal and meta.get("eot_token", model_cfg.bos_id) != model_cfg.bos_id:
         raise ConfigError(f"model.doc_causal splits documents at model.bos_id = {model_cfg.bos_id}, but {meta_path} "
@@ -94,8 +98,7 @@ def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> Toke
     check = data.vocab_check and not _vouched(files, meta, cfg.model.vocab_size)  # meta.json read once
     return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
                        seed=data.seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
-                       vocab_size=cfg.model.vocab_size if check else None,
-                       holdout_tokens=cfg.eval.tokens if data.val == "holdout" else 0,
+                       vocab_size=cfg.model.vocab_size if check else None, holdout_tokens=cfg.holdout_tokens,
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 
 
@@ -108,9 +111,7 @@ def _vouched(files: list[Path], meta: dict, vocab_size: int) -> bool:
 def val_loader(cfg: Config, dist: Dist, val_files: list[Path]) -> ValBatches:
     """This rank's fixed validation batches (opening them validates the val set: too few tokens, or with
     data.vocab_check token ids beyond model.vocab_size, are an error)."""
-    eval_cfg = cfg.eval
-    return val_batches(val_files, eval_cfg.batch_size or cfg.train.batch_size, eval_cfg.seq_len or cfg.train.seq_len,
-                       eval_cfg.tokens, rank=dist.rank, world_size=dist.world_size, device=dist.device,
-                       fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
-                       tail_tokens=eval_cfg.tokens if cfg.data.val == "holdout" else 0,
+    return val_batches(val_files, *cfg.eval_shape, cfg.eval.tokens, rank=dist.rank, world_size=dist.world_size,
+                       device=dist.device, fmt=cfg.data.format, raw_dtype=cfg.data.raw_dtype,
+                       tail_tokens=cfg.holdout_tokens,
                        vocab_size=cfg.model.vocab_size if cfg.data.vocab_check else None)

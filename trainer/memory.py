@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from model import get_model
-from model.gpt import GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from optim.groups import param_roles
 from trainer import distributed
 from trainer.config import Config, ConfigError
@@ -54,7 +54,7 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     """Bytes of each part of one process's memory for `cfg` (at `batch_size`, default train.batch_size)."""
     train, model_cfg = cfg.train, cfg.model
     with torch.device("meta"):  # shapes only: nothing is allocated
-        model = get_model(cfg.to_dict())
+        model = GPT(cfg.model)
     sizes = {role: sum(p.numel() for p in params) for role, params in param_roles(model).items()}
     total = sum(sizes.values())
     fsdp = train.parallel == "fsdp" and world_size > 1

@@ -1,4 +1,5 @@
-"""What a run folder says about its run, read without torch (run.sh asks before it launches train.py).
+"""What a run folder says about its run, read without torch: whether a launch continues it (run.sh asks before
+it launches train.py) and where it saved its checkpoint.
 
 A run whose last resume state is where it ended (its summary.json says so) is finished: relaunching it does
 nothing, unless its budget is extended. A run stopped by a signal, or killed, is unfinished: a resume continues it.
@@ -6,6 +7,7 @@ nothing, unless its budget is extended. A run stopped by a signal, or killed, is
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,23 @@ STOPPED_BY_SIGNAL = ("sigterm", "interrupted")
 def done_path(run_dir: Path) -> Path:
     """The marker of the run's last complete resume state (resume/done.json), beside the step folders."""
     return run_dir / "resume" / "done.json"
+
+
+def checkpoint_path(run_dir: Path, configured: str) -> Path:
+    """Where the run in `run_dir` saves checkpoint.pt: train.checkpoint_path (`configured`), else the run folder."""
+    return Path(configured or run_dir / "checkpoint.pt")
+
+
+def saved_checkpoint(run_dir: Path) -> Path:
+    """Where the run in `run_dir` saved its checkpoint: summary.json's checkpoint_path; for a run that has not
+    finished, where its config.toml (if written yet) says it saves. OSError or ValueError where a file is unreadable.
+    """
+    summary, config = run_dir / "summary.json", run_dir / "config.toml"
+    recorded = json.loads(summary.read_text()).get("checkpoint_path") if summary.is_file() else None
+    if recorded:
+        return Path(recorded)
+    saved = tomllib.loads(config.read_text()) if config.is_file() else {}
+    return checkpoint_path(run_dir, saved.get("train", {}).get("checkpoint_path", ""))
 
 
 def read_marker(run_dir: Path) -> dict[str, Any] | None:

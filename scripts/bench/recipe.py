@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from model import get_model
+from model.gpt import GPT
 from trainer import ROOT
 from trainer.atomic import write_json
 from trainer.config import parse_args as parse_train_args
@@ -107,7 +107,7 @@ def param_count(argv: list[str]) -> tuple[int, int]:
     """(parameters, eval tokens) of the model a train.py command line would build."""
     cfg = parse_train_args(argv)
     resolve_data(cfg)
-    return get_model(cfg.to_dict()).num_params(), cfg.eval.tokens
+    return GPT(cfg.model).num_params(), cfg.eval.tokens
 
 
 def check_comparable(argvs: dict[str, list[str]]) -> dict[str, int]:

@@ -336,7 +336,7 @@ class Probe:
     @staticmethod
     def eval_shape(cfg) -> list[int]:
         """[rows, tokens] of an eval batch."""
-        return [cfg.eval.batch_size or cfg.train.batch_size, cfg.eval.seq_len or cfg.train.seq_len]
+        return list(cfg.eval_shape)
 
     def _train_shape_eval(self, cfg) -> bool:
         """Point the eval at the training batch shape; False if it is that shape already."""

@@ -264,11 +264,10 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
 
 def eval_tokens(argv: list[str], batches: int) -> int:
     """Val tokens for `batches` full eval batches of this run (one compiled shape): val_batches cuts the stream
-    every T tokens, T being eval.seq_len where the config has that key (the speedrun's long eval), else
-    train.seq_len, so any more would start a batch of padding."""
-    cfg = parse_train_args(argv)
-    train, eval_cfg = cfg.train, cfg.eval
-    return batches * (eval_cfg.batch_size or train.batch_size) * (eval_cfg.seq_len or train.seq_len)
+    every T tokens, T being the eval's sequence length (`Config.eval_shape`), so any more would start a batch of
+    padding."""
+    rows, tokens = parse_train_args(argv).eval_shape
+    return batches * rows * tokens
 
 
 def read_json(path: Path) -> dict:

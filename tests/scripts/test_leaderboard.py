@@ -7,10 +7,10 @@ import pytest
 from matplotlib.image import imread
 
 from trainer.atomic import write_json
-from scripts.leaderboard import (SummaryError, find_summaries, format_table, group_rows, load_summary, mean_std,
-                                 t_test_below)
+from scripts.leaderboard import (RESULT_NEUTRAL, RUN_SPECIFIC, SummaryError, find_summaries, format_table,
+                                 group_rows, load_summary, mean_std, moves_result, t_test_below)
 from tests.helpers import run
-from trainer.config import parse_args, to_toml
+from trainer.config import RESUME_BUDGET, RESUME_SAFE, keys_in, parse_args, to_toml
 from trainer.plots import plot_leaderboard
 
 TARGET = 3.28
@@ -304,3 +304,14 @@ def test_cli_markdown_table_and_error(tmp_path):
     (tmp_path / "s1" / "summary.json").write_text("not json")
     proc = run([sys.executable, "scripts/leaderboard.py", str(tmp_path)], check=False)
     assert proc.returncode == 2 and f"{tmp_path / 's1' / 'summary.json'}: not valid JSON" in proc.stderr
+
+
+def test_the_groups_declared_on_the_config_fields_decide_what_a_resume_change_does_to_a_row():
+    # a change a resume cannot make never meets the leaderboard, so only the resume-safe keys need a verdict
+    assert RUN_SPECIFIC == keys_in("run") and RUN_SPECIFIC <= RESULT_NEUTRAL <= RESUME_SAFE
+    for timing in ("exclude_warmup", "from_first_forward"):
+        config = {"train.timing": timing}
+        moving = {key for key in RESUME_SAFE | RESUME_BUDGET if moves_result(key, config)}
+        on_clock = keys_in("eval") if timing == "from_first_forward" else frozenset()
+        assert moving == keys_in("speed", "budget") | on_clock
+    assert moves_result("model.n_layer", {"train.timing": "exclude_warmup"})  # a key with no group

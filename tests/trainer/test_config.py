@@ -3,12 +3,14 @@ import dataclasses
 import re
 import sys
 import tomllib
+import typing
 
 import pytest
 
 from tests.helpers import ROOT, TRAIN, run
 from trainer import starter
-from trainer.config import SECTIONS, ConfigError, parse_args, to_toml
+from trainer.config import (RESUME_BUDGET, RESUME_SAFE, SECTIONS, ConfigError, Group, keys_in, parse_args,
+                            to_toml)
 
 TINY = str(ROOT / "configs" / "tiny.toml")
 
@@ -207,22 +209,25 @@ def test_help_explains_the_overrides_with_every_key_before_torch_is_imported():
                      proc.stdout, re.M)
 
 
-def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one_stays(tmp_path, capsys):
-    from tests.helpers import make_shards
-    from trainer.data import resolve_data
+def test_the_key_groups_are_the_fields_metadata_and_nest():
+    by_group = {group: keys_in(group) for group in typing.get_args(Group)}
+    declared = {f"{section}.{f.name}": f.metadata["group"] for section, cls in SECTIONS.items()
+                for f in dataclasses.fields(cls) if "group" in f.metadata}
+    assert {key for keys in by_group.values() for key in keys} == declared.keys()
+    assert RESUME_SAFE == declared.keys() - by_group["budget"]
+    assert RESUME_BUDGET == {"train.budget_s", "train.max_steps"}
+    assert by_group["speed"] == {"train.compile", "train.warmup_steps", "train.ddp_always"}
+    assert by_group["neutral"] == {"data.vocab_check", "log.track", "eval.batch_size"}
+    assert by_group["eval"] == {"eval.every_steps", "eval.every_s"}
+    # a key that decides the model, the stream, the optimizer state or the schedule refuses a resume
+    assert not any(key.startswith(("model.", "optim.")) for key in declared)
 
-    make_shards(tmp_path, [5000], vocab=257)
-    make_shards(tmp_path, [3000], vocab=257, pattern="test_val_{:06d}.bin")
-    data = [f"--data.train={tmp_path}/*_train_*.bin", f"--data.val={tmp_path}/*_val_*.bin", "--model.vocab_size=257"]
-    cfg = parse_args(["--config", "configs/cpu_gpt2.toml", *data])  # sets no eval.tokens
-    resolve_data(cfg)
-    assert cfg.eval.tokens == 2999  # every target: the first token is only an input
-    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than "
-                                       "eval.tokens' default (1,048,576 targets) needs: each eval scores all 2,999 "
-                                       "of its targets (set eval.tokens to choose)\n")
-    for pinned in (["--config", "configs/cpu_gpt2.toml", *data, "--eval.tokens=1048576"],  # an override
-                   ["--config", TINY, *data]):  # the config file's own 7,734
-        cfg = parse_args(pinned)
-        before = cfg.eval.tokens
-        resolve_data(cfg)
-        assert cfg.eval.tokens == before and capsys.readouterr().err == ""
+
+def test_the_eval_shape_and_the_holdout_are_resolved_on_the_config():
+    cfg = parse_args(["--config", TINY, "--data.train=x", "--train.batch_size=3", "--train.seq_len=32"])
+    assert (cfg.eval.batch_size, cfg.eval.seq_len) == (0, 0) and cfg.eval_shape == (3, 32)
+    cfg.eval.batch_size, cfg.eval.seq_len = 2, 48
+    assert cfg.eval_shape == (2, 48)
+    assert not cfg.data.holdout and cfg.holdout_tokens == 0
+    cfg.data.val = "holdout"
+    assert cfg.data.holdout and cfg.holdout_tokens == cfg.eval.tokens

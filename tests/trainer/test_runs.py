@@ -1,10 +1,13 @@
 """What a run folder says about its run, read from real files without torch: its last resume state, whether the
-run ended there, and the newest unfinished run of a pattern."""
+run ended there, the newest unfinished run of a pattern, and where its checkpoint is."""
 import json
 import os
+from pathlib import Path
+
+import pytest
 
 from trainer.config import Config, to_toml
-from trainer.runs import done_path, read_marker, unfinished_run
+from trainer.runs import checkpoint_path, done_path, read_marker, saved_checkpoint, unfinished_run
 
 
 def saved_run(run_dir, step, *, summary=None, with_config=True, mtime=None):
@@ -42,3 +45,19 @@ def test_the_newest_unfinished_run_of_the_pattern_is_the_one_found(tmp_path):
     (tmp_path / "r_empty").mkdir()  # started, never saved
     assert unfinished_run(tmp_path, "r_*", Config(), 1) == (tmp_path / "r_new", 20, [])
     assert unfinished_run(tmp_path, "r_done", Config(), 1) is None
+
+
+def test_the_checkpoint_goes_where_train_checkpoint_path_says_else_into_the_run_folder():
+    assert checkpoint_path(Path("runs/r"), "") == Path("runs/r/checkpoint.pt")
+    assert checkpoint_path(Path("runs/r"), "out/x.pt") == Path("out/x.pt")
+
+
+def test_a_finished_run_is_read_from_its_summary_an_unfinished_one_from_its_config(tmp_path):
+    assert saved_checkpoint(tmp_path) == tmp_path / "checkpoint.pt"  # killed before it wrote config.toml
+    (tmp_path / "config.toml").write_text('[train]\ncheckpoint_path = "out/named.pt"\n')
+    assert saved_checkpoint(tmp_path) == Path("out/named.pt")
+    (tmp_path / "summary.json").write_text(json.dumps({"checkpoint_path": "elsewhere/final.pt"}))
+    assert saved_checkpoint(tmp_path) == Path("elsewhere/final.pt")  # the record wins over the config
+    (tmp_path / "summary.json").write_text("{")
+    with pytest.raises(ValueError):
+        saved_checkpoint(tmp_path)

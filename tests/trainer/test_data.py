@@ -1,0 +1,64 @@
+"""trainer/data.py: the files a config names, what meta.json fills in or refuses, and the eval set's size."""
+import json
+
+import pytest
+
+from tests.helpers import ROOT, make_shards
+from trainer.config import ConfigError, parse_args
+from trainer.data import resolve_data
+
+TINY = str(ROOT / "configs" / "tiny.toml")
+
+
+def shards(folder, meta=None):
+    """Two train shards and a val shard of 257 ids in `folder`, with `meta` as its meta.json (none if None)."""
+    make_shards(folder, [5000, 4000], vocab=257)
+    make_shards(folder, [3000], vocab=257, pattern="test_val_{:06d}.bin")
+    if meta is not None:
+        (folder / "meta.json").write_text(json.dumps(meta))
+    return [f"--data.train={folder}/*_train_*.bin", f"--data.val={folder}/*_val_*.bin"]
+
+
+def test_the_files_are_sorted_and_holdout_scores_the_tail_of_the_train_files(tmp_path):
+    data = shards(tmp_path, {"vocab_size": 257})
+    files, val_files, meta = resolve_data(parse_args(["--config", TINY, *data]))
+    assert files == [tmp_path / "test_train_000000.bin", tmp_path / "test_train_000001.bin"]
+    assert val_files == [tmp_path / "test_val_000000.bin"] and meta == {"vocab_size": 257}
+    cfg = parse_args(["--config", TINY, data[0], "--data.val=holdout"])
+    assert resolve_data(cfg)[1] == files and cfg.holdout_tokens == cfg.eval.tokens > 0
+
+
+def test_vocab_size_0_reads_meta_json_and_a_value_that_is_no_vocabulary_is_refused(tmp_path):
+    cfg = parse_args(["--config", TINY, *shards(tmp_path / "ok", {"vocab_size": 257}), "--model.vocab_size=0"])
+    resolve_data(cfg)
+    assert cfg.model.vocab_size == 257
+    for bad in (0, -5, "257", 257.0):
+        folder = tmp_path / f"bad{bad}"
+        cfg = parse_args(["--config", TINY, *shards(folder, {"vocab_size": bad}), "--model.vocab_size=0"])
+        with pytest.raises(ConfigError, match=rf"{folder / 'meta.json'}: vocab_size = {bad!r} is not a positive "
+                                              r"integer; re-run data.prepare there, or set --model.vocab_size=N"):
+            resolve_data(cfg)
+
+
+def test_a_val_glob_that_matches_nothing_is_named(tmp_path):
+    cfg = parse_args(["--config", TINY, shards(tmp_path, {"vocab_size": 257})[0], f"--data.val={tmp_path}/*_vla_*.bin"])
+    with pytest.raises(ConfigError, match=r"data.val = '.*_vla_\*.bin' matches no file; give a glob"):
+        resolve_data(cfg)
+
+
+def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one_stays(tmp_path, capsys):
+    make_shards(tmp_path, [5000], vocab=257)
+    make_shards(tmp_path, [3000], vocab=257, pattern="test_val_{:06d}.bin")
+    data = [f"--data.train={tmp_path}/*_train_*.bin", f"--data.val={tmp_path}/*_val_*.bin", "--model.vocab_size=257"]
+    cfg = parse_args(["--config", "configs/cpu_gpt2.toml", *data])  # sets no eval.tokens
+    resolve_data(cfg)
+    assert cfg.eval.tokens == 2999  # every target: the first token is only an input
+    assert capsys.readouterr().err == ("train.py: note: the validation data holds 3,000 tokens, fewer than "
+                                       "eval.tokens' default (1,048,576 targets) needs: each eval scores all 2,999 "
+                                       "of its targets (set eval.tokens to choose)\n")
+    for pinned in (["--config", "configs/cpu_gpt2.toml", *data, "--eval.tokens=1048576"],  # an override
+                   ["--config", TINY, *data]):  # the config file's own 7,734
+        cfg = parse_args(pinned)
+        before = cfg.eval.tokens
+        resolve_data(cfg)
+        assert cfg.eval.tokens == before and capsys.readouterr().err == ""
