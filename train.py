@@ -15,13 +15,12 @@ and the run's first lines say which were applied and which the config file overr
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import sys
 import time
 from typing import NoReturn
 
-from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, check_resume, parse_args, to_toml
+from trainer.config import Config, ConfigError, parse_args, to_toml
 
 
 def fail(message: str, first: bool) -> None:
@@ -83,10 +82,10 @@ import copy  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
-from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
 from enum import StrEnum  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import NamedTuple  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -98,16 +97,18 @@ from model.gpt import GPT  # noqa: E402
 from optim.groups import build_optimizers, warmup_momentum  # noqa: E402
 from data.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (done_path, load_resume, remove_run, restore, resume_marker, run_files,  # noqa: E402
-                                save_checkpoint, save_resume, save_space, training_state)
+from trainer.checkpoint import (done_path, load_resume, restore, save_checkpoint, save_resume,  # noqa: E402
+                                save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
 from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
-from trainer.distributed import Dist, LateMax  # noqa: E402
+from trainer.distributed import Dist  # noqa: E402
+from trainer.flags import FlagExchange, Flags  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  # noqa: E402
 from trainer.mfu import mfu_of  # noqa: E402
 from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
+from trainer.resume import RunFinished, change_lines, default_run_id, open_run_folder, resume_command  # noqa: E402
 from trainer.runs import STOPPED_BY_SIGNAL, checkpoint_path  # noqa: E402
 
 
@@ -145,10 +146,11 @@ class Run:
     progress: Progress = field(default_factory=Progress)
     stop_requested: list = field(default_factory=list)   # the stop signals received (watch_stop_signals)
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
-    flags: LateMax = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late: see train)
+    flags: FlagExchange = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late)
+    hooks: Hooks = field(default_factory=lambda: Hooks())
 
     def __post_init__(self) -> None:
-        self.flags = LateMax(len(Flags._fields) - 1, 1, self.dist.device)  # nonfinite is computed on the device
+        self.flags = FlagExchange(self.dist.device)
 
     @property
     def tokens_per_step(self) -> int:
@@ -170,31 +172,40 @@ class Run:
         return mfu_of(self.flops_per_token(), tok_s, self.dist)
 
 
-def main(cfg: Config) -> None:
-    """Join the process group, train under `cfg` (parse_args' answer), and always leave the group."""
+class Hooks:
+    """How an observer from outside (scripts/gpu_check/probe.py) joins a run: each stage of the run is called
+    through the method of its name, given the stage and its arguments, and by default just runs. An override may
+    time the stage, look at what it returns, or run it again; train.py knows nothing of what it does."""
+
+    def setup(self, stage: Callable[[Config, Dist], Run], cfg: Config, dist: Dist) -> Run:
+        return stage(cfg, dist)
+
+    def warm_up(self, stage: Callable[[Run], None], run: Run) -> None:
+        stage(run)
+
+    def train(self, stage: Callable[[Run], StopReason], run: Run) -> StopReason:
+        return stage(run)
+
+    def evaluate(self, stage: Callable[[Run], float], run: Run) -> float:
+        return stage(run)
+
+
+def main(cfg: Config, hooks: Hooks | None = None) -> None:
+    """Join the process group, train under `cfg` (parse_args' answer) with `hooks` watching, and always leave
+    the group."""
     dist = distributed.init(cfg.train.dist_timeout_s, group_of_one=cfg.train.ddp_always)
+    hooks = hooks or Hooks()
     try:
-        run = setup(cfg, dist)
+        run = hooks.setup(setup, cfg, dist)
+        run.hooks = hooks
         watch_stop_signals(run.stop_requested)  # here, not in setup: a test calling setup alone keeps its handlers
-        warm_up(run)
-        status = train(run)
+        hooks.warm_up(warm_up, run)
+        status = hooks.train(train, run)
         finish(run, status)
         if status == StopReason.INTERRUPTED:
             raise SystemExit(130)  # saved, but a script that ran train.py stops as if Ctrl-C had ended it
     finally:
         distributed.close()
-
-
-def default_run_id(name: str) -> str:
-    """<config name>-<torchrun's run id>, else <config name>-<timestamp>-<pid> (unique, so never resumed)."""
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none" when torchrun was given no --rdzv-id
-    # torchrun keeps this id across --max-restarts (and SLURM jobs pass their job id), so a restarted job
-    # finds its own run folder and resumes it
-    return f"{name}-{elastic}" if elastic != "none" else f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-
-
-class RunFinished(Exception):
-    """The run in log.run_id ended already and this launch would not train it on: the message says so."""
 
 
 def setup(cfg: Config, dist: Dist) -> Run:
@@ -230,7 +241,8 @@ def setup(cfg: Config, dist: Dist) -> Run:
         run.progress = Progress(**resumed["progress"])
         run.saved_step = run.progress.step
         run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
-        report_changes(run, marker["config"]["train"], changes)
+        for line in change_lines(cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):
+            log.print(line)
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
               f"{model.kind} | compile {cfg.train.compile}"
@@ -238,31 +250,6 @@ def setup(cfg: Config, dist: Dist) -> Run:
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
-
-
-def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None, list[Change]]:
-    """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
-    "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
-    refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
-    resume = cfg.train.resume
-    marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
-    if marker is None and resume == "must":
-        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
-                          f"nothing to resume; check log.run_id and log.dir")
-    if resume == "never" and (held := run_files(run_dir, dist)):
-        raise ConfigError(f"train.resume = 'never', but {run_dir} holds a run already ({', '.join(held)}); "
-                          f"start a new run in another folder (another log.run_id), or replace this one with "
-                          f"--train.resume=overwrite (--overwrite)")
-    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
-    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
-        val = ended["final_val_loss"]
-        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
-                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
-                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
-                            "trains it on)")
-    if resume == "overwrite":
-        remove_run(run_dir, dist)
-    return marker, changes
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:
@@ -290,20 +277,6 @@ def warn_if_the_saves_do_not_fit(run: Run) -> None:
                           f"{moments:,} of optimizer moments; each file's old copy stays until its new one is "
                           f"complete); its {which} save will fail: free space or move log.dir / "
                           f"train.checkpoint_path")
-
-
-def report_changes(run: Run, saved_train: dict, changes: list[Change]) -> None:
-    """Log the keys this resume changed (check_resume allowed them) and what a longer budget does to the LR."""
-    for change in changes:
-        run.log.print(f"resume: {change}")
-    train_cfg, step = run.cfg.train, run.progress.step
-    before = replace(train_cfg, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
-    if (before.budget_s, before.max_steps) != (train_cfg.budget_s, train_cfg.max_steps):
-        old = Clock(before)
-        old.load_state_dict(run.clock.state_dict())
-        run.log.print(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
-                      f"at LR multiplier {run.clock.lr_mult(step):.3f} instead of {old.lr_mult(step):.3f} (a decay "
-                      f"that had ended rises again); this is not the run the new budget gives from the start")
 
 
 def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
@@ -396,7 +369,7 @@ def eval_and_record(run: Run, on_clock: bool) -> float:
     t0, progress, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
     with contextlib.nullcontext() if on_clock else run.clock.paused():
         gc.collect()
-        val = evaluate(run)
+        val = run.hooks.evaluate(evaluate, run)
     progress.best_val = val if progress.best_val is None else min(progress.best_val, val)
     progress.last_val, progress.last_val_step = val, progress.step
     if target and val <= target and progress.time_to_target is None:
@@ -461,51 +434,6 @@ class StopReason(StrEnum):
     INTERRUPTED = "interrupted"  # Ctrl-C (SIGINT)
 
 
-class Flags(NamedTuple):
-    """What every rank agrees on after a step: the maximum over the ranks of each one's clock and wishes."""
-    elapsed: float               # the time the LR schedule follows (trainer/clock.py `sync`)
-    time_up: bool
-    sigterm: bool
-    eval_due: bool               # by eval.every_s (every_steps needs no exchange: the step count is the same)
-    save_due: bool
-    nonfinite: bool              # the step's loss or gradient norm was nan or inf (computed on the device)
-
-    def act(self) -> bool:
-        """True if these flags call for a stop, an eval or a save."""
-        return any(self[1:])
-
-
-def start_flags(run: Run, next_eval_s: float, last_save: float, loss: torch.Tensor, norm: torch.Tensor) -> None:
-    """Start this step's exchange of Flags (one MAX all-reduce); collect_flags reads it after the next step."""
-    clock = run.clock
-    eval_due = bool(run.val_files) and clock.elapsed() >= next_eval_s
-    save_due = 0 < run.cfg.train.checkpoint_every_s <= time.perf_counter() - last_save
-    nonfinite = (~(torch.isfinite(loss) & torch.isfinite(norm))).to(torch.float64).reshape(1)
-    run.flags.start([clock.elapsed(), clock.time_up(), bool(run.stop_requested), eval_due, save_due], nonfinite)
-
-
-def collect_flags(run: Run) -> Flags | None:
-    """The Flags of the exchange started last (waiting for it if it is still running), or None if none is."""
-    values = run.flags.collect()
-    return None if values is None else Flags(values[0], *(v > 0 for v in values[1:]))
-
-
-def agree(run: Run, previous: Flags | None, step_eval: bool) -> Flags | None:
-    """On GPU: None when the step before's Flags (and the step count) ask for nothing; else those Flags merged with
-    this step's, waiting for them (such a step evaluates, saves or stops, which syncs anyway): act on the newest
-    state. On CPU this step's Flags, read at once (previous is None then). Either way the LR schedule adopts the
-    newest agreed time."""
-    # on CPU the device is the host: the exchange has finished when start_flags returns, so reading it costs nothing
-    if run.dist.cuda and not (step_eval or (previous and previous.act())):
-        if previous:
-            run.clock.sync(previous.elapsed)
-        return None
-    now = collect_flags(run)
-    flags = Flags(*map(max, previous, now)) if previous else now
-    run.clock.sync(flags.elapsed)
-    return flags
-
-
 class Diverged(RuntimeError):
     """A step's loss or gradient norm was not finite: the run stopped without saving."""
 
@@ -535,17 +463,10 @@ def train(run: Run) -> StopReason:
     """The timed loop; returns why it stopped (a StopReason); raises Diverged at a non-finite loss or gradient
     norm.
 
-    The host waits for the GPU only where it must, so that it queues step N+1 while the GPU runs step N. An
-    ordinary step waits for nothing: its Flags exchange (stop, eval, save, the agreed time, non-finite) is read
-    after the next step is queued, when the GPU has long finished it. The waits, all counted:
-      - log_step, every log.every_steps steps: one all-reduce of loss and gradient norm, read with .tolist();
-      - a step whose previous Flags (or the step count) call for an eval, a save or a stop also collects its
-        own Flags at once, so that it acts on the newest state; evals (.item()), saves and stops sync anyway.
-    So on GPU a stop (budget, SIGTERM, non-finite) lands one step after the step that saw it, on every rank the
-    same step; the LR of step N+1 follows the time agreed after step N-1 (after step N, if step N acted). On CPU,
-    where the exchange is done when it returns, every step reads its own Flags: the stop lands on the step that
-    saw it and the LR of step N+1 follows the time agreed after step N. No other .item(), .tolist() or .cpu()
-    runs in the loop (clip_grads and optim/muon.py read nothing on the host).
+    The host waits for the GPU only where it must, so that it queues step N+1 while the GPU runs step N: the
+    Flags exchange (trainer/flags.py) is read a step late, log_step all-reduces loss and gradient norm every
+    log.every_steps steps, and evals, saves and stops sync anyway. No other .item(), .tolist() or .cpu() runs in
+    the loop (clip_grads and optim/muon.py read nothing on the host).
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
     loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
@@ -560,7 +481,7 @@ def train(run: Run) -> StopReason:
             status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
             break
         status = timed_step(run, loop, batches)
-    last = collect_flags(run)  # the last step's, when it ended the loop: a non-finite step is never saved
+    last = run.flags.collect()  # the last step's, when it ended the loop: a non-finite step is never saved
     if last and last.nonfinite:
         diverged(run, *loop.recent[1])
     clock.pause()
@@ -583,8 +504,10 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
         gc.collect()
         gc.freeze()
         gc.disable()
-    previous = collect_flags(run)  # the step before's: done on the GPU while the host queued this one
-    start_flags(run, loop.next_eval_s, loop.last_save, loss, norm)
+    previous = run.flags.collect()  # the step before's: done on the GPU while the host queued this one
+    eval_due = bool(run.val_files) and run.clock.elapsed() >= loop.next_eval_s
+    save_due = 0 < cfg.train.checkpoint_every_s <= time.perf_counter() - loop.last_save
+    run.flags.start(run.clock, bool(run.stop_requested), eval_due, save_due, loss, norm)
     every_log = cfg.log.every_steps
     if every_log and (progress.step % every_log == 0 or progress.step == loop.first_step):
         log_step(run, loss, norm, loop.since)
@@ -592,7 +515,7 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     every = cfg.eval.every_steps
     step_eval = bool(run.val_files and every) and progress.step % every == 0
     loop.recent = [loop.recent[1], (progress.step, loss, norm)]
-    flags = agree(run, previous, step_eval)
+    flags = run.flags.agree(run.clock, previous, step_eval)
     if flags is None:
         return None
     if flags.nonfinite:
@@ -655,22 +578,6 @@ def finish(run: Run, status: StopReason) -> None:
     if status in STOPPED_BY_SIGNAL and run.cfg.train.save_checkpoint:  # else nothing was saved to resume from
         run.log.print(f"resume: {resume_command(run.cfg)}")
     run.log.close()
-
-
-def resume_command(cfg: Config) -> str:
-    """The command that resumes this run: this one, with its run id fixed and train.resume back to "auto"."""
-    args = [a for a in sys.argv[1:] if a != "--overwrite"]
-    if not any(a == "--log.run_id" or a.startswith("--log.run_id=") for a in args):
-        args.append(f"--log.run_id={cfg.log.run_id}")  # the default id is new each launch
-    if cfg.train.resume in ("never", "overwrite"):
-        args.append("--train.resume=auto")
-    world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    command = shlex.join([sys.argv[0], *args])
-    if world == 1:
-        return f"{shlex.quote(sys.executable)} {command}"
-    if world == local:
-        return f"torchrun --standalone --nproc_per_node={local} {command}"
-    return f"the same torchrun command on each node, launching {command}"
 
 
 def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:

@@ -3,9 +3,9 @@
     python -m scripts.gpu_check.probe --probe-out OUT.json --config configs/speedrun_8xh100.toml [train.py arguments]
 
 It runs train.main itself, so the step it times is the real one (train_step, the flag exchange, the log line),
-not a copy, and train.py knows nothing of it: the probe wraps train.py's functions (setup, warm_up, train,
-evaluate and the flag exchange), registers step hooks on the optimizers and puts a pass-through in front of the
-loader. Each of them marks a point of the step: a CUDA event on a GPU (read after the window, so nothing waits
+not a copy, and train.py knows nothing of it: the probe is train.py's Hooks (around setup, warm_up, train and
+evaluate), registers step hooks on the optimizers and puts pass-throughs in front of the loader and of the flag
+exchange's all-reduce. Each of them marks a point of the step: a CUDA event on a GPU (read after the window, so nothing waits
 for it), time.perf_counter() on CPU, where every op has finished when its call returns. The time from one mark
 to the next is charged to the phase the first one opens:
 
@@ -13,7 +13,7 @@ to the next is charged to the phase the first one opens:
     forward+backward   from a batch in hand to the next batch or the first optimizer step (grad norm included)
     adamw, muon, ...   each optimizer's step(), named by its class
     other              between those: zero_grad and the step's other host work
-    flags              the stop/eval/save exchange (train.py's start_flags and collect_flags)
+    flags              the stop/eval/save exchange (trainer/flags.py's start and collect)
     idle               from the exchange to the next step's first batch: the log line, the loop's bookkeeping,
                        the next step's set_lr. A GPU that the host keeps fed passes the two events back to
                        back, so this is the time the GPU waits on the host.
@@ -51,7 +51,6 @@ from trainer.metrics import peak_mem_gb
 PROBE_SKIP = 3     # timed steps left out first: the first ones after warm-up's restore may still allocate
 PROBE_STEPS = 30   # steps timed
 GRAPHS_KEPT = 10_000  # compiled graphs dynamo keeps a record of (its default, 64, a long run can pass)
-FLAG_FUNCTIONS = ("start_flags", "collect_flags")  # the exchange, read a step late (train.py's train)
 GB = 1e9
 
 
@@ -162,7 +161,7 @@ def phase_summary(timeline: list[tuple[int, str, Any, float]], marks: Marks) -> 
             "host_step_ms_mean": ms([sum(host[s].values()) for s in steps]), "window_s": sum(totals)}
 
 
-class Probe:
+class Probe(trainpy.Hooks):
     """The marks, snapshots and results of one probed train.py run (see the module docstring)."""
 
     def __init__(self, out: Path, skip: int = PROBE_SKIP, steps: int = PROBE_STEPS):
@@ -178,25 +177,6 @@ class Probe:
         self.evals = 0
         self.loop_start: dict | None = None     # compile_state() at the timed loop's start
         self.resumed: tuple[dict, int] | None = None  # compile_state() and steps run when the loop resumed
-
-    # --- installing -------------------------------------------------------------------------------------------
-    def install(self) -> None:
-        """Wrap train.py's functions; its main then runs as usual, with the probe attached."""
-        hooks = [("setup", self.on_setup), ("warm_up", self.on_warm_up), ("train", self.on_train),
-                 ("evaluate", self.on_evaluate), *((name, self.on_flags) for name in FLAG_FUNCTIONS)]
-        for name, hook in hooks:
-            self._wrap(name, hook)
-        from torch._dynamo import utils
-
-        if hasattr(utils, "set_compilation_metrics_limit"):  # an older torch keeps its 64
-            utils.set_compilation_metrics_limit(GRAPHS_KEPT)
-
-    @staticmethod
-    def _wrap(name: str, hook: Callable) -> None:
-        real = getattr(trainpy, name, None)
-        if real is None:
-            raise SystemExit(f"gpu_check.probe: train.py has no function {name}(); update scripts/gpu_check/probe.py")
-        setattr(trainpy, name, lambda *args, **kwargs: hook(real, *args, **kwargs))
 
     def save(self, stage: str) -> None:
         """Rewrite OUT.json with everything measured so far (rank 0)."""
@@ -221,17 +201,12 @@ class Probe:
     def after_batch(self) -> None:
         self.mark("forward+backward")
 
-    def on_flags(self, real: Callable, *args, **kwargs):
-        self.mark("flags")
-        out = real(*args, **kwargs)
-        self.mark("idle")
-        return out
-
     # --- the stages of a run ----------------------------------------------------------------------------------
-    def on_setup(self, real: Callable, cfg, dist):
-        run = real(cfg, dist)
+    def setup(self, stage: Callable, cfg, dist):
+        run = stage(cfg, dist)
         self.run, self.marks = run, Marks(dist.cuda)
         run.loader = Batches(run.loader, self)
+        run.flags.reduce = Marked(run.flags.reduce, self)
         for opt in run.optimizers:
             name = type(opt).__name__.lower()
             opt.register_step_pre_hook(lambda *_, name=name: self.mark(name))
@@ -260,16 +235,16 @@ class Probe:
         self.result.setdefault("started", {})[stage] = time.time()
         self.save(f"{stage} started")
 
-    def on_warm_up(self, real: Callable, run) -> None:
+    def warm_up(self, stage: Callable, run) -> None:
         self.started("warm_up")
         before, t0 = compile_state(), time.perf_counter()
-        real(run)
+        stage(run)
         self._sync()
         self.result["warm_up"] = {"seconds": time.perf_counter() - t0, "steps": run.cfg.train.warmup_steps,
                                   **compile_delta(before, compile_state()), **self._memory("peak")}
         self.save("warm_up")
 
-    def on_train(self, real: Callable, run) -> str:
+    def train(self, stage: Callable, run) -> str:
         self._sync()
         self.result["memory_static"] = self._memory("static")
         self._reset_peak()
@@ -277,7 +252,7 @@ class Probe:
         self.in_loop = self.recording = self.new_step = True
         self.step = -1
         try:
-            return real(run)
+            return stage(run)
         finally:
             self.in_loop = False
             if self.recording:  # the loop ended before the window did: summarise the steps it holds
@@ -305,17 +280,17 @@ class Probe:
         self.timeline.clear()
         self.save("window")
 
-    def on_evaluate(self, real: Callable, run) -> float:
+    def evaluate(self, stage: Callable, run) -> float:
         self.evals += 1
         if self.evals > 1:
-            return real(run)
+            return stage(run)
         if self.in_loop:  # an eval inside the timed loop: the window and the loop's counts end here
             if self.recording:
                 self.close_window()
             self.loop_until_now()
         self.started("eval")
         try:
-            first = self._timed_eval(real, run)
+            first = self._timed_eval(stage, run)
         except torch.cuda.OutOfMemoryError as e:
             # An eval longer than training's (eval.seq_len) that does not fit: say so, and score at the training
             # shape instead, so that the loss checks still get their number.
@@ -323,10 +298,10 @@ class Probe:
                 raise
             self.result["eval_oom"] = " ".join(str(e).split())[:500]
             torch.cuda.empty_cache()
-            first = self._timed_eval(real, run)
+            first = self._timed_eval(stage, run)
         self.result["eval"] = {"first": first, "shape": self.eval_shape(run.cfg)}
         self.save("first eval")
-        second = self._timed_eval(real, run)
+        second = self._timed_eval(stage, run)
         self.result["eval"].update(second=second, compile_s=max(first["seconds"] - second["seconds"], 0.0))
         self.save("eval")
         if self.in_loop:  # training resumes: what it compiles from here is counted apart
@@ -346,10 +321,10 @@ class Probe:
         cfg.eval.batch_size = cfg.eval.seq_len = 0
         return True
 
-    def _timed_eval(self, real: Callable, run) -> dict:
+    def _timed_eval(self, stage: Callable, run) -> dict:
         self._reset_peak()
         before, t0 = compile_state(), time.perf_counter()
-        val = real(run)  # ends with .item(): the device has finished
+        val = stage(run)  # ends with .item(): the device has finished
         return {"seconds": time.perf_counter() - t0, "val_loss": val, **compile_delta(before, compile_state()),
                 **self._memory("peak")}
 
@@ -394,6 +369,24 @@ class Batches:
         return getattr(self._loader, name)
 
 
+class Marked:
+    """The flag exchange's all-reduce with a mark before and after each call: its time is the "flags" phase."""
+
+    def __init__(self, reduce, probe: Probe):
+        self._reduce, self._probe = reduce, probe
+
+    def start(self, *args):
+        self._probe.mark("flags")
+        self._reduce.start(*args)
+        self._probe.mark("idle")
+
+    def collect(self):
+        self._probe.mark("flags")
+        values = self._reduce.collect()
+        self._probe.mark("idle")
+        return values
+
+
 def main(argv: list[str]) -> None:
     """Run train.py's main on the arguments that are not the probe's."""
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check.probe", description=__doc__.split("\n")[0],
@@ -403,9 +396,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--probe-steps", type=int, default=PROBE_STEPS, help="steps in the window")
     args, train_argv = p.parse_known_args(argv)
     probe = Probe(args.probe_out, args.probe_skip, args.probe_steps)
-    probe.install()
+    from torch._dynamo import utils
+
+    if hasattr(utils, "set_compilation_metrics_limit"):  # an older torch keeps its 64
+        utils.set_compilation_metrics_limit(GRAPHS_KEPT)
     try:
-        trainpy.main(trainpy.parse_args(train_argv))
+        trainpy.main(trainpy.parse_args(train_argv), hooks=probe)
     except (ConfigError, ShardError) as e:
         sys.exit(f"train.py: {e}")
     probe.save("done")

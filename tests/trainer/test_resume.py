@@ -1,8 +1,10 @@
-"""Resuming under a changed config: refused before anything is written, unless the keys are safe to change
-or the budget is extended on purpose. Real train.py runs on tiny shards; a real run folder is compared
-byte for byte."""
+"""trainer/resume.py: which run a launch is, and resuming under a changed config: refused before anything is
+written, unless the keys are safe to change or the budget is extended on purpose; the command that resumes a
+stopped run. Real train.py runs on tiny shards; a real run folder is compared byte for byte."""
 import hashlib
 import json
+import os
+import shlex
 import shutil
 import sys
 import tomllib
@@ -14,6 +16,8 @@ import torch
 from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
+from trainer.clock import Clock
+from trainer.resume import change_lines, default_run_id, resume_command
 from trainer.runs import unfinished_run
 
 
@@ -163,3 +167,46 @@ def test_the_newest_unfinished_run_is_found_with_what_would_keep_it_from_continu
     cfg.train.max_steps = 40
     assert unfinished_run(run_dir.parent, "r*", cfg, 2) == (run_dir, 30, ["train.max_steps: saved 30, now 40",
                                                                           "processes: saved 1, now 2"])
+
+
+def test_a_run_id_is_torchruns_so_a_restart_finds_its_folder_else_new_each_launch(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job42")
+    assert default_run_id("cpu") == "cpu-job42"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    first = default_run_id("cpu")
+    assert first.startswith("cpu-") and first.endswith(f"-{os.getpid()}") and first != "cpu-none"
+
+
+@pytest.mark.parametrize("argv, resume, env, want", [
+    (["train.py", "--config", "c.toml"], "auto", {}, "{py} train.py --config c.toml --log.run_id=r1"),
+    (["train.py", "--config", "c.toml", "--overwrite"], "overwrite", {},
+     "{py} train.py --config c.toml --log.run_id=r1 --train.resume=auto"),
+    (["train.py", "--log.run_id=r1", "--train.resume=never"], "never", {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+     "torchrun --standalone --nproc_per_node=2 train.py --log.run_id=r1 --train.resume=never --train.resume=auto"),
+    (["train.py", "--data_dir", "my data"], "auto", {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"},
+     "the same torchrun command on each node, launching train.py --data_dir 'my data' --log.run_id=r1"),
+])
+def test_the_resume_command_fixes_the_run_id_and_resumes_whatever_the_first_launch_said(monkeypatch, argv, resume,
+                                                                                          env, want):
+    monkeypatch.setattr(sys, "argv", argv)
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = parse_args(["--data.train=x", "--train.budget_s=1", "--log.run_id=r1", f"--train.resume={resume}"])
+    assert resume_command(cfg) == want.format(py=shlex.quote(sys.executable))
+
+
+def test_an_extended_budget_says_what_it_does_to_the_next_steps_lr():
+    base = ["--data.train=x", "--train.lr_decay_frac=0.5"]
+    saved = parse_args([*base, "--train.budget_s=10"]).to_dict()
+    cfg = parse_args([*base, "--train.budget_s=20", "--extend-budget"])
+    clock = Clock(cfg.train)
+    clock.load_state_dict({"elapsed": 10.0, "synced": 10.0})  # the first budget spent: its decay ended at 0
+    changes = check_resume(saved, cfg, "runs/r")
+    lines = change_lines(cfg.train, saved["train"], clock, 30, changes)
+    assert lines[0] == f"resume: {changes[0]}" and "train.budget_s" in lines[0]
+    assert lines[-1] == ("resume: --extend-budget: the LR schedule now spans the new budget, so step 31 runs at LR "
+                         "multiplier 1.000 instead of 0.000 (a decay that had ended rises again); this is not the "
+                         "run the new budget gives from the start")
+    assert change_lines(cfg.train, saved["train"] | {"budget_s": 20.0}, clock, 30, []) == []

@@ -1,0 +1,83 @@
+"""How a launch of train.py meets its run folder: which run it is, whether it continues one, what a resume
+changes, and the command that resumes a stopped run. Refusals happen before anything in the folder changes."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from trainer.checkpoint import remove_run, resume_marker, run_files
+from trainer.clock import Clock
+from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
+from trainer.distributed import Dist
+
+
+class RunFinished(Exception):
+    """The run in log.run_id ended already and this launch would not train it on: the message says so."""
+
+
+def default_run_id(name: str) -> str:
+    """<config name>-<torchrun's run id>, else <config name>-<timestamp>-<pid> (unique, so never resumed)."""
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # "none" when torchrun was given no --rdzv-id
+    # torchrun keeps this id across --max-restarts (and SLURM jobs pass their job id), so a restarted job
+    # finds its own run folder and resumes it
+    return f"{name}-{elastic}" if elastic != "none" else f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None, list[Change]]:
+    """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
+    "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
+    refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
+    resume = cfg.train.resume
+    marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
+    if marker is None and resume == "must":
+        raise ConfigError(f"train.resume = 'must' (--resume) but {run_dir}/resume/done.json does not exist: "
+                          f"nothing to resume; check log.run_id and log.dir")
+    if resume == "never" and (held := run_files(run_dir, dist)):
+        raise ConfigError(f"train.resume = 'never', but {run_dir} holds a run already ({', '.join(held)}); "
+                          f"start a new run in another folder (another log.run_id), or replace this one with "
+                          f"--train.resume=overwrite (--overwrite)")
+    changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
+    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
+        val = ended["final_val_loss"]
+        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
+                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
+                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
+                            "trains it on)")
+    if resume == "overwrite":
+        remove_run(run_dir, dist)
+    return marker, changes
+
+
+def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: int,
+                 changes: list[Change]) -> list[str]:
+    """The log lines of a resume at `step`: the keys it changed (check_resume allowed them) and, for a budget
+    changed from `saved_train`'s, what that does to the LR of the next step (`clock` is the resumed one)."""
+    lines = [f"resume: {change}" for change in changes]
+    before = replace(train_cfg, budget_s=saved_train["budget_s"], max_steps=saved_train["max_steps"])
+    if (before.budget_s, before.max_steps) != (train_cfg.budget_s, train_cfg.max_steps):
+        old = Clock(before)
+        old.load_state_dict(clock.state_dict())
+        lines.append(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
+                     f"at LR multiplier {clock.lr_mult(step):.3f} instead of {old.lr_mult(step):.3f} (a decay "
+                     f"that had ended rises again); this is not the run the new budget gives from the start")
+    return lines
+
+
+def resume_command(cfg: Config) -> str:
+    """The command that resumes this run: this one, with its run id fixed and train.resume back to "auto"."""
+    args = [a for a in sys.argv[1:] if a != "--overwrite"]
+    if not any(a == "--log.run_id" or a.startswith("--log.run_id=") for a in args):
+        args.append(f"--log.run_id={cfg.log.run_id}")  # the default id is new each launch
+    if cfg.train.resume in ("never", "overwrite"):
+        args.append("--train.resume=auto")
+    world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    command = shlex.join([sys.argv[0], *args])
+    if world == 1:
+        return f"{shlex.quote(sys.executable)} {command}"
+    if world == local:
+        return f"torchrun --standalone --nproc_per_node={local} {command}"
+    return f"the same torchrun command on each node, launching {command}"
