@@ -500,7 +500,7 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     progress.flops += run.flops_per_token() * run.tokens_per_step  # train_step set this step's window
     progress.data_wait += wait
     if gc.isenabled():
-        # Python's GC caused ~100 ms pauses mid-step in the hackathon: freeze what exists, collect in evals.
+        # a GC pass can stall a step for longer than the step takes: freeze what exists, collect in evals
         gc.collect()
         gc.freeze()
         gc.disable()
@@ -587,8 +587,7 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
     bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
     train_time = run.clock.elapsed()
     tok_s = progress.tokens / train_time if train_time > 0 else None
-    # at the FLOPs spent: on the speedrun's window schedule (128 -> 1,792) the final window's count is 7.4% higher
-    # (0.872 against 0.812 GFLOP a token)
+    # at the FLOPs spent, each step's at its own window: the final window's count would overstate a growing one
     mfu = mfu_of(progress.flops / progress.tokens, tok_s, dist) if tok_s else None
     return Summary(
         run_id=cfg.log.run_id, config_name=cfg.name, track=cfg.log.track, status=status,
