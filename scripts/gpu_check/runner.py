@@ -513,6 +513,3 @@ def unfailing(summarise, *args):
         return summarise(*args)
     except Exception as e:  # noqa: BLE001 - as in judged()
         return f"gpu_check: {summarise.__name__} failed: {type(e).__name__}: {e}"
-
-if __name__ == "__main__":
-    sys.exit(main())
