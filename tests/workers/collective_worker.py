@@ -11,9 +11,8 @@ import sys
 import torch
 import torch.distributed as tdist
 
-from tests.helpers import exit_skipping_teardown
+from tests.helpers import exit_skipping_teardown, save_on_rank_0
 from trainer import distributed
-from trainer.atomic import atomic_path
 from trainer.distributed import Dist, LateMax
 
 
@@ -49,9 +48,7 @@ def main(out: str) -> None:
     every = [None] * dist.world_size
     tdist.all_gather_object(every, results(dist, reported_before))
     distributed.barrier()
-    if dist.master:
-        with atomic_path(out) as tmp:
-            torch.save(every, tmp)
+    save_on_rank_0(every, out, dist.rank)
     distributed.close()
 
 

@@ -12,13 +12,12 @@ import sys
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from trainer.atomic import atomic_path
 from model import get_model
 from model.gpt import GPT, Block
 from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
-from tests.helpers import exit_skipping_teardown
+from tests.helpers import exit_skipping_teardown, save_on_rank_0
 from trainer.parallel import parallelize
 
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, logit_softcap=15.0)
@@ -51,9 +50,7 @@ def main(out: str) -> None:
         # dynamo's compiled entries per function (a debug API, but the plain way to ask what was compiled)
         results["compiled"][case] = tuple(len(_debug_get_cache_entry_list(f.__code__)) > 0
                                           for f in (Block.forward, GPT.head_loss))
-    if dist.master:
-        with atomic_path(out) as tmp:
-            torch.save(results, tmp)
+    save_on_rank_0(results, out, dist.rank)
     distributed.close()
 
 
