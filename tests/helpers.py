@@ -16,8 +16,10 @@ from typing import NoReturn
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from data.shards import write_shard
+from trainer.atomic import atomic_path
 from trainer.checkpoint import done_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,13 @@ def torchrun(args: Sequence, *, nproc: int = 2, timeout: float = 300, env: dict 
              check: bool = True, extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Launch `args` (a script path and its arguments) under a real standalone torchrun on CPU."""
     return run(torchrun_cmd(args, nproc=nproc, extra=extra), timeout=timeout, env=env, check=check)
+
+
+def save_on_rank_0(results: object, out: str, rank: int) -> None:
+    """A torchrun worker's results, saved whole (torch.save) to `out` by rank 0 for its test to load."""
+    if rank == 0:
+        with atomic_path(out) as tmp:
+            torch.save(results, tmp)
 
 
 def exit_skipping_teardown() -> NoReturn:

@@ -16,13 +16,6 @@ import pytest
 from tests.helpers import ROOT
 
 PACKAGES = ("data", "model", "optim", "trainer", "scripts")
-# Modules whose tests still live in the file that exercises them through a fixture it shares; each moves to its
-# own file when that fixture moves to a conftest.py. The check still asks that the named file uses the module.
-ELSEWHERE = {
-    "trainer/distributed.py": ("tests/trainer/test_parallel.py", "trainer.distributed"),
-    "trainer/metrics.py": ("tests/trainer/test_atomic.py", "trainer.metrics"),
-    "scripts/plot.py": ("tests/trainer/test_plots.py", "scripts.plot"),
-}
 
 
 def _defines_something(path) -> bool:
@@ -59,8 +52,4 @@ def test_the_rule_names_the_files_it_says():
 @pytest.mark.parametrize("module", modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_module_has_its_test_file(module):
     want = expected_test(module)
-    if str(module.relative_to(ROOT)) in ELSEWHERE and not (ROOT / want).is_file():
-        where, name = ELSEWHERE[str(module.relative_to(ROOT))]
-        assert name in (ROOT / where).read_text(), f"{where} no longer tests {name}: write its tests in {want}"
-        return
     assert (ROOT / want).is_file(), f"{module.relative_to(ROOT)} has no tests: write them in {want}"

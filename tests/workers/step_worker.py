@@ -1,25 +1,23 @@
-"""torchrun worker for tests/trainer/test_parallel.py: clipped gradients under DDP and FSDP2 (eager and compiled), and the
-one-step-late flag exchange, on gloo.
+"""torchrun worker for tests/trainer/test_parallel.py: clipped gradients under DDP and FSDP2 (eager and compiled), on
+gloo.
 
 usage: torchrun --nproc_per_node=W tests/workers/step_worker.py OUT.pt
-Rank 0 saves {"clip": {case: (norm, loss, full clipped gradients)}, "late": [each rank's collect() results],
-"compiled": {case: (Block.forward compiled, GPT.head_loss compiled)}}. The test compares with one process.
+Rank 0 saves {"clip": {case: (norm, loss, full clipped gradients)}, "compiled": {case: (Block.forward compiled,
+GPT.head_loss compiled)}}. The test compares with one process.
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-import torch.distributed as tdist
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from trainer.atomic import atomic_path
 from model import get_model
 from model.gpt import GPT, Block
 from trainer import distributed
 from trainer.config import TrainConfig
-from trainer.distributed import Dist, LateMax
-from tests.helpers import exit_skipping_teardown
+from trainer.distributed import Dist
+from tests.helpers import exit_skipping_teardown, save_on_rank_0
 from trainer.parallel import parallelize
 
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, logit_softcap=15.0)
@@ -43,16 +41,6 @@ def clipped(case: str, dist: Dist) -> tuple[float, float, dict[str, torch.Tensor
     return norm.item(), loss.item(), grads
 
 
-def late(dist: Dist) -> list:
-    """collect() after each start(): rank 0 raises the device flag at call 1, the last rank a host flag at call 2."""
-    flags, got = LateMax(2, 1, dist.device), []
-    for call in range(4):
-        got.append(flags.collect())
-        on_device = torch.tensor([float(call == 1 and dist.rank == 0)], dtype=torch.float64)
-        flags.start([float(10 * dist.rank + call), float(call == 2 and dist.rank == dist.world_size - 1)], on_device)
-    return got + [flags.collect(), flags.collect()]
-
-
 def main(out: str) -> None:
     dist = distributed.init(60)
     results: dict = {"clip": {}, "compiled": {}}
@@ -62,12 +50,7 @@ def main(out: str) -> None:
         # dynamo's compiled entries per function (a debug API, but the plain way to ask what was compiled)
         results["compiled"][case] = tuple(len(_debug_get_cache_entry_list(f.__code__)) > 0
                                           for f in (Block.forward, GPT.head_loss))
-    every = [None] * dist.world_size
-    tdist.all_gather_object(every, late(dist))
-    results["late"] = every
-    if dist.master:
-        with atomic_path(out) as tmp:
-            torch.save(results, tmp)
+    save_on_rank_0(results, out, dist.rank)
     distributed.close()
 
 
