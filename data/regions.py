@@ -51,14 +51,15 @@ class Region:
         """Tokens [lo, hi) of the same file."""
         return Region(self.path, self.tokens, lo, hi)
 
-    def window_start(self, pos: int, length: int, bos_id: int | None) -> int | None:
-        """Where the next window at or after `pos` starts, or None if none fits before `hi`."""
-        start = pos if bos_id is None else self._next_bos(pos, bos_id)
+    def window_start(self, pos: int, length: int, bos_id: int | None, stop: int | None = None) -> int | None:
+        """Where the next window at or after `pos` starts (with bos_id: at a bos_id before `stop`), or None if none
+        fits before `hi`."""
+        start = pos if bos_id is None else self._next_bos(pos, bos_id, stop or self.hi)
         return start if start is not None and start + length <= self.hi else None
 
-    def _next_bos(self, pos: int, bos_id: int) -> int | None:
-        for at in range(pos, self.hi, BOS_SCAN):
-            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, self.hi)] == bos_id)
+    def _next_bos(self, pos: int, bos_id: int, stop: int) -> int | None:
+        for at in range(pos, stop, BOS_SCAN):
+            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, stop)] == bos_id)
             if len(found):
                 return at + int(found[0])
         return None

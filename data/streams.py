@@ -15,6 +15,8 @@ Cursor: (epoch, block, position in the block's order).
 from __future__ import annotations
 
 from collections import deque
+from itertools import pairwise, repeat
+from typing import Iterator
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from data.regions import Region, no_window, read_ahead
 ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: 0.5 ms, few enough for a first batch
 
 Window = tuple[Region, int]  # a region and the token its window starts at
+Slot = tuple[int, int, int, int, int]  # epoch, block, position in the block's order, file, its first token
 
 
 class Sequential:
@@ -51,7 +54,8 @@ class Sequential:
         return self.regions[self.order[self.index]]
 
     def next_batch(self, ahead: int) -> tuple[list[Window], tuple[int, int, int]]:
-        """This rank's windows of the next global batch, and the cursor after it."""
+        """This rank's windows of the next global batch, and the cursor after it (the kernel's own read-ahead
+        serves a sequential read: `ahead` is not needed)."""
         mine: list[Window] = []
         self._take(self.rank * self.batch_size, None)
         self._take(self.batch_size, mine)
@@ -76,11 +80,8 @@ class Sequential:
             self._windowless.add(int(self.order[self.index]))
         if len(self._windowless) == len(self.regions):
             raise no_window(self.regions, self.length, self.bos_id)
-        self.index += 1
-        if self.index == len(self.regions):
-            self.epoch, self.index = self.epoch + 1, 0
-            self.order = file_order(self.seed, self.epoch, len(self.regions))
-        self.pos = self.region.lo
+        last = self.index + 1 == len(self.regions)
+        self.seek((self.epoch + last, 0 if last else self.index + 1, None))
 
 
 class Shuffled:
@@ -89,103 +90,72 @@ class Shuffled:
     def __init__(self, regions: list[Region], length: int, seed: int, bos_id: int | None, shards: int,
                  rank: int, world_size: int, batch_size: int):
         self.regions, self.length, self.seed, self.bos_id = regions, length, seed, bos_id
-        self.rank, self.batch_size, self.per_step = rank, batch_size, world_size * batch_size
+        self.first, self.batch_size, self.per_step = rank * batch_size, batch_size, world_size * batch_size
         self.shards = shards if 0 < shards < len(regions) else len(regions)  # files per block
         self.counts = np.array([len(r) // length for r in regions], dtype=np.int64)  # slots per file
         self.starts = np.array([r.lo for r in regions], dtype=np.int64)
         self.total = int(self.counts.sum())
-        self._blocks: dict[tuple[int, int], Block] = {}
-        self._swept: deque = deque(maxlen=4)  # blocks whose files were read ahead
         self.seek((0, 0, 0))
 
     def seek(self, state: tuple[int, int, int]) -> None:
         """Move the cursor to (epoch, block, position in the block's order)."""
-        self._cursor = self._next = tuple(state)  # after the last batch; where the order is computed next
-        self._slots: list[tuple[int, int, int, int, int]] = []  # computed: epoch, block, position, file, token
-        self._head = self._hinted = 0  # the next slot to take, and the first not hinted yet
+        self._cursor = tuple(state)
+        self._order = self._slots(*state)
+        self._ahead: deque[Slot] = deque()  # slots computed, and their pages hinted, but not taken yet
         self._dry = 0  # slots in a row without a window (bos_id set)
 
     def state(self) -> tuple[int, int, int]:
         """The cursor after the last batch taken: (epoch, block, position)."""
         return self._cursor
 
-    def _block(self, epoch: int, index: int) -> Block:
-        if (epoch, index) not in self._blocks:
-            if len(self._blocks) > 2:  # only the block being taken and the one being computed are in use
-                self._blocks.clear()
-            files = file_order(self.seed, epoch, len(self.regions))[index * self.shards:(index + 1) * self.shards]
-            self._blocks[epoch, index] = Block(self.seed, epoch, index, files, self.counts)
-        return self._blocks[epoch, index]
+    def _blocks(self, epoch: int, index: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The blocks from (epoch, index) on: (epoch, index, its files)."""
+        while True:
+            files = file_order(self.seed, epoch, len(self.regions))
+            for i in range(index, -(-len(files) // self.shards)):
+                yield epoch, i, files[i * self.shards:(i + 1) * self.shards]
+            epoch, index = epoch + 1, 0
 
-    def _after(self, epoch: int, index: int) -> tuple[int, int]:
-        """The block after (epoch, index)."""
-        return (epoch, index + 1) if (index + 1) * self.shards < len(self.regions) else (epoch + 1, 0)
-
-    def _compute(self, slots: int) -> None:
-        """Compute the order until at least `slots` slots are ahead of the next one to take."""
-        if self._head >= ORDER_CHUNK:  # drop the slots taken, now and then: not a list copy per batch
-            self._slots, self._hinted, self._head = self._slots[self._head:], max(0, self._hinted - self._head), 0
-        while len(self._slots) - self._head < slots:
-            epoch, index, begin = self._next
-            block = self._block(epoch, index)
-            if begin >= block.size:
-                self._next = (*self._after(epoch, index), 0)
-                continue
-            end = min(block.size, begin + ORDER_CHUNK)
-            pos, file, slot = block.slots(begin, end)
-            self._slots += zip([epoch] * len(pos), [index] * len(pos), pos.tolist(), file.tolist(),
-                               (self.starts[file] + slot * self.length).tolist())
-            self._next = (epoch, index, end)
+    def _slots(self, epoch: int, index: int, begin: int) -> Iterator[Slot]:
+        """The slots from a cursor on, the order computed ORDER_CHUNK positions at a time."""
+        for i, ((epoch, index, files), (_, _, after)) in enumerate(pairwise(self._blocks(epoch, index))):
+            if self.shards < len(self.regions):  # this block is read ahead already, unless it is the first
+                read_ahead([self.regions[f] for f in (after if i else np.concatenate([files, after]))])
+            block = Block(self.seed, epoch, index, files, self.counts)
+            for lo in range(begin, block.size, ORDER_CHUNK):
+                pos, file, slot = block.slots(lo, min(block.size, lo + ORDER_CHUNK))
+                starts = self.starts[file] + slot * self.length
+                yield from zip(repeat(epoch), repeat(index), pos.tolist(), file.tolist(), starts.tolist())
+            begin = 0
 
     def next_batch(self, ahead: int) -> tuple[list[Window], tuple[int, int, int]]:
         """This rank's windows of the next global batch (the slots up to the per_step-th that holds a window),
-        and the cursor after it."""
-        self._compute((ahead + 1) * self.per_step)
-        mine, taken, first = [], 0, self.rank * self.batch_size
+        and the cursor after it; then the pages of the slots of the next `ahead` batches are hinted."""
+        mine, taken = [], 0
         while taken < self.per_step:
-            if self._head == len(self._slots):
-                self._compute(1)
-            epoch, index, pos, f, start = self._slots[self._head]
-            self._head += 1
-            start = self._window(self.regions[f], start)
+            epoch, index, pos, f, start = self._ahead.popleft() if self._ahead else next(self._order)
+            start = self.regions[f].window_start(start, self.length, self.bos_id, start + self.length)
             if start is None:
                 self._dry += 1
                 if self._dry > self.total:  # a whole epoch's slots without a window
                     raise no_window(self.regions, self.length, self.bos_id)
                 continue
             self._dry = 0
-            if first <= taken < first + self.batch_size:
+            if self.first <= taken < self.first + self.batch_size:
                 mine.append((self.regions[f], start))
             taken += 1
         self._cursor = epoch, index, pos + 1
-        self._hint(ahead)
+        while len(self._ahead) < ahead * self.per_step:
+            self._hint(len(self._ahead) % self.per_step, next(self._order))
         return mine, self._cursor
 
-    def _window(self, region: Region, slot: int) -> int | None:
-        """Where the window of the slot starting at token `slot` starts, or None if it has none."""
-        if self.bos_id is None:
-            return slot
-        hit = np.flatnonzero(region.array[slot:slot + self.length] == self.bos_id)
-        return slot + int(hit[0]) if len(hit) and slot + int(hit[0]) + self.length <= region.hi else None
-
-    def _hint(self, ahead: int) -> None:
-        """Hint the pages of the slots up to `ahead` batches on: this rank's windows, or with bos_id every slot
-        and the next one (which slots hold whose window is not known yet)."""
-        lo, stop = max(self._hinted, self._head), min(len(self._slots), self._head + ahead * self.per_step)
-        first, span = self.rank * self.batch_size, self.length * (1 if self.bos_id is None else 2)
-        for i in range(lo, stop):  # without bos_id, the slot at _head starts a global batch
-            if self.bos_id is None and not first <= (i - self._head) % self.per_step < first + self.batch_size:
-                continue
-            _, _, _, f, s = self._slots[i]
-            self.regions[f].hint(s, s + span)
-        self._hinted = max(self._hinted, stop)
-        if self.shards < len(self.regions):
-            self._read_blocks()
-
-    def _read_blocks(self) -> None:
-        """Once the order reaches a block, read the files of that block and of the next one ahead."""
-        here = self._next[:2]
-        todo = [key for key in (here, self._after(*here)) if key not in self._swept]
-        if todo:
-            self._swept.extend(todo)
-            read_ahead([self.regions[f] for key in todo for f in self._block(*key).files])
+    def _hint(self, place: int, slot: Slot) -> None:
+        """Hint the pages of a slot `place` slots into its batch and queue it. Without bos_id a slot is a window:
+        only this rank's are hinted; with bos_id whose window a slot holds is not known yet: every slot is hinted,
+        and the next one, which its window may run into."""
+        _, _, _, f, start = slot
+        if self.bos_id is not None:
+            self.regions[f].hint(start, start + 2 * self.length)
+        elif self.first <= place < self.first + self.batch_size:
+            self.regions[f].hint(start, start + self.length)
+        self._ahead.append(slot)
