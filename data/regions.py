@@ -41,8 +41,7 @@ class Region:
         self.path, self.tokens, self.lo, self.hi = path, tokens, lo, len(tokens) if hi is None else hi
         self.array = tokens.view(np.ndarray)  # slicing a plain ndarray skips np.memmap's per-slice overhead
         self._mmap = getattr(tokens, "_mmap", None) if hasattr(mmap, "MADV_WILLNEED") else None  # numpy's own
-        # np.memmap maps from the offset rounded down to the allocation granularity
-        self._base = tokens.offset % mmap.ALLOCATIONGRANULARITY
+        self._base = tokens.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from the offset rounded down
 
     def __len__(self) -> int:
         return self.hi - self.lo
@@ -112,19 +111,17 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
 def read_ahead(regions: list[Region]) -> None:
     """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
     returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
-    threading.Thread(target=_read_ahead, args=(regions,), daemon=True, name="TokenLoader read-ahead").start()
-
-
-def _read_ahead(regions: list[Region]) -> None:
-    try:  # only hints: an error ends them quietly
-        for region in regions:
-            with open(region.path, "rb") as f:
-                size, offset = region.array.itemsize, region.tokens.offset
-                end = offset + region.hi * size
-                for at in range(offset + region.lo * size, end, READ_AHEAD):  # the kernel rounds to pages
-                    os.posix_fadvise(f.fileno(), at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
-    except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
-        pass
+    def run() -> None:
+        try:  # only hints: an error ends them quietly
+            for region in regions:
+                with open(region.path, "rb") as f:
+                    size, offset = region.array.itemsize, region.tokens.offset
+                    end = offset + region.hi * size
+                    for at in range(offset + region.lo * size, end, READ_AHEAD):  # the kernel rounds to pages
+                        os.posix_fadvise(f.fileno(), at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
+        except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
+            pass
+    threading.Thread(target=run, daemon=True, name="TokenLoader read-ahead").start()
 
 
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:

@@ -32,8 +32,9 @@ Slot = tuple[int, int, int, int, int]  # epoch, block, position in the block's o
 
 
 class Stream:
-    """What both streams share: a global batch is the next per_step windows of `windows`, rank r's the r-th
-    batch_size of them."""
+    """What both streams share: a global batch is the next per_step windows of a subclass's
+    windows(*cursor), which yields every window from a cursor on, each with the cursor after it; rank r's part
+    is the r-th batch_size of them."""
 
     def __init__(self, regions: list[Region], length: int, seed: int | None, bos_id: int | None,
                  rank: int, world_size: int, batch_size: int):
@@ -44,10 +45,6 @@ class Stream:
     def seek(self, cursor: Cursor) -> None:
         """Move to START or to a cursor that next_batch returned."""
         self._windows = self.windows(*cursor)
-
-    def windows(self, epoch: int, index: int, pos: int) -> Iterator[tuple[Cursor, Window]]:
-        """Every window from a cursor on, each with the cursor after it."""
-        raise NotImplementedError
 
     def next_batch(self, ahead: int) -> tuple[list[Window], Cursor]:
         """This rank's windows of the next global batch, and the cursor after it (`ahead`: how many batches on
@@ -98,18 +95,21 @@ class Shuffled(Stream):
         super().seek(cursor)
 
     def blocks(self, epoch: int, index: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        """The blocks from (epoch, index) on: (epoch, index, its files)."""
+        """The blocks from (epoch, index) on: (epoch, index, its files), read ahead whole as they are made when
+        smaller than the data."""
         while True:
-            files = file_order(self.seed, epoch, len(self.regions))
-            for i in range(index, -(-len(files) // self.shards)):
-                yield epoch, i, files[i * self.shards:(i + 1) * self.shards]
+            order = file_order(self.seed, epoch, len(self.regions))
+            for i in range(index, -(-len(order) // self.shards)):
+                files = order[i * self.shards:(i + 1) * self.shards]
+                if self.shards < len(self.regions):
+                    read_ahead([self.regions[f] for f in files])
+                yield epoch, i, files
             epoch, index = epoch + 1, 0
 
     def slots(self, epoch: int, index: int, begin: int) -> Iterator[Slot]:
-        """The slots from a cursor on, the order computed ORDER_CHUNK positions at a time."""
-        for i, ((epoch, index, files), (_, _, after)) in enumerate(pairwise(self.blocks(epoch, index))):
-            if self.shards < len(self.regions):  # this block is read ahead already, unless it is the first
-                read_ahead([self.regions[f] for f in (after if i else np.concatenate([files, after]))])
+        """The slots from a cursor on, the order computed ORDER_CHUNK positions at a time (pairwise makes the
+        next block, and so starts its read-ahead, as this one starts)."""
+        for (epoch, index, files), _ in pairwise(self.blocks(epoch, index)):
             block = Block(self.seed, epoch, index, files, self.counts)
             for lo in range(begin, block.size, ORDER_CHUNK):
                 pos, file, slot = block.slots(lo, min(block.size, lo + ORDER_CHUNK))

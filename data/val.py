@@ -45,7 +45,6 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
     if vocab_size is not None and not meta_vouches([r.path for r in regions], vocab_size):
         for r in regions:  # a max per region: fast where every id is good
             check_vocabulary(r.array[r.lo:r.hi], vocab_size, r.path, r.lo)
-    offsets = np.cumsum([0] + [len(r) for r in regions])  # where each region starts in the stream
     sequences, per_step = -(-num_tokens // seq_len), world_size * batch_size
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -54,7 +53,7 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
             first = step + rank * batch_size
             for row, k in enumerate(range(first, min(first + batch_size, sequences))):
                 start = k * seq_len
-                _read_stream(regions, offsets, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
+                _read_stream(regions, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
             out = out.to(device, non_blocking=True)  # pageable memory: safe to drop right after
             # A copy of the inputs in every batch, not just where padding needs it: a view in some batches
             # and a copy in others have other strides, and a compiled model would compile each.
@@ -63,14 +62,14 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
     return ValBatches(batches(), -(-sequences // per_step))
 
 
-def _read_stream(regions: list[Region], offsets: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
-    """Copy stream tokens [start, stop) of the regions laid end to end (region i starts at offsets[i]) to out."""
-    i = int(np.searchsorted(offsets, start, side="right")) - 1
-    while start < stop:
-        region, n = regions[i], min(stop, int(offsets[i + 1])) - start
-        lo = region.lo + start - int(offsets[i])
-        out[:n] = region.array[lo:lo + n]
-        out, start, i = out[n:], start + n, i + 1
+def _read_stream(regions: list[Region], start: int, stop: int, out: np.ndarray) -> None:
+    """Copy tokens [start, stop) of the regions laid end to end to out."""
+    for r in regions:
+        lo, hi = max(start, 0), min(stop, len(r))
+        if lo < hi:
+            out[:hi - lo] = r.array[r.lo + lo:r.lo + hi]
+            out = out[hi - lo:]
+        start, stop = start - len(r), stop - len(r)
 
 
 def _first_tokens(regions: list[Region], num_tokens: int) -> list[Region]:
