@@ -110,7 +110,7 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
 
 def read_ahead(regions: list[Region]) -> None:
     """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
-    returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
+    returns once its reads are queued, which blocks when cold, and releases the GIL."""
     def run() -> None:
         try:  # only hints: an error ends them quietly
             for region in regions:

@@ -23,7 +23,7 @@ import numpy as np
 from data.order import Block, file_order
 from data.regions import Region, no_window, read_ahead
 
-ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: 0.5 ms, few enough for a first batch
+ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: few enough that a first batch is quick
 
 Window = tuple[Region, int]  # a region and the token its window starts at
 Cursor = tuple[int, int, int]
@@ -32,9 +32,8 @@ Slot = tuple[int, int, int, int, int]  # epoch, block, position in the block's o
 
 
 class Stream:
-    """What both streams share: a global batch is the next per_step windows of a subclass's
-    windows(*cursor), which yields every window from a cursor on, each with the cursor after it; rank r's part
-    is the r-th batch_size of them."""
+    """What both streams share: a global batch is the next per_step windows of windows(*cursor), a subclass's
+    generator of every window from a cursor on, each with the cursor after it; rank r's are its r-th batch_size."""
 
     def __init__(self, regions: list[Region], length: int, seed: int | None, bos_id: int | None,
                  rank: int, world_size: int, batch_size: int):
@@ -117,7 +116,8 @@ class Shuffled(Stream):
                 yield from zip(repeat(epoch), repeat(index), pos.tolist(), file.tolist(), starts.tolist())
             begin = 0
 
-    def windows(self, epoch: int, index: int, pos: int) -> Iterator[tuple[Cursor, Window]]:
+    def windows(self, *cursor: int) -> Iterator[tuple[Cursor, Window]]:
+        """The windows of the slots that seek started at the cursor, each with the cursor after it."""
         dry, total = 0, int(self.counts.sum())  # slots in a row without a window (bos_id set), slots an epoch
         while True:
             epoch, index, pos, f, start = self._ahead.popleft() if self._ahead else next(self._slots)
