@@ -12,8 +12,6 @@ import numpy as np
 
 ROUNDS = 4       # Feistel rounds: 4 make a keyed bijection whose outputs look independent
 TAG = 0x5EED0D   # in the order's key: SeedSequence([s, e]) == SeedSequence([s, e, 0]), so keep them apart
-_MIX = (np.uint64(30), np.uint64(0xBF58476D1CE4E5B9), np.uint64(27), np.uint64(0x94D049BB133111EB),
-        np.uint64(31))  # splitmix64's finalizer
 
 
 def file_order(seed: int | None, epoch: int, files: int) -> np.ndarray:
@@ -24,10 +22,10 @@ def file_order(seed: int | None, epoch: int, files: int) -> np.ndarray:
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    s1, m1, s2, m2, s3 = _MIX
-    z = (z ^ (z >> s1)) * m1  # uint64 arithmetic wraps, as the hash wants
-    z = (z ^ (z >> s2)) * m2
-    return z ^ (z >> s3)
+    """splitmix64's finalizer (uint64 arithmetic wraps, as the hash wants)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 class Feistel:

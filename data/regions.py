@@ -37,12 +37,11 @@ def resolve_files(files: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
 class Region:
     """Tokens [lo, hi) of one memory-mapped shard."""
 
-    def __init__(self, path: Path, tokens: np.memmap, lo: int, hi: int):
-        self.path, self.tokens, self.lo, self.hi = path, tokens, lo, hi
+    def __init__(self, path: Path, tokens: np.memmap, lo: int = 0, hi: int | None = None):
+        self.path, self.tokens, self.lo, self.hi = path, tokens, lo, len(tokens) if hi is None else hi
         self.array = tokens.view(np.ndarray)  # slicing a plain ndarray skips np.memmap's per-slice overhead
         self._mmap = getattr(tokens, "_mmap", None) if hasattr(mmap, "MADV_WILLNEED") else None  # numpy's own
-        # np.memmap maps from the offset rounded down to the allocation granularity
-        self._base = tokens.offset % mmap.ALLOCATIONGRANULARITY
+        self._base = tokens.offset % mmap.ALLOCATIONGRANULARITY  # np.memmap maps from the offset rounded down
 
     def __len__(self) -> int:
         return self.hi - self.lo
@@ -51,14 +50,15 @@ class Region:
         """Tokens [lo, hi) of the same file."""
         return Region(self.path, self.tokens, lo, hi)
 
-    def window_start(self, pos: int, length: int, bos_id: int | None) -> int | None:
-        """Where the next window at or after `pos` starts, or None if none fits before `hi`."""
-        start = pos if bos_id is None else self._next_bos(pos, bos_id)
+    def window_start(self, pos: int, length: int, bos_id: int | None, stop: int | None = None) -> int | None:
+        """Where the next window at or after `pos` starts (with bos_id: at a bos_id before `stop`), or None if none
+        fits before `hi`."""
+        start = pos if bos_id is None else self._next_bos(pos, bos_id, stop or self.hi)
         return start if start is not None and start + length <= self.hi else None
 
-    def _next_bos(self, pos: int, bos_id: int) -> int | None:
-        for at in range(pos, self.hi, BOS_SCAN):
-            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, self.hi)] == bos_id)
+    def _next_bos(self, pos: int, bos_id: int, stop: int) -> int | None:
+        for at in range(pos, stop, BOS_SCAN):
+            found = np.flatnonzero(self.array[at:min(at + BOS_SCAN, stop)] == bos_id)
             if len(found):
                 return at + int(found[0])
         return None
@@ -74,11 +74,7 @@ class Region:
 
 def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:
     """Every file whole, opened (and its header checked) by data.shards."""
-    regions = []
-    for p in paths:
-        tokens = open_shard(p, raw_dtype=raw_dtype, fmt=fmt)
-        regions.append(Region(p, tokens, 0, len(tokens)))
-    return regions
+    return [Region(p, open_shard(p, raw_dtype=raw_dtype, fmt=fmt)) for p in paths]
 
 
 def names(regions: list[Region]) -> str:
@@ -114,23 +110,18 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
 
 def read_ahead(regions: list[Region]) -> None:
     """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
-    returns once its reads are queued, milliseconds each when cold, and releases the GIL."""
-    threading.Thread(target=_read_ahead, args=(regions,), daemon=True, name="TokenLoader read-ahead").start()
-
-
-def _read_ahead(regions: list[Region]) -> None:
-    for region in regions:  # only hints: an error ends them quietly
-        try:
-            fd = os.open(region.path, os.O_RDONLY)
-            try:
-                size = region.array.itemsize
-                begin, end = region.tokens.offset + region.lo * size, region.tokens.offset + region.hi * size
-                for at in range(begin - begin % mmap.PAGESIZE, end, READ_AHEAD):
-                    os.posix_fadvise(fd, at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
+    returns once its reads are queued, which blocks when cold, and releases the GIL."""
+    def run() -> None:
+        try:  # only hints: an error ends them quietly
+            for region in regions:
+                with open(region.path, "rb") as f:
+                    size, offset = region.array.itemsize, region.tokens.offset
+                    end = offset + region.hi * size
+                    for at in range(offset + region.lo * size, end, READ_AHEAD):  # the kernel rounds to pages
+                        os.posix_fadvise(f.fileno(), at, min(READ_AHEAD, end - at), os.POSIX_FADV_WILLNEED)
         except (OSError, AttributeError):  # no posix_fadvise on this platform, or the file went away
-            return
+            pass
+    threading.Thread(target=run, daemon=True, name="TokenLoader read-ahead").start()
 
 
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
@@ -141,7 +132,10 @@ def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
         raise ShardError(str(e)) from None
 
 
-def out_of_vocabulary(path: Path, token: int, at: int, vocab_size: int) -> ShardError:
-    """The error for token id `token` >= vocab_size at token `at` of the file `path`."""
-    return ShardError(f"{path}: token id {token} at token {at} is >= vocab_size {vocab_size}; the data was tokenized "
-                      f"with another tokenizer: use its vocabulary (model.vocab_size) or re-tokenize")
+def check_vocabulary(tokens: np.ndarray, vocab_size: int, path: Path, offset: int) -> None:
+    """Refuse the first id >= vocab_size in `tokens`, the file `path`'s from token `offset` on."""
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        at = int(np.flatnonzero(tokens >= vocab_size)[0])
+        raise ShardError(f"{path}: token id {tokens[at]} at token {offset + at} is >= vocab_size {vocab_size}; the "
+                         f"data was tokenized with another tokenizer: use its vocabulary (model.vocab_size) or "
+                         f"re-tokenize")

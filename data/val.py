@@ -7,9 +7,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.regions import Region, meta_vouches, names, open_regions, out_of_vocabulary, resolve_files, split_tail
-from data.shards import ShardError
 from data.plural import plural
+from data.regions import Region, check_vocabulary, meta_vouches, names, open_regions, resolve_files, split_tail
+from data.shards import ShardError
 
 PAD_TARGET = -100  # F.cross_entropy's default ignore_index: the model's loss skips these targets
 
@@ -30,16 +30,10 @@ class ValBatches(Iterator):
 def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
                 device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, tail_tokens: int = 0,
                 vocab_size: int | None = None) -> ValBatches:
-    """This rank's fixed validation batches: `num_tokens` targets, every one scored exactly once.
-
-    The stream is the first num_tokens + 1 tokens of the sorted files, across file ends (tail_tokens=N: the last
-    N tokens of the last file, which TokenLoader(holdout_tokens=N) leaves out, after the token before them).
-    Sequence k: stream tokens [k*T, (k+1)*T) as inputs, the token after each as its target. Global batch g:
-    sequences [g*W*B, (g+1)*W*B), rank r its rows [r*B, (r+1)*B). Every rank yields as many [B, T] batches (FSDP
-    needs the same calls, a compiled model one shape): targets past num_tokens are PAD_TARGET (inputs 0).
-    With vocab_size, ids >= vocab_size are refused here, before any batch, unless a meta.json vouches for the files
-    (as TokenLoader refuses them): every rank checks the whole stream, so all name the same token.
-    """
+    """This rank's fixed validation batches: `num_tokens` targets of the files' first tokens, each scored once
+    (docs/DESIGN.md). Every rank yields as many [B, T] batches, as FSDP and a compiled model's one shape need:
+    targets past num_tokens are PAD_TARGET. Ids >= vocab_size are refused here, before any batch, unless a
+    meta.json vouches for the files; every rank checks the whole stream, so that all name the same token."""
     if min(batch_size, seq_len, world_size, num_tokens) < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need batch_size, seq_len, world_size, num_tokens >= 1 and 0 <= rank < world_size; got "
                          f"{batch_size=}, {seq_len=}, {world_size=}, {num_tokens=}, {rank=}")
@@ -49,8 +43,8 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
         regions = [tail.cut(tail.lo - 1, tail.hi)]  # + the input of its first target
     regions = _first_tokens(regions, num_tokens)
     if vocab_size is not None and not meta_vouches([r.path for r in regions], vocab_size):
-        _check_vocabulary(regions, vocab_size)
-    offsets = np.cumsum([0] + [len(r) for r in regions])  # where each region starts in the stream
+        for r in regions:  # a max per region: fast where every id is good
+            check_vocabulary(r.array[r.lo:r.hi], vocab_size, r.path, r.lo)
     sequences, per_step = -(-num_tokens // seq_len), world_size * batch_size
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -59,7 +53,7 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
             first = step + rank * batch_size
             for row, k in enumerate(range(first, min(first + batch_size, sequences))):
                 start = k * seq_len
-                _read_stream(regions, offsets, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
+                _read_stream(regions, start, min(start + seq_len, num_tokens) + 1, out[row].numpy())
             out = out.to(device, non_blocking=True)  # pageable memory: safe to drop right after
             # A copy of the inputs in every batch, not just where padding needs it: a view in some batches
             # and a copy in others have other strides, and a compiled model would compile each.
@@ -68,14 +62,14 @@ def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: 
     return ValBatches(batches(), -(-sequences // per_step))
 
 
-def _read_stream(regions: list[Region], offsets: np.ndarray, start: int, stop: int, out: np.ndarray) -> None:
-    """Copy stream tokens [start, stop) of the regions laid end to end (region i starts at offsets[i]) to out."""
-    i = int(np.searchsorted(offsets, start, side="right")) - 1
-    while start < stop:
-        region, n = regions[i], min(stop, int(offsets[i + 1])) - start
-        lo = region.lo + start - int(offsets[i])
-        out[:n] = region.array[lo:lo + n]
-        out, start, i = out[n:], start + n, i + 1
+def _read_stream(regions: list[Region], start: int, stop: int, out: np.ndarray) -> None:
+    """Copy tokens [start, stop) of the regions laid end to end to out."""
+    for r in regions:
+        lo, hi = max(start, 0), min(stop, len(r))
+        if lo < hi:
+            out[:hi - lo] = r.array[r.lo + lo:r.lo + hi]
+            out = out[hi - lo:]
+        start, stop = start - len(r), stop - len(r)
 
 
 def _first_tokens(regions: list[Region], num_tokens: int) -> list[Region]:
@@ -95,11 +89,3 @@ def _first_tokens(regions: list[Region], num_tokens: int) -> list[Region]:
         left -= len(cut[-1])
     return cut
 
-
-def _check_vocabulary(regions: list[Region], vocab_size: int) -> None:
-    """Raise the error naming the first id >= vocab_size in the regions (a max per region: ~1 ms per 10M tokens)."""
-    for r in regions:
-        tokens = r.array[r.lo:r.hi]
-        if len(tokens) and int(tokens.max()) >= vocab_size:
-            at = int(np.flatnonzero(tokens >= vocab_size)[0])
-            raise out_of_vocabulary(r.path, int(tokens[at]), r.lo + at, vocab_size)

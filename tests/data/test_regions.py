@@ -1,4 +1,5 @@
-"""Regions and page hints (data.regions): file ends, a start-up that reads only headers, the block read-ahead.
+"""Regions and page hints (data.regions): file ends, a start-up that reads only headers, the windows hinted ahead,
+the block read-ahead.
 
 Most tests use tests.data.coded's shards, whose every window maps back to (file, start)."""
 import ctypes
@@ -11,7 +12,9 @@ import numpy as np
 import torch
 
 from data.loader import TokenLoader
+from data.regions import open_regions
 from data.shards import write_shard
+from data.streams import Shuffled
 from tests.helpers import make_shards
 from tests.data.coded import B, T
 
@@ -49,6 +52,26 @@ def resident(path: Path, start: int = 0, stop: int | None = None) -> bool:
         assert mincore(view.ctypes.data + start, stop - start, vec) == 0
         del view
         return all(v & 1 for v in vec)
+
+
+def test_the_windows_of_the_next_batches_are_hinted_ahead(tmp_path):
+    """After a batch, the pages of this rank's windows of the next `prefetch` batches come into the page cache
+    (MADV_WILLNEED, asynchronous), and most of the files do not (sparse files: nothing is read before)."""
+    paths, seq_len, prefetch = [tmp_path / "chunk_0.bin", tmp_path / "chunk_1.bin"], 1023, 3  # a window: a page
+    for path in paths:
+        with open(path, "wb") as f:
+            f.truncate(64 << 20)
+    kw = {"fmt": "raw", "raw_dtype": "uint32", "rank": 1, "world_size": 2, "prefetch": prefetch}
+    twin = Shuffled(open_regions(paths, "raw", "uint32"), seq_len + 1, 0, None, 0, 1, 2, B)  # reads no token
+    coming = [w for _ in range(prefetch + 1) for w in twin.next_batch(0)[0]][B:]
+    with TokenLoader(paths, B, seq_len, **kw) as loader:
+        next(loader)
+        deadline = time.time() + 20
+        while not all(resident(r.path, 4 * s, 4 * (s + seq_len + 1)) for r, s in coming) and time.time() < deadline:
+            time.sleep(0.05)
+        assert all(resident(r.path, 4 * s, 4 * (s + seq_len + 1)) for r, s in coming)
+    pages = [resident(p, at, at + 4096) for p in paths for at in range(0, 64 << 20, 64 << 10)]
+    assert sum(pages) < len(pages) // 4
 
 
 def test_a_working_set_is_read_ahead_whole_and_the_next_one_too(tmp_path):
