@@ -19,7 +19,7 @@ usage: bash run.sh [COMMAND] [ARGS...]
                          CPU track: Ctrl-C (or SIGTERM) saves the run after its step and prints the command
                          that continues it; run again with the same BUDGET, CONFIG and NPROC, it continues
                          the newest unfinished run in runs/ (FRESH=1: start a new one instead)
-  test [PYTEST ARGS]     the whole test suite (pytest); e.g. `bash run.sh test -m "not slow"`
+  test [PYTEST ARGS]     the whole test suite (pytest, two workers); e.g. `bash run.sh test -m "not slow"`
   prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
   train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1 (torchrun's
                          own log and failure report go to the run folder's torchrun.log)
@@ -241,7 +241,9 @@ case "$cmd" in
   *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac
 case "$cmd" in
-  test) exec "$PY" -m pytest tests "$@" ;;
+  # Two workers, a test file each at a time: much of a test's time is waiting on its subprocesses (timeouts,
+  # torchrun's grace period), which the other worker fills. `-n 0` runs the tests in one process.
+  test) exec "$PY" -m pytest tests -n 2 --dist loadfile "$@" ;;
   prepare) exec "$PY" -m data.prepare "$@" ;;
   train)
     [ $# -ge 1 ] || { echo "usage: bash run.sh train CONFIG [--section.key=value ...]" >&2; exit 2; }
