@@ -214,26 +214,33 @@ def python_step(n: int) -> int:
 
 def main_thread_slowdown(makers: dict[str, Callable], paths: list[Path], pairs: int) -> dict[str, float]:
     """How much longer a step of STEP_MS of python_step takes with one next(loader) in it, per loader: the median
-    over `pairs` rounds of one step alone and one with each loader, so that each ratio sees one load."""
+    over `pairs` of the ratio of such a step to one alone just before or after it (the order alternates, so that
+    neither side is always the second). One loader exists at a time: another's threads would run in this one's
+    steps."""
     n, t0 = 20_000, time.perf_counter()
     python_step(n)
     n = int(n * STEP_MS / 1e3 / (time.perf_counter() - t0))
-    loaders = {name: make(paths, **SPEEDRUN) for name, make in makers.items()}
-    ratios: dict[str, list[float]] = {name: [] for name in loaders}
-    for loader in loaders.values():
-        next(loader)
-    for _ in range(pairs):
+
+    def step(loader) -> float:
         t0 = time.perf_counter()
         python_step(n)
-        alone = time.perf_counter() - t0
-        for name, loader in loaders.items():
-            t0 = time.perf_counter()
-            python_step(n)
+        if loader is not None:
             next(loader)
-            ratios[name].append((time.perf_counter() - t0) / alone - 1)
-    for loader in loaders.values():
-        loader.close()
-    return {name: statistics.median(v) for name, v in ratios.items()}
+        return time.perf_counter() - t0
+
+    slowdowns = {}
+    for name, make in makers.items():
+        with make(paths, **SPEEDRUN) as loader:
+            next(loader)
+            ratios = []
+            for i in range(pairs):
+                if i % 2:
+                    loaded, alone = step(loader), step(None)
+                else:
+                    alone, loaded = step(None), step(loader)
+                ratios.append(loaded / alone - 1)
+        slowdowns[name] = statistics.median(ratios)
+    return slowdowns
 
 
 def track_wait(tmp: Path, before: bool, seconds: float) -> float:
