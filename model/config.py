@@ -10,7 +10,7 @@ type check of a raw value (a TOML file's, an override's, a checkpoint's config) 
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 VOCAB_MULTIPLE = 128  # matmul-friendly padding of the embedding/head rows
@@ -69,14 +69,17 @@ class GPTConfig:
     rope_truncate: bool = False  # rotate half of each head: head_dim/4 frequencies 1 .. 1/rope_base, the rest unrotated
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     attn_scale: float = 0.0  # attention logit scale; 0 = 1/sqrt(head_dim)
+    attn_gate: bool = False  # each head's output times sigmoid(W x[:12]) of its input x; W starts at 0 (gates 0.5)
     norm_gain: bool = True  # learned gains in the norms
     embed_norm: bool = False  # RMS-normalise the embedding (no gain) before the first block
+    smear: bool = False  # token t's embedding adds lambda * sigmoid(w . x_t[:12]) * x_{t-1}; lambda and w start at 0
     x0_mix: bool = False  # each block starts from a * x + b * x0 (x0: the embedding), a, b learned per block
     tie_embeddings: bool = True  # head shares the token embedding matrix
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
+    no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
@@ -105,6 +108,13 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
+        layers = self.no_attention
+        need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
+             f"no_attention={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [7]")
+        k = self.value_embeds
+        unread = [j for j in range(k) if {j, self.n_layer - k + j} <= set(layers)]
+        need(not unread, f"value_embeds={k}: table(s) {unread} would serve only layers with no attention "
+                         f"(no_attention={layers}); lower value_embeds or give one of their layers attention")
 
     @property
     def head_dim(self) -> int:
@@ -115,6 +125,18 @@ class GPTConfig:
         """L or S for each layer: window_pattern repeated (or cut) to n_layer, so n_layer can change alone."""
         pattern = self.window_pattern or "L"
         return "".join(pattern[i % len(pattern)] for i in range(self.n_layer))
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers whose block has attention: all but those of no_attention."""
+        return [i for i in range(self.n_layer) if i not in self.no_attention]
+
+    @property
+    def value_embed_layers(self) -> list[int]:
+        """The layers that add a value embedding: table j to layers j and n_layer - value_embeds + j, each if it
+        has attention (a block without attention has no values)."""
+        k = self.value_embeds
+        return [i for i in self.attention_layers if i < k or i >= self.n_layer - k]
 
     @property
     def padded_vocab(self) -> int:

@@ -1,6 +1,7 @@
 """The GPT: GPT-2 by default, with the NanoGPT speedrun's modern options behind config keys.
 
-Classes appear in the order a forward pass meets them: norm -> rotary -> attention -> MLP -> block -> GPT.
+Classes appear in the order a forward pass meets them: norm -> gate, smear -> rotary -> attention -> MLP -> block
+-> GPT.
 The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied from outside (trainer/parallel.py).
 """
 from __future__ import annotations
@@ -36,6 +37,35 @@ class Norm(nn.Module):
         if self.rms:
             return F.rms_norm(x, (x.size(-1),), self.weight)
         return F.layer_norm(x, (x.size(-1),), self.weight, self.bias)
+
+
+GATE_CHANNELS = 12  # the records' gates read the first 12 channels of their input
+
+
+class Gate(nn.Module):
+    """sigmoid(W x[..., :k]): `outputs` gates in (0, 1) from the first k = min(12, n_embd) channels of x, as the
+    records' sparse gates (attention output, smear). W starts at zero, every gate at 0.5 (GPT.reset_parameters)."""
+
+    def __init__(self, cfg: GPTConfig, outputs: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(outputs, min(GATE_CHANNELS, cfg.n_embd)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sigmoid(F.linear(x[..., :self.weight.size(1)], self.weight))
+
+
+class Smear(nn.Module):
+    """The records' smear: each token's embedding x_t adds lambda * gate(x_t) * x_{t-1}, the previous token's (the
+    first has none), so a block reads the previous token without attending to it. lambda starts at 0: no change."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.gate = Gate(cfg, 1)
+        self.lam = nn.Parameter(torch.empty(1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        now, before = x[:, 1:], x[:, :-1]
+        return torch.cat((x[:, :1], now + self.lam * self.gate(now) * before), dim=1)
 
 
 def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) -> Tensor:
@@ -156,7 +186,7 @@ def _warn_flex_fallback(reason: str) -> None:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention; optional QK-norm, rotary positions and value embeddings."""
+    """Causal multi-head self-attention; optional QK-norm, rotary positions, value embeddings and output gate."""
 
     def __init__(self, cfg: GPTConfig, has_ve: bool):
         super().__init__()
@@ -165,6 +195,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         # Mixing weights of the value and the value embedding.
         self.ve_lambda = nn.Parameter(torch.empty(2)) if has_ve else None
+        # attn_gate: each head's output scaled by a gate read from this token's input (the records: a no-op when
+        # the context holds nothing worth reading, without an attention sink)
+        self.gate = Gate(cfg, cfg.n_head) if cfg.attn_gate else None
 
     def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
         cfg, (B, T, C) = self.cfg, x.shape
@@ -186,6 +219,8 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
             y = flex_attention(q, k, v, block_mask=mask, scale=scale)
+        if self.gate is not None:
+            y = y * self.gate(x).transpose(1, 2).unsqueeze(-1)  # [B, T, H] -> [B, H, T, 1]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -205,18 +240,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0."""
+    """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0. Without attention
+    (model.no_attention) it has neither the attention nor its norm, and is x + mlp(norm2(x))."""
 
-    def __init__(self, cfg: GPTConfig, has_ve: bool):
+    def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True):
         super().__init__()
         self.x0_lambda = nn.Parameter(torch.empty(2)) if cfg.x0_mix else None
-        self.norm1, self.attn = Norm(cfg), Attention(cfg, has_ve)
+        self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve)) if attention else (None, None)
         self.norm2, self.mlp = Norm(cfg), MLP(cfg)
 
     def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
-        x = x + self.attn(self.norm1(x), ve, mask)
+        if self.attn is not None:
+            x = x + self.attn(self.norm1(x), ve, mask)
         return x + self.mlp(self.norm2(x))
 
 
@@ -228,10 +265,11 @@ class GPT(nn.Module):
         self.cfg = cfg
         V = cfg.padded_vocab
         self.wte = nn.Embedding(V, cfg.n_embd)
+        self.smear = Smear(cfg) if cfg.smear else None
         self.wpe = None if cfg.rotary else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.value_embeds = nn.ModuleList(nn.Embedding(V, cfg.n_embd) for _ in range(cfg.value_embeds))
-        k = cfg.value_embeds
-        self.blocks = nn.ModuleList(Block(cfg, has_ve=i < k or i >= cfg.n_layer - k) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers)
+                                    for i in range(cfg.n_layer))
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
@@ -246,8 +284,8 @@ class GPT(nn.Module):
         """Initialise every parameter (also after `to_empty` from the meta device), GPT-2 style.
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
-        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each and x0 mix (1, 0) (as
-        modded-nanogpt starts them); the window is the final one (set_progress(1)).
+        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights
+        and the smear's lambda 0 (as modded-nanogpt starts them); the window is the final one (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
@@ -257,6 +295,10 @@ class GPT(nn.Module):
                 nn.init.ones_(m.weight)
             if isinstance(m, Attention) and m.ve_lambda is not None:
                 nn.init.constant_(m.ve_lambda, 0.5)
+            if isinstance(m, Gate):
+                nn.init.zeros_(m.weight)
+            if isinstance(m, Smear):
+                nn.init.zeros_(m.lam)
             if isinstance(m, Block) and m.x0_lambda is not None:
                 with torch.no_grad():
                     m.x0_lambda.copy_(torch.tensor([1.0, 0.0]))
@@ -264,7 +306,7 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.skip_weights is not None:
             nn.init.ones_(self.skip_weights)
-        projections = [p for b in self.blocks for p in (b.attn.proj.weight, b.mlp.proj.weight)]
+        projections = [m.proj.weight for b in self.blocks for m in (b.attn, b.mlp) if m is not None]
         if cfg.zero_init_proj and not cfg.tie_embeddings:
             projections.append(self.lm_head.weight)
         for w in projections:
@@ -295,9 +337,9 @@ class GPT(nn.Module):
         self.window = window
 
     def _masks(self, idx: Tensor) -> list:
-        """Per layer: None (plain causal), an explicit boolean mask, or a FlexAttention BlockMask."""
+        """Per layer: None (plain causal, or no attention), an explicit boolean mask, or a FlexAttention BlockMask."""
         cfg = self.cfg
-        pattern = cfg.layer_windows
+        pattern, attending = cfg.layer_windows, cfg.attention_layers
         if not (cfg.window or cfg.doc_causal):
             return [None] * cfg.n_layer
         build = attention_mask
@@ -308,8 +350,9 @@ class GPT(nn.Module):
                 _warn_flex_fallback("is not in this torch build" if flex_attention is None
                                     else f"has no backward on {idx.device.type}")
         windows = {"L": self.windows[0], "S": self.windows[1]} if cfg.window else {"L": None}
-        masks = {kind: build(idx, windows[kind], cfg.doc_causal, cfg.bos_id) for kind in dict.fromkeys(pattern)}
-        return [masks[kind] for kind in pattern]
+        kinds = dict.fromkeys(pattern[i] for i in attending)  # none built for the layers without attention
+        masks = {kind: build(idx, windows[kind], cfg.doc_causal, cfg.bos_id) for kind in kinds}
+        return [masks[kind] if i in attending else None for i, kind in enumerate(pattern)]
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
         """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (None, mean cross-entropy over
@@ -322,6 +365,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds model block_size={cfg.block_size}, the size of the learned "
                              f"position table; raise [model] block_size or use rotary = true")
         x = self.wte(idx)
+        if self.smear is not None:
+            x = self.smear(x)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         if cfg.embed_norm:
@@ -358,7 +403,8 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int, window: int | None = None) -> float:
         """Training FLOPs per token of a seq_len-token sequence: 6 per matmul weight, plus 12 x n_embd per layer
-        for each key a query attends to (QK^T and AV, forward and backward; PaLM's count, made causal).
+        with attention for each key a query attends to (QK^T and AV, forward and backward; PaLM's count, made
+        causal).
 
         A token at position p attends to min(p + 1, w) keys, w being its layer's window at `window` (default:
         the current one; S layers half of it). Document boundaries are ignored: with doc_causal it is an
@@ -366,7 +412,8 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         long = self.window if window is None else window
-        layers = [long if kind == "L" else short_window(long) for kind in cfg.layer_windows]
+        kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
+        layers = [long if kind == "L" else short_window(long) for kind in kinds]
         keys = sum(mean_keys(seq_len, w) for w in layers)
         return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys
 

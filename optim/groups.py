@@ -12,18 +12,21 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.gpt import GPT, Attention
+from model.gpt import GPT, Attention, Gate
 from optim.config import OptimConfig
 from optim.muon import Muon
 
 
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar"."""
+    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar".
+
+    The gates' weights (attn_gate, smear) are 2-D but "scalar": AdamW's, as the records' (since 2025-12-31)."""
     gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
     if gpt is None:
         raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")
     embeds = {id(m.weight) for m in gpt.modules() if isinstance(m, nn.Embedding)}
-    hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2}
+    gates = {id(m.weight) for m in gpt.modules() if isinstance(m, Gate)}
+    hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2 and id(p) not in gates}
     roles = {"matrix": [], "embed": [], "head": [], "scalar": []}
     for p in gpt.parameters():
         if id(p) in embeds:

@@ -45,7 +45,8 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     with torch.device("meta"):  # the shapes without allocating the weights
         model = GPT(cfg.model)
     flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
-    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - 12.0 * cfg.model.n_layer * cfg.model.n_embd
+    attention_at_one_key = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd
+    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_one_key
     return flops, 1 - matmul_only / flops
 
 

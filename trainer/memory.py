@@ -34,14 +34,16 @@ NEAR = 0.6
 def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dict[str, float]:
     """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors and the logits."""
     C, hidden = model_cfg.n_embd, model_cfg.mlp_ratio * model_cfg.n_embd
-    # Per block and token, in units of C: the norm input and output, q/k/v, the attention output and its
-    # contiguous copy (7); the normalised and rotated q and k (2 each); the value-embedding mix (2).
-    attn = 7 + 2 * model_cfg.qk_norm + 2 * model_cfg.rotary
+    # Per block with attention and token: in units of C, the norm input and output, q/k/v, the attention output
+    # and its contiguous copy (7), the normalised and rotated q and k (2 each), the value-embedding mix (2, below);
+    # and the n_head gates of attn_gate.
+    attn = (7 + 2 * model_cfg.qk_norm + 2 * model_cfg.rotary) * C + model_cfg.n_head * model_cfg.attn_gate
     # norm in/out; fc out, activation (relu, square)
     mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
-    ve_layers = 2 * model_cfg.value_embeds
-    # the last term: the value tables' rows
-    per_token = model_cfg.n_layer * (attn * C + mlp) + ve_layers * 2 * C + model_cfg.value_embeds * C
+    ve_layers = len(model_cfg.value_embed_layers)
+    # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output
+    per_token = (len(model_cfg.attention_layers) * attn + model_cfg.n_layer * mlp + ve_layers * 2 * C
+                 + model_cfg.value_embeds * C + model_cfg.smear * C)
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
     # output, one more in backward; under bf16 autocast also the head's bf16 output.
@@ -64,9 +66,10 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
              # AdamW keeps two fp32 moments per parameter; Muon one momentum buffer per matrix
              "optimizer": (8 * adam + (4 * sizes["matrix"] if cfg.optim.name == "muon" else 0)) / shard}
     if fsdp:
-        # the root's own parameters (embeddings, head) stay gathered; blocks are gathered two at a time
-        block = sum(p.numel() for p in model.blocks[0].parameters())
-        gathered = total - model_cfg.n_layer * block + 2 * block
+        # the root's own parameters (embeddings, head) stay gathered; blocks are gathered two at a time (the
+        # largest: a block without attention is smaller)
+        blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+        gathered = total - sum(blocks) + 2 * max(blocks)
         parts["gathered"] = 2 * gathered * (2 if cuda and train.dtype == "bfloat16" else 4)  # weights and grads
     elif world_size > 1:
         parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients

@@ -29,6 +29,13 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(window=8, window_start=16), "window_start=16 must be at most window=8"),
     (dict(window_pattern="LS"), "window_pattern='LS' needs window > 0 and only the letters L and S"),
     (dict(window=8, window_pattern="LSX"), "window_pattern='LSX' needs"),
+    (dict(no_attention=[4]), r"no_attention=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[7\]"),
+    (dict(no_attention=[-1]), r"no_attention=\[-1\] must list distinct layer indices"),
+    (dict(no_attention=[1, 1]), r"no_attention=\[1, 1\] must list distinct"),
+    (dict(no_attention=[True]), r"no_attention=\[True\] must list distinct"),
+    (dict(no_attention=7), "no_attention=7 must be of type list"),
+    (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
+                                                r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
 ])
 def test_bad_values_are_explained(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,5 @@
-"""The GPT: defaults, shapes, every option trains, masks, the records' pieces, checkpoint round trip, FLOPs."""
+"""The GPT: defaults, shapes, every option trains, masks, the records' pieces (also the newer ones: blocks without
+attention, the attention gate, the smear), checkpoint round trip, FLOPs."""
 import dataclasses
 import math
 import warnings
@@ -26,6 +27,8 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "attn_scale": dict(attn_scale=0.12), "no_gain": dict(norm_gain=False), "embed_norm": dict(embed_norm=True),
     "x0_mix": dict(x0_mix=True), "rope_truncate": dict(rotary=True, rope_truncate=True, rope_base=1024.0),
     "window_schedule": dict(window=8, window_start=2, window_pattern="LSSL"), "records": RECORDS,
+    "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
+    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2]),
 }
 
 
@@ -172,20 +175,33 @@ def test_window_schedule_sets_each_layers_mask():
     assert m.windows.tolist() == [1, 1]  # a short window never reaches 0 (a query must see itself)
 
 
+def hand_attention(att, x: torch.Tensor, scale: float = 0.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of `att` on x [B, T, C] (logit scale `scale`, 0 = 1/sqrt(D); the allowed pairs `mask`), head
+    by head, before the output projection: [B, H, T, D]."""
+    B, T, C = x.shape
+    H = att.cfg.n_head
+    q, k, v = att.qkv(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else mask
+    logits = (q @ k.transpose(-1, -2)) * (scale or 1 / math.sqrt(C // H))
+    return logits.masked_fill(~allowed, -math.inf).softmax(-1) @ v
+
+
+def joined(y: torch.Tensor) -> torch.Tensor:
+    """Heads [B, H, T, D] side by side: [B, T, H * D], the output projection's input."""
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
+
+
 @pytest.mark.parametrize("scale", [0.0, 0.12])
 @pytest.mark.parametrize("windowed", [False, True])
 def test_attn_scale_multiplies_the_attention_logits(scale, windowed):
     m = tiny(attn_scale=scale)
-    att, (B, T, H, D) = m.blocks[0].attn, (2, 9, 2, 16)
+    att, (B, T) = m.blocks[0].attn, (2, 9)
     x = torch.randn(B, T, 32, generator=torch.Generator().manual_seed(2))
     idx = batch(B=B, T=T)
     mask = model.gpt.attention_mask(idx, torch.tensor(4), False, 0) if windowed else None
     with torch.no_grad():
-        q, k, v = att.qkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
-        allowed = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else mask
-        logits = (q @ k.transpose(-1, -2)) * (scale or 1 / math.sqrt(D))
-        y = logits.masked_fill(~allowed, -math.inf).softmax(-1) @ v
-        torch.testing.assert_close(att(x, None, mask), att.proj(y.transpose(1, 2).reshape(B, T, H * D)))
+        torch.testing.assert_close(att(x, None, mask), att.proj(joined(hand_attention(att, x, scale, mask))))
 
 
 def test_embed_norm_and_x0_mix_feed_the_normalised_embedding_to_every_block():
@@ -347,7 +363,7 @@ def test_flex_on_cpu_warns_once():
     assert len([w for w in record if "attention='flex'" in str(w.message)]) == 1
 
 
-@pytest.mark.parametrize("options", ["baseline", "modern", "records"])
+@pytest.mark.parametrize("options", ["baseline", "modern", "records", "newer_records"])
 def test_checkpoint_round_trip_gives_identical_logits(tmp_path, options):
     config = {"model": {**TINY, **OPTIONS[options]}, "train": {"steps": 1}}
     m = get_model(config)
@@ -401,3 +417,190 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     # one long document-masked sequence per rank and micro-step
     assert (t.batch_size, t.seq_len) == (1, 48 * 1024) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"
+
+
+def test_a_block_without_attention_has_no_attention_parameters_and_is_its_mlp_alone():
+    plain, m = tiny(), tiny(no_attention=[2])
+    block = m.blocks[2]
+    assert block.attn is None and block.norm1 is None
+    assert [n for n, _ in block.named_parameters()] == [n for n, _ in plain.blocks[2].named_parameters()
+                                                        if not n.startswith(("attn.", "norm1."))]
+    # qkv and proj with their biases (3C^2 + 3C, C^2 + C), and norm1's gain and bias (2C): C = 32
+    assert m.num_params() == plain.num_params() - (4 * 32 * 32 + 4 * 32 + 2 * 32)
+    x, x0 = torch.randn(2, 2, 5, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        h = F.layer_norm(x, (32,), block.norm2.weight, block.norm2.bias)
+        mlp = block.mlp.proj(F.gelu(block.mlp.fc(h), approximate="tanh"))
+        torch.testing.assert_close(block(x, x0, None, None), x + mlp, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{}, dict(window=8, window_pattern="LSSL", doc_causal=True, bos_id=0,
+                                              value_embeds=2, unet_skips=True, x0_mix=True, rotary=True)],
+                         ids=["baseline", "masks-value-embeds-skips"])
+def test_a_model_without_attention_in_a_layer_equals_one_whose_attention_there_adds_nothing(options):
+    # with the attention's output projection zeroed, layer 2 of the full model is its MLP alone: the same logits
+    # (value embedding table 0, which serves layers 0 and 2, is read by layer 0 only)
+    m, plain = tiny(**options, no_attention=[2]), tiny(**options)
+    missing = plain.load_state_dict(m.state_dict(), strict=False).missing_keys
+    assert missing and all(k.startswith(("blocks.2.attn.", "blocks.2.norm1.")) for k in missing)
+    with torch.no_grad():
+        plain.blocks[2].attn.proj.weight.zero_()
+        plain.blocks[2].attn.proj.bias.zero_()
+        idx = batch(B=2, T=20, seed=5).clamp(min=1)
+        idx[:, 7] = 0
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=1e-6, rtol=0)
+
+
+def test_no_mask_is_built_for_the_layers_without_attention(monkeypatch):
+    built, build = [], model.gpt.attention_mask
+    monkeypatch.setattr(model.gpt, "attention_mask", lambda idx, w, *a: built.append(int(w)) or build(idx, w, *a))
+    m = tiny(window=8, window_pattern="LSSL", no_attention=[1, 2])
+    masks = m._masks(batch())
+    assert built == [8] and masks[1] is None and masks[2] is None and masks[0] is masks[3]
+
+
+def test_flops_per_token_drop_by_the_attention_of_the_layer_without_it():
+    options = dict(window=8, window_pattern="LSSL", block_size=64)
+    m, plain, T = tiny(**options, no_attention=[2]), tiny(**options), 30
+    weights = 4 * 32 * 32 + 4 * 32 + 2 * 32  # qkv, proj and norm1 (see above)
+    keys = int(model.gpt.attention_mask(torch.zeros(1, T, dtype=torch.long), torch.tensor(4), False, 0).sum())
+    # layer 2 is an S layer: window 4
+    assert m.matmul_weights == plain.matmul_weights - weights
+    assert m.flops_per_token(T) == pytest.approx(plain.flops_per_token(T) - 6 * weights - 12 * 32 * keys / T,
+                                                 rel=1e-12)
+
+
+def test_muon_splits_the_qkv_of_the_layers_with_attention_only():
+    m = tiny(no_attention=[0, 3])
+    _, muon = build_optimizers(m, OptimConfig(name="muon"))
+    split, rest = muon.param_groups
+    assert split["split"] == 3 and {id(p) for p in split["params"]} == {id(m.blocks[i].attn.qkv.weight) for i in (1, 2)}
+    assert len(rest["params"]) == 2 + 2 * 4  # two attention projections, each block's two MLP matrices
+
+
+def test_value_embeddings_skip_the_layers_without_attention():
+    # table 0 serves layers 0 and 2, table 1 layers 1 and 3: each is left with the layer that has attention
+    m = tiny(value_embeds=2, no_attention=[0, 3])
+    assert m.cfg.value_embed_layers == [1, 2] and len(m.value_embeds) == 2
+    assert all(m.blocks[i].attn.ve_lambda is not None for i in (1, 2))
+
+
+def gates(m) -> list[torch.nn.Parameter]:
+    return [mod.weight for mod in m.modules() if isinstance(mod, model.gpt.Gate)]
+
+
+def test_attn_gate_at_init_halves_every_heads_output():
+    m = tiny(attn_gate=True)
+    att = m.blocks[1].attn
+    assert att.gate.weight.shape == (2, 12) and not att.gate.weight.any()
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        y = hand_attention(att, x)
+        # sigmoid(0) = 0.5 on each head; proj has a bias, so the gate acts before it
+        torch.testing.assert_close(att(x, None, None), att.proj(joined(0.5 * y)))
+
+
+def test_attn_gate_scales_each_head_by_the_sigmoid_of_the_first_12_channels_of_its_input():
+    m = tiny(attn_gate=True)
+    att = m.blocks[0].attn
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 3, 32, generator=g)
+    with torch.no_grad():
+        att.gate.weight.copy_(torch.randn(2, 12, generator=g))
+        y = hand_attention(att, x)
+        for t in range(3):
+            for h in range(2):
+                gate = 1 / (1 + math.exp(-sum(att.gate.weight[h, c].item() * x[0, t, c].item() for c in range(12))))
+                y[0, h, t] *= gate
+        torch.testing.assert_close(att(x, None, None), att.proj(joined(y)))
+        x2 = x.clone()
+        x2[..., 12:] += 1  # the gate reads the first 12 channels only
+        assert torch.equal(att.gate(x2), att.gate(x)) and not torch.equal(att(x2, None, None), att(x, None, None))
+
+
+def test_gates_and_the_smear_are_adamw_scalars_never_muon_matrices():
+    m = tiny(attn_gate=True, smear=True, no_attention=[3])
+    roles = param_roles(m)
+    scalars = {id(p) for p in roles["scalar"]}
+    assert len(gates(m)) == 3 + 1 and {id(p) for p in gates(m)} | {id(m.smear.lam)} <= scalars
+    adam, muon = build_optimizers(m, OptimConfig(name="muon"))
+    in_muon = {id(p) for group in muon.param_groups for p in group["params"]}
+    assert not in_muon & scalars and len(in_muon) == 3 * 2 + 4 * 2  # attentions' qkv and proj, MLPs' fc and proj
+    scalar_group = next(g for g in adam.param_groups if g["lr"] == OptimConfig().scalar_lr)
+    assert {id(p) for p in gates(m)} <= {id(p) for p in scalar_group["params"]}
+    decayed, _ = build_optimizers(m, OptimConfig())[0].param_groups
+    assert not {id(p) for p in decayed["params"]} & scalars  # the AdamW recipe decays no gate
+
+
+def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
+    # untied, as the meta-device test above: to_empty unties a tied head (the head gets a weight of its own)
+    options = {**TINY, "tie_embeddings": False, "attn_gate": True, "smear": True, "no_attention": [1]}
+    with torch.device("meta"):
+        lazy = get_model(options)
+    lazy.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in lazy.parameters():
+            p.fill_(math.nan)  # what to_empty leaves is arbitrary: reset must write every value
+    torch.manual_seed(5)
+    lazy.reset_parameters()
+    torch.manual_seed(5)
+    eager = get_model(options)
+    torch.manual_seed(5)
+    eager.reset_parameters()
+    for (name, a), b in zip(lazy.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+    assert all(not w.any() for w in gates(lazy)) and lazy.smear.lam.item() == 0.0
+    # the gates draw no random numbers: every other weight is the plain model's
+    plain = tiny(tie_embeddings=False, no_attention=[1])
+    torch.manual_seed(0)
+    gated = get_model(options)
+    for name, w in plain.state_dict().items():
+        assert torch.equal(gated.state_dict()[name], w), name
+
+
+def test_smear_adds_the_gated_previous_token_by_hand():
+    m = tiny(smear=True)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 3, 32, generator=g)
+    with torch.no_grad():
+        m.smear.lam.fill_(0.7)
+        m.smear.gate.weight.copy_(torch.randn(1, 12, generator=g))
+        out = m.smear(x)
+        w = m.smear.gate.weight[0]
+        assert torch.equal(out[0, 0], x[0, 0])  # the first token has no predecessor
+        for t in (1, 2):
+            gate = 1 / (1 + math.exp(-sum(w[c].item() * x[0, t, c].item() for c in range(12))))
+            torch.testing.assert_close(out[0, t], x[0, t] + 0.7 * gate * x[0, t - 1])
+
+
+def test_smear_mixes_the_token_embeddings_before_the_positions_and_starts_as_a_no_op():
+    m, plain = tiny(smear=True), tiny()
+    plain.load_state_dict(m.state_dict(), strict=False)
+    idx = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=0, rtol=0)  # lambda 0 at init
+        m.smear.lam.fill_(0.5)
+        seen = []
+        m.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+        m(idx)
+        positions = m.wpe(torch.arange(idx.size(1)))
+        torch.testing.assert_close(seen[0], m.smear(m.wte(idx)) + positions, atol=0, rtol=0)
+        assert not torch.allclose(seen[0], m.wte(idx) + positions)
+
+
+def smeared(**options):
+    """A model with the smear on and moved off its no-op init."""
+    m = tiny(smear=True, rotary=True, **options)
+    with torch.no_grad():
+        m.smear.lam.fill_(1.0)
+        m.smear.gate.weight.normal_()
+    return m
+
+
+def test_smear_reaches_one_token_forward_and_none_back():
+    x = batch(B=2, T=12, seed=7)
+    x2 = x.clone()
+    x2[:, 5] = (x[:, 5] + 1) % 257
+    # no attention anywhere: a token's logits see the previous token only through the smear
+    assert _changed_positions(smeared(no_attention=[0, 1, 2, 3]), x, x2) == [5, 6]
+    assert _changed_positions(smeared(), x, x2) == list(range(5, 12))  # with attention: later tokens, never earlier

@@ -289,7 +289,7 @@ def one_process():
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe", "newer"])
 def test_ranks_equal_one_process(ranks, one_process, mode, name):
     got = ranks[1]["weights"][mode][name]
     before, want, _, _ = one_process[name]
@@ -297,14 +297,14 @@ def test_ranks_equal_one_process(ranks, one_process, mode, name):
     # Plain Muon on the MLP reproduces the single process exactly; the GPT's grads are averaged in another
     # order across ranks, which can flip the last bit of a bf16 Newton-Schulz output (~5e-4 here); NorMuon's
     # division by small second moments magnifies the MLP's last-bit differences about twofold.
-    atol = {"gpt": 2e-3, "recipe": 5e-6}.get(name, 1e-6)
+    atol = {"gpt": 2e-3, "newer": 2e-3, "recipe": 5e-6}.get(name, 1e-6)
     for key, w in want.items():
         torch.testing.assert_close(got[key], w, atol=atol, rtol=0, msg=f"{mode} {name} {key}")
     assert max((want[k] - before[k]).abs().max() for k in want) > 0.01
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe", "newer"])
 def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode, name):
     world, results = ranks
     groups = [g for opt in one_process[name][2] if isinstance(opt, Muon) for g in opt.param_groups]

@@ -21,6 +21,8 @@ SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, 
                 norm_gain=False, embed_norm=True, x0_mix=True, tie_embeddings=False, zero_init_proj=True,
                 logit_softcap=15.0, value_embeds=1, unet_skips=True, attention="flex", window=160, window_start=40,
                 window_pattern="LS", doc_causal=True, bos_id=0)
+# and the newer records' pieces on top: the attention gate, the smear, a block without attention (the S layer)
+NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1])
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
 # the graphs into code. aot_eager still traces the backward through AOTAutograd and skips inductor's code
 # generation, which took 43 s (train step) and 102 s (flex forward) more here.
@@ -44,14 +46,14 @@ def graphs():
     torch._dynamo.reset()
 
 
-def speedrun(graphs: list) -> ParallelModel:
-    """The speedrun miniature as train.py gets it from parallelize in one process, compiled in place; the backend
-    keeps every graph dynamo hands it in `graphs`, then compiles it with BACKEND."""
+def speedrun(graphs: list, config: dict = SPEEDRUN) -> ParallelModel:
+    """The speedrun miniature (or another `config`) as train.py gets it from parallelize in one process, compiled in
+    place; the backend keeps every graph dynamo hands it in `graphs`, then compiles it with BACKEND."""
     def keep(gm: torch.fx.GraphModule, example_inputs):
         graphs.append(gm)
         return lookup_backend(BACKEND)(gm, example_inputs)
     torch.manual_seed(0)
-    return parallelize(get_model(SPEEDRUN), TrainConfig(compile=True), Dist(), backend=keep)
+    return parallelize(get_model(config), TrainConfig(compile=True), Dist(), backend=keep)
 
 
 @pytest.fixture
@@ -68,8 +70,10 @@ def assert_one_graph() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:attention='flex'")
-def test_train_step_compiles_once_without_graph_breaks(compiled):
+@pytest.mark.parametrize("config", [SPEEDRUN, NEWER], ids=["speedrun", "newer_records"])
+def test_train_step_compiles_once_without_graph_breaks(graphs, config):
     # CPU has no FlexAttention backward: this is the SDPA path with the same mask, which CPU trains on
+    compiled = speedrun(graphs, config).module
     optimizers = build_optimizers(compiled, OptimConfig(name="muon"))
     windows = []
     for step, progress in enumerate(PROGRESS):

@@ -40,6 +40,19 @@ def test_estimate_counts_states_sharding_and_activations():
     assert estimate(cfg, 32, cuda=True)["activations"] == ddp["activations"] / 2
 
 
+def test_a_block_without_attention_holds_neither_its_weights_nor_its_activations():
+    # the hackathon shape (rmsnorm with gains, no biases, rotary, QK-norm) without layer 5's attention, a layer
+    # with no value embedding: qkv and proj (4 C^2) and norm1's gains (C) fewer; none of the 11 C a token its
+    # attention keeps (norm in and out, q, k, v, the output and its copy, the normalised and rotated q and k)
+    full_cfg = hackathon("--train.parallel=fsdp")
+    full = estimate(full_cfg, 4, cuda=False)
+    less = estimate(hackathon("--train.parallel=fsdp", "--model.no_attention=[5]"), 4, cuda=False)
+    C, tokens = full_cfg.model.n_embd, full_cfg.train.batch_size * full_cfg.train.seq_len
+    assert full["parameters"] - less["parameters"] == 4 * (4 * C * C + C) / 4
+    assert full["gathered"] == less["gathered"]  # the blocks gathered at a time are the largest, with attention
+    assert full["activations"] - less["activations"] == 11 * C * tokens * 4
+
+
 @pytest.mark.parametrize("argv", [
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do

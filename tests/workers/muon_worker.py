@@ -29,6 +29,9 @@ STEPS = 2  # the second step also checks the momentum buffers
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, norm="rmsnorm",
                   activation="relu2", rotary=True, qk_norm=True, tie_embeddings=False, value_embeds=1,
                   unet_skips=True)
+# the newer records' pieces: gates (2-D weights that AdamW steps, sharded by FSDP2 like the rest), the smear, and a
+# block without attention
+NEWER_CONFIG = dict(GPT_CONFIG, attn_gate=True, smear=True, no_attention=[1])
 
 
 def mlp() -> nn.Sequential:
@@ -46,9 +49,13 @@ def mlp_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
     return (model(x.chunk(world)[rank]) - y.chunk(world)[rank]).square().mean()
 
 
-def gpt() -> nn.Module:
+def gpt(config: dict = GPT_CONFIG) -> nn.Module:
     torch.manual_seed(0)
-    return get_model(GPT_CONFIG)
+    return get_model(config)
+
+
+def newer() -> nn.Module:
+    return gpt(NEWER_CONFIG)
 
 
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
@@ -116,13 +123,13 @@ def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], ra
 
 # "recipe": the MLP under the newer records' options; NorMuon's neurons are the columns of the wide views, whose
 # rows two or three ranks share under FSDP2
-CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss)}
+CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss), "newer": (newer, gpt_loss)}
 RECIPE = dict(ns_coefficients="polar_express", cautious_wd=True, normuon=True)
 
 
 def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
     """Plain Muon for the MLP (its first matrix split in 3), also with RECIPE; the muon recipe (Muon + AdamW
-    groups) for the GPT."""
+    groups) for the GPTs."""
     if name in ("mlp", "recipe"):
         fused, *rest = model.parameters()  # also through the DDP wrapper
         return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1,
@@ -141,7 +148,7 @@ def wrap(model: nn.Module, name: str, mode: str, world: int) -> nn.Module:
     if mode == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     mesh = init_device_mesh("cpu", (world,))
-    for layer in (model.blocks if name == "gpt" else model[::2]):
+    for layer in (model.blocks if name in ("gpt", "newer") else model[::2]):
         fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
