@@ -138,7 +138,9 @@ CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
             timeout_s={"data": 60, "speedrun": 100, "text": 80, "kernels": 80, "hackathon": 80}, deadline_s=525,
             eval_batches=2, text_max_loss=9.0, probe=(1, 3),  # skip 1: the first step holds the GC pass
             # compile is off: inductor on CPU takes minutes per shape, and these sizes test the plumbing.
-            overrides=["--model.n_layer=2", "--model.n_head=2", "--model.n_embd=64", "--model.value_embeds=1",
+            # three layers, so that the speedrun's layer without attention (no_attention) has one on each side
+            overrides=["--model.n_layer=3", "--model.no_attention=[1]", "--model.n_head=2", "--model.n_embd=64",
+                       "--model.value_embeds=1",
                        "--model.block_size=128", "--train.seq_len=128", "--train.batch_size=2",
                        "--eval.batch_size=0", "--eval.seq_len=0",  # not the speedrun's 262,144-token sequences
                        "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"],

@@ -32,7 +32,7 @@ SPEEDRUN_1GPU = {
               "muon_weight_decay": 0.0, "ns_steps": 5, "adjust_lr": "original",
               "ns_coefficients": "newton_schulz", "muon_cautious_wd": False, "normuon": False, "normuon_beta2": 0.95},
     "train": {"batch_size": 1, "seq_len": 49152, "grad_accum": 8, "parallel": "ddp", "ddp_always": False,
-              "compile": True, "dtype": "bfloat16", "budget_s": 2080.0, "timing": "exclude_warmup", "warmup_steps": 5,
+              "compile": True, "dtype": "bfloat16", "budget_s": 2000.0, "timing": "exclude_warmup", "warmup_steps": 5,
               "max_steps": 0, "schedule": "time", "lr_warmup_frac": 0.0, "lr_decay_frac": 0.45, "lr_final_frac": 0.1,
               "seed": 0, "checkpoint_path": "", "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto",
               "dist_timeout_s": 600.0},
