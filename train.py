@@ -94,7 +94,7 @@ from data.loader import TokenLoader  # noqa: E402
 from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from optim.groups import build_optimizers, warmup_momentum  # noqa: E402
+from optim.groups import build_optimizers, step_optimizers, warmup_momentum  # noqa: E402
 from data.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (done_path, load_resume, restore, save_checkpoint, save_resume,  # noqa: E402
@@ -295,7 +295,8 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     step waits for the GPU.
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
-    the optimizer steps. The flag exchange follows in train()."""
+    the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every).
+    The flag exchange follows in train()."""
     accum, dist = run.cfg.train.grad_accum, run.dist
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
@@ -310,9 +311,7 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
 
     norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
-    for opt in run.optimizers:
-        opt.step()
-    run.model.zero_grad()
+    step_optimizers(run.optimizers, run.progress.step, run.cfg.optim.adam_every)
     return total / accum, norm, run.loader.wait_s - waited
 
 

@@ -30,6 +30,8 @@ class OptimConfig:
     muon_cautious_wd: bool = False  # muon: decay only where the update and the weight share a sign
     normuon: bool = False  # muon: rescale the orthogonalised update per neuron by its second moment (NorMuon)
     normuon_beta2: float = 0.95  # muon: NorMuon's second-moment decay
+    muon_qk_pairs: bool = False  # muon: orthogonalise each pair of adjacent heads of Q and of K apart (V whole)
+    adam_every: int = 1  # AdamW steps every N steps, on the sum of their gradients (records: 2); Muon every step
 
     def __post_init__(self) -> None:
         check_choices(self, "optim config")
@@ -42,6 +44,12 @@ class OptimConfig:
                              ">= 0 (0 = no warm-up)")
         if not 0 <= self.normuon_beta2 < 1:
             raise ValueError(f"optim config: normuon_beta2={self.normuon_beta2} must be in [0, 1), e.g. 0.95")
+        if self.adam_every < 1:
+            raise ValueError(f"optim config: adam_every={self.adam_every} must be >= 1 (1 = every step; records: 2)")
+        if self.adam_every > 1 and self.grad_clip > 0:
+            raise ValueError(f"optim config: adam_every={self.adam_every} with grad_clip={self.grad_clip}: the clip "
+                             "would scale AdamW's held gradients again at every step that holds them; set "
+                             "grad_clip = 0 or adam_every = 1")
         if not 0 <= self.muon_momentum_start < 1:
             raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
                              "e.g. 0.85")

@@ -5,6 +5,8 @@ the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of e
 Muon's groups also carry their momentum warm-up (`initial_momentum`, `momentum_start`, `momentum_warmup_steps`),
 and the trainer sets `group["momentum"] = warmup_momentum(group, step)` next to the rate: a function of the
 step alone, so a resumed run gets the same values.
+The trainer steps them with `step_optimizers`, which also drops the gradients they applied (AdamW may keep
+its own for a later step: optim.adam_every).
 All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from model.config import GPTConfig
 from model.gpt import GPT, Attention, Gate
 from optim.config import OptimConfig
 from optim.muon import Muon
+from optim.views import Split
 
 
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -60,8 +64,10 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         {"params": roles["head"], "lr": cfg.head_lr, "weight_decay": 0.0},
         {"params": roles["scalar"], "lr": cfg.scalar_lr, "weight_decay": 0.0},
     ], cfg)
-    fused = {id(m.qkv.weight) for m in model.modules() if isinstance(m, Attention)}
-    groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": 3},  # Q, K, V apart (records)
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    fused = {id(m.qkv.weight) for m in attention}
+    split = qkv_split(attention[0].cfg, cfg.muon_qk_pairs) if attention else 3
+    groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": split},
               {"params": [p for p in roles["matrix"] if id(p) not in fused]}]
     muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                 weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr,
@@ -71,6 +77,30 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
                  momentum_warmup_steps=cfg.muon_momentum_warmup_steps)
     return [adam, muon]
+
+
+def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
+    """Muon's split of a qkv weight [3d, d]: Q, K and V apart (3, as the records), or with `qk_pairs` each pair
+    of adjacent heads of Q and of K, [2 * head_dim, d], apart and V whole (as the newer records)."""
+    if not qk_pairs:
+        return 3
+    if model_cfg.n_head % 2:
+        raise ValueError(f"optim.muon_qk_pairs pairs adjacent heads, so it needs an even model.n_head, got "
+                         f"{model_cfg.n_head}; use an even n_head or optim.muon_qk_pairs = false")
+    return (2 * model_cfg.head_dim,) * model_cfg.n_head + (model_cfg.n_embd,)
+
+
+def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1) -> None:
+    """Step the optimizers due at `step` (0-based) and drop the gradients they applied. Muon steps every step;
+    AdamW only at steps adam_every - 1, 2 * adam_every - 1, ... (with 2, the odd ones, as the records), and keeps
+    its gradients in between, which the next backwards add to: its step applies their sum."""
+    # Held gradients are averaged over the ranks already, the same on each: DDP's average of held + new is then
+    # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself.
+    adam_due = (step + 1) % adam_every == 0
+    for opt in optimizers:
+        if adam_due or not isinstance(opt, torch.optim.AdamW):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
 
 def warmup_momentum(group: dict, step: int) -> float:

@@ -10,9 +10,10 @@ NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update 
     "original":        sqrt(max(1, rows / cols))  (Keller Jordan's rule: tall matrices get a larger step)
     "match_rms_adamw": 0.2 * sqrt(max(rows, cols)) (Moonshot's: update RMS ~ 0.2, like AdamW, so AdamW's lr fits)
 
-A param group's `split` (default 1) says how many matrices a parameter fuses along its rows: the GPT's qkv
-weight [3d, d] is split=3, so Q, K and V are orthogonalised as three [d, d] views (as the speedrun records do)
-with the [d, d] scale, while the parameter stays one tensor for one matmul in the forward pass.
+A param group's `split` (default 1; optim/views.py) says which matrices a parameter fuses along its rows: the
+GPT's qkv weight [3d, d] is split=3, so Q, K and V are orthogonalised as three [d, d] views (as the speedrun
+records do) with the [d, d] scale, while the parameter stays one tensor for one matmul in the forward pass. A
+tuple of row counts gives views of several sizes (optim.muon_qk_pairs), each with the scale of its own shape.
 
 Work is shared out by cost: each matrix costs its Newton-Schulz flops, and a greedy longest-first assignment
 gives it to the least-loaded rank (the same plan on every rank). Same-shape matrices go through one batched
@@ -37,7 +38,8 @@ from torch import Tensor
 
 from torch.distributed.tensor import DTensor, Shard
 
-from optim.normuon import moment_shape, normalize
+from optim.normuon import moment_size, normalize
+from optim.views import Split, blocks, view_rows
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
 # Polar Express (Amsel, Persson, Musco, Gower, 2025): one quintic per step, each the minimax-optimal one for the
@@ -143,9 +145,29 @@ def _row_offset(p: Tensor) -> int:
     return min(mesh.get_local_rank() * -(-p.shape[0] // mesh.size()), p.shape[0])
 
 
-def _views(u: Tensor, split: int) -> Tensor:
-    """The [split, rows / split, cols] stack of the matrices fused in u (a view, no copy)."""
-    return u.view(split, u.size(0) // split, u.size(1))
+def _views(u: Tensor, split: Split) -> list[Tensor]:
+    """The matrices fused in u: a [count, rows, cols] stack per Block of `split` (views, no copy)."""
+    return [u[b.start:b.stop].view(b.count, b.rows, u.size(1)) for b in blocks(u.shape, split)]
+
+
+def _joined(stacks: list[Tensor], shape: torch.Size) -> Tensor:
+    """The [rows, cols] matrix that a parameter's result stacks make, in row order."""
+    return stacks[0].reshape(shape) if len(stacks) == 1 else torch.cat([s.flatten(0, 1) for s in stacks])
+
+
+def _rate_scales(p: Tensor, split: Split, rule: str) -> list[tuple[slice, float]]:
+    """(rows of this rank's part of p, lr_scale of their views), neighbouring views of one scale together: all
+    the rows at once unless views of several shapes scale differently."""
+    start, held, out = _row_offset(p), _local(p).size(0), []
+    for b in blocks(p.shape, split):
+        scale = lr_scale((b.rows, p.shape[1]), rule)
+        lo, hi = max(b.start, start) - start, min(b.stop, start + held) - start
+        if hi <= lo:
+            continue
+        if out and out[-1][1] == scale:
+            lo = out.pop()[0].start
+        out.append((slice(lo, hi), scale))
+    return out
 
 
 def _wide(v: Tensor) -> Tensor:
@@ -177,20 +199,23 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.size(0), *t.shape[1:])]) if t.size(0) < rows else t.contiguous()
 
 
-def _orthogonalize_local(updates: list[Tensor], splits: list[int], iterations: list[Iteration],
+def _orthogonalize_local(updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
                          dtype: torch.dtype) -> list[Tensor]:
-    """One process: every view here, batched by shape."""
-    done = _batched([_views(u, k) for u, k in zip(updates, splits)], iterations, dtype)
-    return [o.reshape(u.shape) for u, o in zip(updates, done)]
+    """Every view of every update here, batched by shape across them all; each result [rows, cols]."""
+    stacks = [_views(u, k) for u, k in zip(updates, splits)]
+    done = iter(_batched([s for ss in stacks for s in ss], [it for ss, it in zip(stacks, iterations) for _ in ss],
+                         dtype))
+    return [_joined([next(done) for _ in ss], u.shape) for u, ss in zip(updates, stacks)]
 
 
-def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], iterations: list[Iteration],
+def _orthogonalize_replicated(updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
                               dtype: torch.dtype) -> list[Tensor]:
     """DDP: each view goes to one rank by cost; per wide shape, each rank orthogonalises its share in one call and
     one all_gather gives every rank all the results."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    views = [v for u, k in zip(updates, splits) for v in _views(u, k)]
-    view_its = [s for k, s in zip(splits, iterations) for _ in range(k)]
+    counts = [len(view_rows(u.shape, k)) for u, k in zip(updates, splits)]
+    views = [v for u, k in zip(updates, splits) for stack in _views(u, k) for v in stack]
+    view_its = [s for n, s in zip(counts, iterations) for _ in range(n)]
     owners = assign([ns_flops(*v.shape, s.steps) for v, s in zip(views, view_its)], world)
     buckets = defaultdict(list)
     for n, (v, s) in enumerate(zip(views, view_its)):
@@ -213,8 +238,8 @@ def _orthogonalize_replicated(updates: list[Tensor], splits: list[int], iteratio
             r = owners[n]
             done[n], seen[r] = _shaped(recv[r, seen[r]], views[n]), seen[r] + 1
     out, n = [], 0
-    for u, k in zip(updates, splits):
-        out.append(torch.stack(done[n:n + k]).view(u.shape))
+    for k in counts:
+        out.append(torch.cat(done[n:n + k]))
         n += k
     return out
 
@@ -240,8 +265,8 @@ def _to_owners(params: list[DTensor], updates: list[Tensor], owners: list[int], 
     return sends
 
 
-def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[int], iterations: list[Iteration],
-                           dtype: torch.dtype) -> list[Tensor]:
+def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[Split],
+                           iterations: list[Iteration], dtype: torch.dtype) -> list[Tensor]:
     """FSDP2: each parameter goes to one rank by cost; per parameter shape, one all_to_all brings the row shards
     of each to its owner, the owner splits and orthogonalises them, and one all_to_all sends the rows back."""
     mesh = params[0].device_mesh
@@ -250,21 +275,22 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
                          f"got placements {params[0].placements} on a {mesh.ndim}-D mesh")
     group = mesh.get_group()
     world = dist.get_world_size(group)
-    owners = assign([k * ns_flops(p.shape[0] // k, p.shape[1], it.steps)
+    owners = assign([sum(b.count * ns_flops(b.rows, p.shape[1], it.steps) for b in blocks(p.shape, k))
                      for p, k, it in zip(params, splits, iterations)], world)
     sends, full = _to_owners(params, updates, owners, group, dtype), {}
     for work, recv, _, mine, _ in sends:
         work.wait()
         parts = recv.view(world, len(mine), *recv.shape[1:])  # [source rank, parameter, rows, cols]
         for j, i in enumerate(mine):
-            full[i] = _views(parts[:, j].flatten(0, 1)[:params[i].shape[0]], splits[i])
-    done = dict(zip(full, _batched(list(full.values()), [iterations[i] for i in full], dtype)))
+            full[i] = parts[:, j].flatten(0, 1)[:params[i].shape[0]]
+    done = dict(zip(full, _orthogonalize_local(list(full.values()), [splits[i] for i in full],
+                                               [iterations[i] for i in full], dtype)))
     backs = []
     for _, recv, idx, mine, counts in sends:
         chunk, cols = recv.shape[1:]
         rows = recv.new_zeros(len(mine), world * chunk, cols)
         for j, i in enumerate(mine):
-            rows[j, :params[i].shape[0]] = done[i].reshape(-1, cols)
+            rows[j, :params[i].shape[0]] = done[i]
         # [parameter, rank, chunk, cols] -> [rank, parameter, chunk, cols]: what each rank gets, together
         send = rows.view(len(mine), world, chunk, cols).transpose(0, 1).reshape(-1, chunk, cols)
         back = send.new_empty(len(idx), chunk, cols)
@@ -278,7 +304,7 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
     return out
 
 
-def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int], iterations: list[Iteration],
+def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
                    dtype: torch.dtype) -> list[Tensor]:
     """NS of every update's views, shared out across ranks according to how the parameters are distributed."""
     sharded = [isinstance(p, DTensor) for p in params]
@@ -295,13 +321,14 @@ def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[int
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D parameters (plain, DDP replicas or FSDP2 shards); state: one momentum buffer per parameter
     (and NorMuon's second moment). Param group options:
-    `split`: the number of equal row blocks orthogonalised as separate matrices;
+    `split`: the matrices orthogonalised apart: a number of equal row blocks, or a tuple of row counts (see
+    optim/views.py);
     `ns_coefficients`: the quintics of the iteration, "newton_schulz" or "polar_express" (see `quintics`);
     `cautious_wd`: decay only the weights whose sign the update shares (W -= lr * U pulls them toward 0);
     `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
-                 ns_steps: int = 5, adjust_lr: str = "original", split: int = 1,
+                 ns_steps: int = 5, adjust_lr: str = "original", split: Split = 1,
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
@@ -315,9 +342,7 @@ class Muon(torch.optim.Optimizer):
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D matrices only, got a parameter of shape {tuple(p.shape)}; "
                                      "give embeddings, norms and biases to AdamW")
-                if group["split"] < 1 or p.shape[0] % group["split"]:
-                    raise ValueError(f"Muon split={group['split']} must divide the rows of the parameter of shape "
-                                     f"{tuple(p.shape)} into equal matrices; use a divisor of {p.shape[0]}")
+                view_rows(p.shape, group["split"])  # a split that does not fit the rows fails here
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -342,8 +367,8 @@ class Muon(torch.optim.Optimizer):
                 w.addcmul_(w, (o * w >= 0).to(w.dtype), value=-decay)
             elif decay:  # else a full read and write of the weights for nothing
                 w.mul_(1 - decay)
-            view = (p.shape[0] // g["split"], p.shape[1])
-            w.add_(o.to(w.dtype), alpha=-g["lr"] * lr_scale(view, g["adjust_lr"]))
+            for rows, scale in _rate_scales(p, g["split"], g["adjust_lr"]):
+                w[rows].add_(o[rows].to(w.dtype), alpha=-g["lr"] * scale)
         return loss
 
     def _normuon(self, work: list[tuple[Tensor, dict]], done: list[Tensor]) -> list[Tensor]:
@@ -354,7 +379,7 @@ class Muon(torch.optim.Optimizer):
         params, groups = [work[i][0] for i in picked], [work[i][1] for i in picked]
         for p, g in zip(params, groups):
             if "second_moment" not in self.state[p]:
-                self.state[p]["second_moment"] = torch.zeros(moment_shape(p.shape, g["split"]),
+                self.state[p]["second_moment"] = torch.zeros(moment_size(p.shape, g["split"]),
                                                              dtype=torch.float32, device=_local(p).device)
         sharded = isinstance(params[0], DTensor) and params[0].device_mesh.size() > 1
         rescaled = normalize(

@@ -1,7 +1,8 @@
 """NorMuon: Muon's orthogonalised update rescaled per neuron by a running second moment, its norm kept.
 
 For each matrix V (rows x cols) that Muon orthogonalises (each view of a split parameter), the neurons are its
-rows when rows >= cols and its columns otherwise (the longer side counts the neurons, as the records decide):
+rows when rows >= cols and its columns otherwise (the longer side counts the neurons, as the records decide);
+a parameter's second moment B holds its views' neurons one view after another:
     s_i = mean of V's squares along neuron i;   B <- lerp(B, s, 1 - beta2)
     V' = V / sqrt(B) (neuron by neuron);         V <- V' * ||V||_F / ||V'||_F
 Once B tracks s, every neuron's update has the same RMS, and the matrix keeps the size of step Muon gave it.
@@ -15,43 +16,71 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-def _by_neuron(shape: torch.Size, split: int) -> bool:
-    """Whether the neurons of each [rows / split, cols] view are its rows (else its columns)."""
-    return shape[0] // split >= shape[1]
+from optim.views import Block, Split, blocks
 
 
-def moment_shape(shape: torch.Size, split: int) -> tuple[int, int]:
-    """The shape of a parameter's second moment: [split, rows of a view] or [split, cols]."""
-    return (split, shape[0] // split) if _by_neuron(shape, split) else (split, shape[1])
+def _by_neuron(block: Block, cols: int) -> bool:
+    """Whether the neurons of the block's [rows, cols] views are their rows (else their columns)."""
+    return block.rows >= cols
 
 
-def _square_sums(o: Tensor, shape: torch.Size, split: int, start: int) -> Tensor:
+def _neurons(block: Block, cols: int) -> int:
+    """The number of neurons of each view of the block."""
+    return block.rows if _by_neuron(block, cols) else cols
+
+
+def moment_size(shape: torch.Size, split: Split) -> int:
+    """The length of a parameter's second moment: each view's neurons, view after view (optim/views.py)."""
+    return sum(b.count * _neurons(b, shape[1]) for b in blocks(shape, split))
+
+
+def _parts(shape: torch.Size, split: Split, start: int, held: int):
+    """Per Block of the parameter: (the block, its slice of the per-neuron tensors, the rows of it among this
+    rank's rows start... start + held: as a range in the block and as a slice of this rank's rows)."""
+    offset = 0
+    for b in blocks(shape, split):
+        size = b.count * _neurons(b, shape[1])
+        lo = min(max(start, b.start), b.stop)
+        hi = max(min(start + held, b.stop), lo)
+        yield b, slice(offset, offset + size), range(lo - b.start, hi - b.start), slice(lo - start, hi - start)
+        offset += size
+
+
+def _square_sums(o: Tensor, shape: torch.Size, split: Split, start: int) -> Tensor:
     """The sums of squares per neuron that this rank's rows o (rows start... of the parameter) contribute."""
     sq = o.float().square()
-    sums = torch.zeros(moment_shape(shape, split), dtype=torch.float32, device=o.device)
-    if _by_neuron(shape, split):
-        sums.view(-1)[start:start + o.size(0)] = sq.sum(-1)
-    else:
-        view = torch.arange(start, start + o.size(0), device=o.device) // (shape[0] // split)
-        sums.index_add_(0, view, sq)
+    sums = torch.zeros(moment_size(shape, split), dtype=torch.float32, device=o.device)
+    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0)):
+        if not rows:  # none of this block's rows are here
+            continue
+        part = sums[neurons].view(b.count, -1)
+        if _by_neuron(b, shape[1]):
+            part.view(-1)[rows.start:rows.stop] = sq[mine].sum(-1)
+        else:
+            part.index_add_(0, torch.arange(rows.start, rows.stop, device=o.device) // b.rows, sq[mine])
     return sums
 
 
-def _rescaled(o: Tensor, sums: Tensor, moment: Tensor, beta2: float, shape: torch.Size, split: int,
-              start: int) -> Tensor:
-    """o (fp32) rescaled per neuron by the updated second moment, each view keeping its Frobenius norm."""
-    by_neuron = _by_neuron(shape, split)
-    moment.lerp_(sums / (shape[1] if by_neuron else shape[0] // split), 1 - beta2)
-    step = moment.clamp_min(1e-10).rsqrt()
-    kept = sums.sum(-1, keepdim=True).sqrt() / (sums * step.square()).sum(-1, keepdim=True).sqrt().clamp_min(1e-10)
-    scale = step * kept
-    rows = torch.arange(start, start + o.size(0), device=o.device)
-    factor = scale.view(-1)[rows, None] if by_neuron else scale[rows // (shape[0] // split)]
-    return o.float() * factor
+def _rescaled(o: Tensor, sums: Tensor, moment: Tensor, beta2: float, shape: torch.Size,
+              split: Split, start: int) -> Tensor:
+    """o (fp32) rescaled per neuron by the updated second moment, each view keeping its Frobenius norm. Every
+    block's moment advances, also of the views this rank holds no rows of: the moment is the same on all ranks."""
+    out = []
+    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0)):
+        by_neuron = _by_neuron(b, shape[1])
+        s, m = sums[neurons].view(b.count, -1), moment[neurons].view(b.count, -1)  # [views, neurons]
+        m.lerp_(s / (shape[1] if by_neuron else b.rows), 1 - beta2)
+        step = m.clamp_min(1e-10).rsqrt()
+        kept = s.sum(-1, keepdim=True).sqrt() / (s * step.square()).sum(-1, keepdim=True).sqrt().clamp_min(1e-10)
+        scale = step * kept
+        if rows:
+            index = torch.arange(rows.start, rows.stop, device=o.device)
+            factor = scale.view(-1)[index, None] if by_neuron else scale[index // b.rows]
+            out.append(o[mine].float() * factor)
+    return out[0] if len(out) == 1 else torch.cat(out or [o.float()])
 
 
-def normalize(updates: list[Tensor], shapes: list[torch.Size], splits: list[int], starts: list[int],
+def normalize(updates: list[Tensor], shapes: list[torch.Size], splits: list[Split], starts: list[int],
               moments: list[Tensor], beta2: list[float], group: dist.ProcessGroup | None = None) -> list[Tensor]:
     """NorMuon of each update (this rank's rows of it, from row `starts[i]` of a parameter of global shape
     `shapes[i]`), advancing its second moment; `group`: the ranks that hold the other rows (None: all here)."""

@@ -1,5 +1,5 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
-the console shows of steps and evals."""
+the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every)."""
 from types import SimpleNamespace
 
 import pytest
@@ -57,3 +57,61 @@ def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, c
     progress = [line.split(",")[0] for line in lines[start + 1:] if line.startswith("eval: ")]
     assert progress == [f"eval: {k}/8 batches" for k in range(1, 9)]
     assert f"step 0 | val loss {val:.4f}" in lines[-1]
+
+
+def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_gradients(tmp_path, monkeypatch):
+    """optim.adam_every = 2: a run stopped after step 3, whose AdamW gradients wait for step 4, and resumed ends
+    with the weights and losses of the run that went straight through; both stopped and resumed runs warm up
+    first, so a warm-up that leaked its held gradients (or lost the resumed ones) would show too."""
+    import json
+    import signal
+
+    import torch
+
+    import train
+
+    args = ("--optim.name=muon", "--optim.adam_every=2", "--optim.embed_lr=0.05", "--train.max_steps=6")
+    warm = ("--train.timing=exclude_warmup", "--train.warmup_steps=1")
+
+    def trained(run_id: str, *extra: str):
+        run = growing_window_run(tmp_path, *args, f"--log.run_id={run_id}", *extra)
+        try:
+            held = {name for name, p in run.model.module.named_parameters() if p.grad is not None}
+            train.warm_up(run)  # its one step (step 0 again, no AdamW step) holds gradients: the restore drops them
+            assert {name for name, p in run.model.module.named_parameters() if p.grad is not None} == held
+            status = train.train(run)
+            if status == "sigterm":
+                train.save(run)
+            lines = (tmp_path / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+            losses = [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
+            return run, status, {k: v.clone() for k, v in run.model.module.state_dict().items()}, losses
+        finally:
+            run.loader.close()
+            run.log.close()
+
+    _, _, straight, straight_losses = trained("straight")
+    real = train.train_step
+
+    def stop_after_step_3(run, batches):
+        out = real(run, batches)
+        if run.progress.step == 2:  # the step being run is the third
+            run.stop_requested.append(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(train, "train_step", stop_after_step_3)
+    run, status, _, _ = trained("stopped", *warm)
+    assert (status, run.progress.step) == ("sigterm", 3)
+    adamw = {name for name, p in run.model.module.named_parameters()
+             if any(p is q for g in run.optimizers[0].param_groups for q in g["params"])}
+    saved = tmp_path / "runs" / "stopped" / "resume" / "step0000003" / "rank0.pt"
+    assert torch.load(saved, weights_only=True)["grads"].keys() == adamw  # held for step 4, Muon's dropped
+    monkeypatch.setattr(train, "train_step", real)
+
+    run, status, resumed, losses = trained("stopped", *warm)
+    assert (status, run.progress.step) == ("completed", 6)
+    assert losses == straight_losses
+    assert all(torch.equal(resumed[k], w) for k, w in straight.items())
+    # without the held gradients the resumed run ends elsewhere: the comparison above sees them
+    state = torch.load(saved, weights_only=True)
+    torch.save({**state, "grads": {}}, saved)
+    _, _, lost, _ = trained("stopped", *warm)
+    assert not all(torch.equal(lost[k], w) for k, w in straight.items())

@@ -5,7 +5,8 @@ torch.load(path, weights_only=True) and get_model(ckpt["config"]).load_state_dic
 what load_checkpoint does.
 
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
-rank (loader, clock, RNG; model and optimizer: under FSDP2 each rank's shard, under DDP in rank0.pt only).
+rank (loader, clock, RNG; model, optimizer and the gradients held for a later AdamW step (optim.adam_every):
+under FSDP2 each rank's shard, under DDP in rank0.pt only).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
 mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
 under: a resume compares the new config with it before anything in the run folder changes (trainer/runs.py
@@ -31,8 +32,17 @@ from trainer.distributed import Dist
 from trainer.runs import RUN_FILES, done_path, read_marker
 
 
+# what every rank holds alike under DDP, so that only rank 0 saves it
+REPLICATED = ("model", "optim", "grads")
+
+
 class CheckpointError(ValueError):
     """A checkpoint.pt that cannot be loaded; the message says which file and why."""
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of t (a DTensor's local shard)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -43,7 +53,7 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
         for value in obj:
             yield from _tensors(value)
     elif isinstance(obj, torch.Tensor):
-        yield obj.to_local() if isinstance(obj, DTensor) else obj
+        yield _local(obj)
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -90,16 +100,25 @@ def rng_state() -> dict[str, torch.Tensor | None]:
 
 
 def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader) -> dict[str, Any]:
-    """The plain `module` (this rank's shard under FSDP2), the optimizers, the loader and the RNG: what warm-up
-    and resume restore."""
-    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers],
+    """The plain `module` (this rank's shard under FSDP2), the optimizers, the gradients the module holds between
+    steps (AdamW's under optim.adam_every), the loader and the RNG: what warm-up and resume restore."""
+    # copies: a DDP gradient is a view of its bucket, whose whole storage torch.save would write
+    grads = {name: _local(p.grad).clone() for name, p in module.named_parameters() if p.grad is not None}
+    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers], "grads": grads,
             "loader": loader.state_dict(), "rng": rng_state()}
 
 
 def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader,
             state: dict[str, Any]) -> None:
-    """Put the module, optimizers, loader and RNG back to a saved training_state."""
+    """Put the module, optimizers, held gradients (none for the others), loader and RNG back to a saved
+    training_state."""
     module.load_state_dict(state["model"])
+    grads = state.get("grads", {})  # a state saved before gradients were held across steps holds none
+    for name, p in module.named_parameters():
+        p.grad = None
+        if name in grads:
+            p.grad = torch.zeros_like(p)  # a DTensor like p under FSDP2
+            _local(p.grad).copy_(grads[name])
     for opt, s in zip(optimizers, state["optim"]):
         opt.load_state_dict(s)
     loader.load_state_dict(state["loader"])
@@ -114,7 +133,7 @@ def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], con
     writes them and load_resume hands them to the others."""
     if replicated and not dist.master:
         # 32 copies of the hackathon model's 2 GB would be 69 GB on a shared disk at the end of the run
-        state = {k: v for k, v in state.items() if k not in ("model", "optim")}
+        state = {k: v for k, v in state.items() if k not in REPLICATED}
     done, folder = done_path(run_dir), f"step{step:07d}"
     root = done.parent
     if dist.master and done.exists():
@@ -203,5 +222,5 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
     state = torch.load(folder / f"rank{dist.rank}.pt", weights_only=True, map_location=dist.device)
     if dist.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=dist.device)
-        state.update(model=shared["model"], optim=shared["optim"])
+        state.update({k: v for k, v in shared.items() if k in REPLICATED})
     return state

@@ -91,10 +91,6 @@ class ParallelModel:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm
 
-    def zero_grad(self) -> None:
-        """Drop the gradients (set to None: the next backward allocates them afresh)."""
-        self.wrapped.zero_grad(set_to_none=True)
-
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor") -> ParallelModel:
     """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile; `backend` is
@@ -111,7 +107,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
     if cfg.parallel != "ddp" or (dist.world_size == 1 and not cfg.ddp_always):
         return ParallelModel(model, model, sharded=False, master=dist.master)
     # The gradients are views of DDP's buckets rather than a second copy of them; zero_grad's set_to_none drops
-    # the views only, and the next backward's gradients are copied into the buckets again.
+    # the views only, and the next backward's gradients are copied into the buckets again. A gradient kept across
+    # steps (optim.adam_every) stays a view: the next backward adds to it in its bucket before the all-reduce.
     wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
                   **_NO_BUFFER_SYNC)
     return ParallelModel(model, wrapped, sharded=False, master=dist.master)

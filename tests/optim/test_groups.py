@@ -1,8 +1,14 @@
-"""The parameter groups: every parameter in one role, Muon's groups and AdamW's, and weight decay on matrices only."""
+"""The parameter groups: every parameter in one role, Muon's groups and AdamW's, weight decay on matrices only,
+Q and K in pairs of heads, and the steps: AdamW every adam_every steps on the summed gradients, Muon every step."""
+import pytest
+import torch
+
+import train as trainer
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers, param_roles
+from optim.groups import build_optimizers, param_roles, step_optimizers
 from tests.helpers import MODERN_GPT as MODERN, TINY_GPT as TINY
+from tests.workers.muon_worker import GPT_CONFIG, gpt
 
 
 def test_param_roles_cover_every_parameter_once():
@@ -25,3 +31,73 @@ def test_adamw_decays_only_matrices():
     matrices = {id(p) for p in m.blocks.parameters() if p.ndim == 2}  # the tied head is the embedding
     assert {id(p) for p in decayed["params"]} == matrices
     assert len(decayed["params"]) + len(plain["params"]) == len(list(m.parameters()))
+
+
+def _adam_and_muon(opts) -> tuple[list, list]:
+    return [[p for g in opt.param_groups for p in g["params"]] for opt in opts]
+
+
+def _loss(model, step: int) -> torch.Tensor:
+    """The GPT's loss on a batch of its own for each step."""
+    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (4, 17), generator=torch.Generator().manual_seed(step))
+    return model(idx[:, :-1], idx[:, 1:])[1]
+
+
+def test_adamw_every_second_step_applies_the_sum_of_both_steps_gradients_and_muon_steps_every_step():
+    cfg = OptimConfig(name="muon", adam_every=2, embed_lr=0.01, head_lr=0.01)
+    model = gpt()
+    opts = build_optimizers(model, cfg)
+    adam, muon = _adam_and_muon(opts)
+    start = [p.detach().clone() for p in adam]
+    trainer.set_lr(opts, 1.0, 0)
+    _loss(model, 0).backward()
+    first = [p.grad.clone() for p in adam]
+    moved = [p.detach().clone() for p in muon]
+    step_optimizers(opts, 0, cfg.adam_every)
+    # step 0: Muon stepped and dropped its gradients; AdamW neither moved nor dropped its own
+    assert all(p.grad is None for p in muon) and all(not torch.equal(p, q) for p, q in zip(muon, moved))
+    assert all(torch.equal(p, w) and torch.equal(p.grad, g) for p, w, g in zip(adam, start, first))
+
+    # the second step's own gradients, at the weights step 0 left, in a copy
+    copy = gpt()
+    copy.load_state_dict(model.state_dict())
+    _loss(copy, 1).backward()
+    second = [p.grad for p in _adam_and_muon(build_optimizers(copy, cfg))[0]]
+    trainer.set_lr(opts, 0.5, 1)  # the schedule's rate of the step that applies them
+    _loss(model, 1).backward()
+    assert all(torch.equal(p.grad, a + b) for p, a, b in zip(adam, first, second))
+    step_optimizers(opts, 1, cfg.adam_every)
+    assert all(p.grad is None for p in adam + muon)
+
+    # torch's AdamW from the start, one step on the summed gradients at that rate
+    fresh = gpt()
+    reference = build_optimizers(fresh, cfg)
+    for p, a, b in zip(_adam_and_muon(reference)[0], first, second):
+        p.grad = a + b
+    trainer.set_lr(reference, 0.5, 1)
+    reference[0].step()
+    want = _adam_and_muon(reference)[0]
+    assert all(torch.equal(p, w) for p, w in zip(adam, want))
+    assert all(not torch.equal(p, w) for p, w in zip(adam, start) if p.ndim == 2)  # the embeddings and head moved
+    assert opts[0].state[adam[0]]["step"] == 1
+
+
+def test_adam_every_1_steps_every_optimizer_and_drops_every_gradient():
+    model = gpt()
+    opts = build_optimizers(model, OptimConfig(name="muon", embed_lr=0.01, head_lr=0.01))
+    before = [p.detach().clone() for p in model.parameters()]
+    _loss(model, 0).backward()
+    step_optimizers(opts, 0)
+    assert all(p.grad is None and not torch.equal(p, w) for p, w in zip(model.parameters(), before) if p.ndim == 2)
+
+
+def test_qk_pairs_split_the_qkv_group_by_pairs_of_heads():
+    model = get_model({**TINY, **MODERN, "n_head": 4})  # head_dim 8, d = 32
+    _, muon = build_optimizers(model, OptimConfig(name="muon", muon_qk_pairs=True))
+    qkv = {id(b.attn.qkv.weight) for b in model.blocks}
+    assert {id(p) for p in muon.param_groups[0]["params"]} == qkv
+    assert muon.param_groups[0]["split"] == (16, 16, 16, 16, 32)
+    assert muon.param_groups[1]["split"] == 1
+    with pytest.raises(ValueError, match=r"optim.muon_qk_pairs pairs adjacent heads.*got 1"):
+        build_optimizers(get_model({**TINY, "n_head": 1}), OptimConfig(name="muon", muon_qk_pairs=True))
+    build_optimizers(get_model({**TINY, "n_head": 1}), OptimConfig(muon_qk_pairs=True))  # AdamW alone: no pairs

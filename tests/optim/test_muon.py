@@ -1,5 +1,6 @@
-"""Muon: Newton-Schulz and Polar Express quality, cautious weight decay, split views, equality with torch.optim.Muon, resume, the cost plan, momentum
-warm-up, and 1-, 2- and 3-rank DDP/FSDP2 runs."""
+"""Muon: Newton-Schulz and Polar Express quality, cautious weight decay, split views (Q, K, V; pairs of heads;
+views of several rate scales), equality with torch.optim.Muon, resume, the cost plan, momentum warm-up, and 1-,
+2- and 3-rank DDP/FSDP2 runs."""
 import tomllib
 
 import pytest
@@ -7,11 +8,13 @@ import torch
 
 import train as trainer
 from model import get_model
+from model.config import GPTConfig
 from optim.config import OptimConfig
-from optim.groups import build_optimizers
+from optim.groups import build_optimizers, qkv_split
 from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
+from optim.views import view_rows
 from tests.helpers import ROOT, torchrun
-from tests.workers.muon_worker import CASES, STEPS, full_state, gpt, optimizers_for, train
+from tests.workers.muon_worker import ADAM_EVERY, CASES, STEPS, full_state, gpt, optimizers_for, train
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -158,6 +161,64 @@ def test_split_views_are_orthogonalised_separately():
     assert norms[1] > 1.5 and norms[2] < 0.1, norms
 
 
+def _one_step(w: torch.Tensor, g: torch.Tensor, split, rule: str = "original") -> torch.Tensor:
+    """w after one Muon step of rate 0.05 on gradient g without momentum (the update is NS(g) itself)."""
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    Muon([{"params": [p], "split": split}], lr=0.05, momentum=0.0, adjust_lr=rule).step()
+    return p.detach()
+
+
+def test_q_k_and_v_are_one_batch_of_three_without_qk_pairs():
+    # optim.muon_qk_pairs off: the qkv group's split is 3 and its step W - lr * scale * NS of the [3, d, d] stack,
+    # bit for bit: the update before pairs of heads existed
+    _, muon = build_optimizers(gpt(), OptimConfig(name="muon"))
+    assert muon.param_groups[0]["split"] == 3
+    torch.manual_seed(0)
+    w, g = torch.randn(48, 16), torch.randn(48, 16)
+    want = w.add(newton_schulz(g.view(3, 16, 16)).view(48, 16), alpha=-0.05 * lr_scale((16, 16), "original"))
+    assert torch.equal(_one_step(w, g, 3), want)
+
+
+@pytest.mark.parametrize("rule", ["original", "match_rms_adamw"])
+def test_paired_heads_are_orthogonalised_pair_by_pair_and_v_whole(rule):
+    # 4 heads of 4 in d = 16: Q and K two [8, 16] pairs each, V one [16, 16]; under both rules a pair's scale
+    # is a [d, d] matrix's
+    split = qkv_split(GPTConfig(n_head=4, n_embd=16), qk_pairs=True)
+    assert split == (8, 8, 8, 8, 16)
+    torch.manual_seed(0)
+    w, g = torch.randn(48, 16), torch.randn(48, 16)
+    g *= torch.tensor([1.0, 10.0, 1.0, 10.0, 1.0, 1.0]).repeat_interleave(8)[:, None]  # Q's pairs, K's, V
+    got = _one_step(w, g, split, rule)
+    scale = lr_scale((16, 16), rule)
+    assert lr_scale((8, 16), rule) == scale
+    # as Muon batches them (the four pairs in one call, V in another): bit for bit
+    batched = torch.cat([newton_schulz(g[:32].view(4, 8, 16)).view(32, 16), newton_schulz(g[32:])])
+    assert torch.equal(got, w.add(batched, alpha=-0.05 * scale))
+    # and each pair orthogonalised alone, near-orthogonal on its own
+    for rows in [slice(8 * i, 8 * (i + 1)) for i in range(4)] + [slice(32, 48)]:
+        step = (w[rows] - got[rows]) / (0.05 * scale)
+        torch.testing.assert_close(step, newton_schulz(g[rows]), atol=1e-5, rtol=0)
+        s = torch.linalg.svdvals(step)
+        assert 0.3 < s.min() and s.max() < 1.2, s
+    # not Q, K and V whole: within Q (and K) one pair has 10x the other's gradient, and jointly takes most of the step
+    assert (got - _one_step(w, g, 3, rule)).abs().max() > 0.01
+    with pytest.raises(ValueError, match=r"optim.muon_qk_pairs pairs adjacent heads, so it needs an even "
+                                         r"model.n_head, got 3; use an even n_head or optim.muon_qk_pairs = false"):
+        qkv_split(GPTConfig(n_head=3, n_embd=24), qk_pairs=True)
+
+
+@pytest.mark.parametrize("rule", ["original", "match_rms_adamw"])
+def test_views_of_several_shapes_step_at_their_own_rate_scales(rule):
+    torch.manual_seed(0)
+    w, g = torch.randn(32, 8), torch.randn(32, 8)
+    got = _one_step(w, g, (24, 8), rule)
+    assert lr_scale((24, 8), rule) != lr_scale((8, 8), rule)  # tall [24, 8] and square [8, 8]
+    for rows, shape in ((slice(0, 24), (24, 8)), (slice(24, 32), (8, 8))):
+        want = w[rows] - 0.05 * lr_scale(shape, rule) * newton_schulz(g[rows])
+        torch.testing.assert_close(got[rows], want, atol=1e-6, rtol=0)
+
+
 def test_state_dict_resume_continues_exactly(tmp_path):
     torch.manual_seed(0)
     weights = [torch.randn(12, 8), torch.randn(8, 12)]
@@ -204,8 +265,8 @@ def planned_loads(groups: list[dict], world: int, sharded: bool) -> list[int]:
     jobs = []
     for g in groups:
         for p in g["params"]:
-            view = ns_flops(p.shape[0] // g["split"], p.shape[1], g["ns_steps"])
-            jobs += [g["split"] * view] if sharded else [view] * g["split"]
+            views = [ns_flops(rows, p.shape[1], g["ns_steps"]) for rows in view_rows(p.shape, g["split"])]
+            jobs += [sum(views)] if sharded else views
     owners = assign(jobs, world)
     return [sum(c for c, o in zip(jobs, owners) if o == r) for r in range(world)]
 
@@ -223,6 +284,14 @@ def test_the_plan_balances_the_speedrun_on_8_ranks():
     for i, p in enumerate(p for p in model.blocks.parameters() if p.ndim == 2):
         before[i % 8] += ns_flops(*p.shape, 5)
     assert max(before) / min(before) == pytest.approx(3.0)
+    # Q and K in pairs of heads (6 heads: 3 pairs each, and V): DDP shares out the views as evenly; FSDP2's whole
+    # parameters, each qkv now about half as costly as an MLP matrix, come within 5%
+    with torch.device("meta"):
+        _, muon = build_optimizers(model, OptimConfig(name="muon", muon_qk_pairs=True))
+    assert len(muon.param_groups[0]["split"]) == 6 + 1
+    for sharded, bound in ((False, 1.01), (True, 1.05)):
+        loads = planned_loads(muon.param_groups, 8, sharded)
+        assert max(loads) / min(loads) < bound, loads
 
 
 def test_momentum_warms_up_with_the_step():
@@ -283,13 +352,13 @@ def one_process():
     for name, (build, loss_fn) in CASES.items():
         model = build()
         before, opts = full_state(model), optimizers_for(name, model)
-        work = train(model, loss_fn, opts)
+        work = train(model, loss_fn, opts, ADAM_EVERY.get(name, 1))
         results[name] = (before, full_state(model), opts, work)
     return results
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe", "newer"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_ranks_equal_one_process(ranks, one_process, mode, name):
     got = ranks[1]["weights"][mode][name]
     before, want, _, _ = one_process[name]
@@ -304,16 +373,17 @@ def test_ranks_equal_one_process(ranks, one_process, mode, name):
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize("name", ["mlp", "gpt", "recipe", "newer"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode, name):
     world, results = ranks
     groups = [g for opt in one_process[name][2] if isinstance(opt, Muon) for g in opt.param_groups]
-    views = {tuple(sorted((p.shape[0] // g["split"], p.shape[1]))) for g in groups for p in g["params"]}
+    views = {tuple(sorted((rows, p.shape[1]))) for g in groups for p in g["params"]
+             for rows in view_rows(p.shape, g["split"])}
     params = {tuple(p.shape) for g in groups for p in g["params"]}
     # DDP: one all_gather per view shape (tall ones transposed), also in a group of one; FSDP2: there and back per
     # parameter shape, none on a mesh of one; NorMuon adds one all_reduce of its sums where ranks share the rows
     want = [ALL_GATHER] * len(views) if mode == "ddp" else [] if world == 1 else \
-        ["all_to_all_single"] * 2 * len(params) + ["all_reduce"] * (name == "recipe")
+        ["all_to_all_single"] * 2 * len(params) + ["all_reduce"] * (name in ("recipe", "newer"))
     work = results["work"][mode][name]
     assert [step for w in work for step in w["collectives"]] == [want] * STEPS * world
     loads = [w["ns_flops"] for w in work]

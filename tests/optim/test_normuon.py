@@ -1,10 +1,10 @@
-"""NorMuon: equal RMS per neuron with the matrix's norm kept, rows or columns by shape, views apart, rows held
-by several ranks, and Muon's resume with the second moments."""
+"""NorMuon: equal RMS per neuron with the matrix's norm kept, rows or columns by shape, views apart (also of
+several sizes), rows held by several ranks, and Muon's resume with the second moments."""
 import pytest
 import torch
 
 from optim.muon import Muon, lr_scale, newton_schulz
-from optim.normuon import _rescaled, _square_sums, moment_shape, normalize
+from optim.normuon import _rescaled, _square_sums, moment_size, normalize
 
 
 def rms(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -17,8 +17,8 @@ def test_every_neuron_gets_the_same_rms_and_the_norm_is_kept(shape, neurons, bet
     torch.manual_seed(0)
     # neurons of very different sizes, as an orthogonalised update has them
     o = torch.randn(shape) * torch.logspace(-1, 1, shape[1 - neurons]).view((-1, 1) if neurons else (1, -1))
-    moment = torch.zeros(moment_shape(torch.Size(shape), 1))
-    assert moment.shape == (1, shape[1 - neurons])
+    moment = torch.zeros(moment_size(torch.Size(shape), 1))
+    assert moment.shape == (shape[1 - neurons],)
     # the first step (the moment starts at zero: 1 - beta2 cancels); with beta2 = 0, every step
     for step in range(3 if beta2 == 0 else 1):
         v = o * (1 + step)
@@ -28,30 +28,52 @@ def test_every_neuron_gets_the_same_rms_and_the_norm_is_kept(shape, neurons, bet
     if beta2:  # later the moment remembers: B = (1 - beta2) (beta2 s_0 + s_1), here with s_1 = 4 s_0
         normalize([2 * o], [torch.Size(shape)], [1], [0], [moment], [beta2])
         s0 = o.square().mean(neurons)
-        torch.testing.assert_close(moment.view(-1), (1 - beta2) * (beta2 + 4) * s0)
+        torch.testing.assert_close(moment, (1 - beta2) * (beta2 + 4) * s0)
 
 
 def test_split_views_are_normalised_apart():
     torch.manual_seed(0)
     o = torch.randn(3 * 6, 16) * torch.tensor([1.0, 10.0, 0.1]).repeat_interleave(6)[:, None]
-    moment = torch.zeros(moment_shape(o.shape, 3))
-    assert moment.shape == (3, 16)  # [6, 16] views are wide: their columns are the neurons
+    moment = torch.zeros(moment_size(o.shape, 3))
+    assert moment.shape == (3 * 16,)  # [6, 16] views are wide: their columns are the neurons
     out, = normalize([o], [o.shape], [3], [0], [moment], [0.9])
     for view, whole in zip(out.chunk(3), o.chunk(3)):
-        alone, = normalize([whole], [whole.shape], [1], [0], [torch.zeros(1, 16)], [0.9])
+        alone, = normalize([whole], [whole.shape], [1], [0], [torch.zeros(16)], [0.9])
         torch.testing.assert_close(view, alone)
         torch.testing.assert_close(view.norm(), whole.norm())
 
 
-@pytest.mark.parametrize("shape, split", [((33, 16), 3), ((15, 4), 1)])
-def test_rows_held_by_several_ranks_sum_to_the_whole(shape, split):
-    # what one all_reduce of the ranks' sums gives (FSDP2 shards rows like torch.chunk, across view boundaries)
+def test_views_of_several_sizes_keep_moments_of_their_own_neurons():
+    # Q and K in pairs of heads, [4, 8] (wide: 8 column neurons each), V [8, 8] (square: its 8 rows)
+    torch.manual_seed(0)
+    split, rows = (4, 4, 4, 4, 8), [slice(0, 4), slice(4, 8), slice(8, 12), slice(12, 16), slice(16, 24)]
+    o = torch.randn(24, 8) * torch.logspace(-1, 1, 24)[:, None] * torch.logspace(1, -1, 8)
+    moment = torch.zeros(moment_size(o.shape, split))
+    assert moment.shape == (5 * 8,)
+    for _ in range(2):  # the second step reads the moments the first left
+        out, = normalize([o], [o.shape], [split], [0], [moment], [0.9])
+    for i, r in enumerate(rows):
+        alone = torch.zeros(8)
+        for _ in range(2):
+            want, = normalize([o[r]], [o[r].shape], [1], [0], [alone], [0.9])
+        torch.testing.assert_close(out[r], want)
+        torch.testing.assert_close(moment[8 * i:8 * (i + 1)], alone)
+    torch.testing.assert_close(rms(out[:4], 0), torch.full((8,), rms(o[:4].flatten(), 0)))  # a pair: per column
+    torch.testing.assert_close(rms(out[16:], 1), torch.full((8,), rms(o[16:].flatten(), 0)))  # V: per row
+
+
+@pytest.mark.parametrize("shape, split, ranks", [((33, 16), 3, 2), ((15, 4), 1, 2), ((30, 8), (6, 6, 18), 2),
+                                                 ((30, 8), (3, 3, 24), 4)])
+def test_rows_held_by_several_ranks_sum_to_the_whole(shape, split, ranks):
+    # what one all_reduce of the ranks' sums gives (FSDP2 shards rows like torch.chunk, across view boundaries;
+    # on 4 ranks of 8 rows, the first holds rows of all three views of (3, 3, 24), wide and tall)
     torch.manual_seed(0)
     o, shape = torch.randn(shape), torch.Size(shape)
-    want, = normalize([o], [shape], [split], [0], [torch.zeros(moment_shape(shape, split))], [0.9])
-    pieces, starts = o.chunk(2), [0, -(-shape[0] // 2)]
+    want, = normalize([o], [shape], [split], [0], [torch.zeros(moment_size(shape, split))], [0.9])
+    pieces = o.chunk(ranks)
+    starts = [r * -(-shape[0] // ranks) for r in range(len(pieces))]
     sums = sum(_square_sums(piece, shape, split, start) for piece, start in zip(pieces, starts))
-    got = [_rescaled(piece, sums, torch.zeros(moment_shape(shape, split)), 0.9, shape, split, start)
+    got = [_rescaled(piece, sums, torch.zeros(moment_size(shape, split)), 0.9, shape, split, start)
            for piece, start in zip(pieces, starts)]
     torch.testing.assert_close(torch.cat(got), want)
 
@@ -84,7 +106,7 @@ def test_resume_restores_the_second_moments_exactly(tmp_path):
     params = [torch.nn.Parameter(w.clone()) for w in weights]
     opt = Muon(params, **hp)
     _run(params, grads[:2], opt)
-    assert [tuple(opt.state[p]["second_moment"].shape) for p in params] == [(1, 12), (1, 12)]
+    assert [tuple(opt.state[p]["second_moment"].shape) for p in params] == [(12,), (12,)]
     torch.save({"params": [p.detach() for p in params], "optim": opt.state_dict()}, tmp_path / "resume.pt")
     saved = torch.load(tmp_path / "resume.pt", weights_only=True)
     for restore in (True, False):

@@ -61,7 +61,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
 
-def test_the_resume_state_restores_model_optimizer_loader_and_rng(tmp_path):
+def test_the_resume_state_restores_model_optimizer_held_gradients_loader_and_rng(tmp_path):
     data = tiny_data(tmp_path / "data", train_sizes=(5000,), val_tokens=500)
     run_dir, dist = tmp_path / "run", Dist()
     model = trained_model()
@@ -70,17 +70,24 @@ def test_the_resume_state_restores_model_optimizer_loader_and_rng(tmp_path):
         x, y = next(loader)
         model(x, y)[1].backward()
         opt.step()
+        held, *dropped = [name for name, _ in model.named_parameters()]
+        for name, p in model.named_parameters():  # as if held for a later AdamW step (optim.adam_every)
+            p.grad = p.grad if name == held else None
         save_resume(run_dir, dist, 1, training_state(model, [opt], loader), CONFIG, replicated=True)
         want_batch, want_rand = next(loader), torch.rand(3)
     marker = resume_marker(run_dir, dist)
     assert (marker["dir"], marker["step"], marker["world_size"], marker["config"]) == ("step0000001", 1, 1, CONFIG)
     fresh = get_model(CONFIG)
     (fresh_opt,) = build_optimizers(fresh, OptimConfig())
+    fresh(x, y)[1].backward()  # gradients everywhere: the restore keeps only the held one
     with TokenLoader(sorted(data.glob("*_train_*.bin")), 2, 16) as fresh_loader:
         restore(fresh, [fresh_opt], fresh_loader, load_resume(run_dir, dist, marker))
         got_batch, got_rand = next(fresh_loader), torch.rand(3)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[name], value, atol=0, rtol=0)
+    grads = dict(fresh.named_parameters())
+    assert torch.equal(grads[held].grad, dict(model.named_parameters())[held].grad)
+    assert dropped and all(grads[name].grad is None for name in dropped)
     assert fresh_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"] == 1
     assert all(torch.equal(a, b) for a, b in zip(got_batch, want_batch)) and torch.equal(got_rand, want_rand)
 
@@ -95,3 +102,17 @@ def test_a_new_resume_state_replaces_the_old_one_and_names_its_world_size(tmp_pa
     with pytest.raises(ConfigError, match="saved with world size 1, this one has world size 2"):
         resume_marker(tmp_path, Dist(world_size=2))
     assert resume_marker(tmp_path / "elsewhere", Dist()) is None
+
+
+def test_a_ddp_replica_writes_no_held_gradients_and_resumes_with_rank_0s(tmp_path):
+    # under DDP every rank holds the same averaged gradients (as the model and optimizer state): rank 0 writes them
+    grads = {"wte.weight": torch.randn(4, 3)}
+    state = {"model": {"w": torch.ones(2)}, "optim": [], "grads": grads, "loader": {}, "rng": {"cpu": None,
+                                                                                            "cuda": None}}
+    for rank in (1, 0):  # rank 0 last: its done.json marks the state complete
+        save_resume(tmp_path, Dist(rank=rank, world_size=2), 1, state, CONFIG, replicated=True)
+    folder = done_path(tmp_path).parent / "step0000001"
+    assert torch.load(folder / "rank1.pt", weights_only=True).keys() == {"loader", "rng"}
+    marker = resume_marker(tmp_path, Dist(world_size=2))  # rank 0's, which every rank gets
+    loaded = load_resume(tmp_path, Dist(rank=1, world_size=2), marker)
+    assert loaded.keys() == state.keys() and torch.equal(loaded["grads"]["wte.weight"], grads["wte.weight"])

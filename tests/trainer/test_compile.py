@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 import model.gpt
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers
+from optim.groups import build_optimizers, step_optimizers
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.parallel import ParallelModel, parallelize
@@ -122,9 +122,7 @@ def test_an_eval_shape_compiles_a_static_graph_of_its_own_and_training_resumes_w
             _, loss = run(x[:, :-1], x[:, 1:])
             loss.backward()
             run.clip_grads(1.0)
-            for opt in optimizers:
-                opt.step()
-            run.zero_grad()
+            step_optimizers(optimizers, step)
 
     def evaluate() -> None:
         model = run.eval_module

@@ -11,7 +11,7 @@ import torch
 
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers
+from optim.groups import build_optimizers, step_optimizers
 from tests.helpers import run, tiny_args, tiny_data
 from tests.workers.muon_worker import GPT_CONFIG
 from trainer import distributed
@@ -52,15 +52,13 @@ def two_steps_in_ddp(dist: distributed.Dist) -> str:
         model = parallelize(get_model(GPT_CONFIG), TrainConfig(ddp_always=True), dist)
         optimizers = build_optimizers(model.module, OptimConfig(name="muon"))
         params = list(model.module.parameters())
-        for _ in range(2):  # the second backward after zero_grad dropped the gradients
+        for step in range(2):  # the second backward after zero_grad dropped the gradients
             idx = torch.randint(0, GPT_CONFIG["vocab_size"], (2, 17))
             model(idx[:, :-1], idx[:, 1:])[1].backward()
             # gradient_as_bucket_view: the gradients live in DDP's few flat buckets, not one tensor each
             assert len({p.grad.untyped_storage().data_ptr() for p in params}) <= 2 < len(params)
             model.clip_grads(0.1)
-            for opt in optimizers:
-                opt.step()
-            model.zero_grad()
+            step_optimizers(optimizers, step)
             assert all(p.grad is None for p in params)
     return model.kind
 

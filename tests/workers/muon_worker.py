@@ -21,7 +21,7 @@ from trainer.atomic import atomic_path
 from model import get_model
 from optim import muon
 from optim.config import OptimConfig
-from optim.groups import build_optimizers
+from optim.groups import build_optimizers, step_optimizers
 from optim.muon import Muon, ns_flops
 from tests.helpers import exit_skipping_teardown
 
@@ -29,9 +29,6 @@ STEPS = 2  # the second step also checks the momentum buffers
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, norm="rmsnorm",
                   activation="relu2", rotary=True, qk_norm=True, tie_embeddings=False, value_embeds=1,
                   unet_skips=True)
-# the newer records' pieces: gates (2-D weights that AdamW steps, sharded by FSDP2 like the rest), the smear, and a
-# block without attention
-NEWER_CONFIG = dict(GPT_CONFIG, attn_gate=True, smear=True, no_attention=[1])
 
 
 def mlp() -> nn.Sequential:
@@ -49,13 +46,15 @@ def mlp_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
     return (model(x.chunk(world)[rank]) - y.chunk(world)[rank]).square().mean()
 
 
-def gpt(config: dict = GPT_CONFIG) -> nn.Module:
+def gpt(**changes) -> nn.Module:
     torch.manual_seed(0)
-    return get_model(config)
+    return get_model({**GPT_CONFIG, **changes})
 
 
 def newer() -> nn.Module:
-    return gpt(NEWER_CONFIG)
+    """The newer records' pieces: 4 heads (2 pairs in each of Q and K), the gates (2-D weights that AdamW steps,
+    sharded by FSDP2 like the rest), the smear and a block without attention."""
+    return gpt(n_head=4, attn_gate=True, smear=True, no_attention=[1])
 
 
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
@@ -107,34 +106,36 @@ def recording(work: Work):
         muon.newton_schulz = real["newton_schulz"]
 
 
-def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], rank: int = 0,
+def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], adam_every: int = 1, rank: int = 0,
           world: int = 1) -> Work:
-    """STEPS steps on this process's share of the fixed global batch; what its optimizer steps did."""
+    """STEPS steps on this process's share of the fixed global batch, the optimizers stepped as train.py does;
+    what their steps did."""
     work = Work()
-    for _ in range(STEPS):
+    for step in range(STEPS):
         loss_fn(model, rank, world).backward()
         with recording(work):
-            for opt in optimizers:
-                opt.step()
-        for opt in optimizers:
-            opt.zero_grad()
+            step_optimizers(optimizers, step, adam_every)
     return work
 
 
 # "recipe": the MLP under the newer records' options; NorMuon's neurons are the columns of the wide views, whose
-# rows two or three ranks share under FSDP2
+# rows two or three ranks share under FSDP2. "newer": the GPT of the newer records' pieces under the muon recipe
+# with Q and K in pairs of heads (NorMuon: wide pairs by column, square V by row) and AdamW every second step:
+# step 0 holds its gradients (in DDP's buckets, in FSDP2's shards) and step 1 applies their sum.
 CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss), "newer": (newer, gpt_loss)}
 RECIPE = dict(ns_coefficients="polar_express", cautious_wd=True, normuon=True)
+ADAM_EVERY = {"newer": 2}
 
 
 def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
     """Plain Muon for the MLP (its first matrix split in 3), also with RECIPE; the muon recipe (Muon + AdamW
-    groups) for the GPTs."""
+    groups) for the GPTs, "newer" with pairs of heads, NorMuon and AdamW every ADAM_EVERY steps."""
     if name in ("mlp", "recipe"):
         fused, *rest = model.parameters()  # also through the DDP wrapper
         return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1,
                      **RECIPE if name == "recipe" else {})]
-    return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01))
+    newer = dict(muon_qk_pairs=True, normuon=True, adam_every=ADAM_EVERY[name]) if name == "newer" else {}
+    return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01, **newer))
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -144,9 +145,10 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def wrap(model: nn.Module, name: str, mode: str, world: int) -> nn.Module:
-    """DDP, or FSDP2 on every layer (GPT: every block) and then the root, as trainer/parallel.py does."""
+    """DDP (its gradients views of its buckets), or FSDP2 on every layer (GPT: every block) and then the root, as
+    trainer/parallel.py does."""
     if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
+        return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     mesh = init_device_mesh("cpu", (world,))
     for layer in (model.blocks if name in ("gpt", "newer") else model[::2]):
         fully_shard(layer, mesh=mesh)
@@ -160,7 +162,7 @@ def main(out: str) -> None:
     for mode in ("ddp", "fsdp"):
         for name, (build, loss_fn) in CASES.items():
             model = wrap(build(), name, mode, world)
-            work = train(model, loss_fn, optimizers_for(name, model), rank, world)
+            work = train(model, loss_fn, optimizers_for(name, model), ADAM_EVERY.get(name, 1), rank, world)
             results["weights"].setdefault(mode, {})[name] = full_state(model)
             every = [None] * world
             dist.all_gather_object(every, asdict(work))
