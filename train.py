@@ -153,9 +153,14 @@ class Run:
         self.flags = FlagExchange(self.dist.device)
 
     @property
+    def tokens_per_micro_step(self) -> int:
+        """Training tokens of one micro-step, over all ranks."""
+        return self.cfg.train.batch_size * self.cfg.train.seq_len * self.dist.world_size
+
+    @property
     def tokens_per_step(self) -> int:
-        train_cfg = self.cfg.train
-        return train_cfg.batch_size * train_cfg.seq_len * train_cfg.grad_accum * self.dist.world_size
+        """Training tokens of the step about to run, over all ranks: its batch stage's micro-steps."""
+        return self.tokens_per_micro_step * self.clock.micro_steps(self.progress.step)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -243,7 +248,8 @@ def setup(cfg: Config, dist: Dist) -> Run:
         run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
         for line in change_lines(cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):
             log.print(line)
-    log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {run.tokens_per_step:,} "
+    per_step = " -> ".join(f"{run.tokens_per_micro_step * n:,}" for n in run.clock.micro_steps_by_stage())
+    log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {per_step} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
               f"{model.kind} | compile {cfg.train.compile}"
               + (f" | resumed at step {run.progress.step}" if resumed else ""))
@@ -290,14 +296,14 @@ def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> N
 
 
 def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """One optimizer step over grad_accum micro-batches: (mean loss, gradient norm before clipping, seconds
-    waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing in a
-    step waits for the GPU.
+    """One optimizer step over the micro-batches of its batch stage (grad_accum without train.batch_stages): (mean
+    loss, gradient norm before clipping, seconds waiting for data: what the loader counted in its wait_s). The two
+    tensors stay on the device: nothing in a step waits for the GPU.
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
     the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every).
     The flag exchange follows in train()."""
-    accum, dist = run.cfg.train.grad_accum, run.dist
+    accum, dist = run.clock.micro_steps(run.progress.step), run.dist
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
     # the attention window follows the LR's clock
@@ -374,7 +380,8 @@ def eval_and_record(run: Run, on_clock: bool) -> float:
     if target and val <= target and progress.time_to_target is None:
         progress.time_to_target = run.clock.elapsed()
     progress.wall["eval_s"] += time.perf_counter() - t0
-    run.log.metric({"type": "eval", "step": progress.step, "val_loss": val, "elapsed_s": run.clock.elapsed()})
+    run.log.metric({"type": "eval", "step": progress.step, "tokens": progress.tokens, "val_loss": val,
+                    "elapsed_s": run.clock.elapsed()})
     run.log.print(f"step {progress.step} | val loss {val:.4f} | best {progress.best_val:.4f} | "
                   f"{run.clock.elapsed():.1f}s")
     return val
@@ -385,22 +392,23 @@ def mean_over_ranks(run: Run, *values: torch.Tensor) -> list[float]:
     return (distributed.all_reduce(torch.stack([v.detach().double() for v in values])) / run.dist.world_size).tolist()
 
 
-def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int, float]) -> None:
+def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int, float, int]) -> None:
     """Console line + metrics.jsonl record for the step just done (loss averaged over ranks, gradient norm
-    before clipping: the same on every rank)."""
+    before clipping: the same on every rank); its step time and tokens/s average the steps since `since`
+    ((step, elapsed, tokens) at the last line)."""
     progress, clock, train_cfg = run.progress, run.clock, run.cfg.train
     loss, norm = mean_over_ranks(run, loss, norm)
-    steps, seconds = progress.step - since[0], clock.elapsed() - since[1]
+    steps, seconds, tokens = progress.step - since[0], clock.elapsed() - since[1], progress.tokens - since[2]
     step_s = seconds / max(steps, 1)
-    tok_s = run.tokens_per_step / step_s if step_s > 0 else 0.0
+    tok_s = tokens / seconds if seconds > 0 else 0.0
     mfu = run.mfu(tok_s)
     # never below 0: the step that spends the budget ends past it (and on GPU one more step runs)
     left = (f"{max(train_cfg.budget_s - clock.elapsed(), 0.0):.1f}s" if train_cfg.budget_s
             else plural(max(train_cfg.max_steps - progress.step, 0), "step"))
-    group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used
-    run.log.metric({"type": "train", "step": progress.step, "loss": loss, "grad_norm": norm,
-                    "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s, "tok_s": tok_s, "mfu": mfu,
-                    "elapsed_s": clock.elapsed()})
+    group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used, its batch stage's included
+    run.log.metric({"type": "train", "step": progress.step, "tokens": progress.tokens, "loss": loss,
+                    "grad_norm": norm, "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s,
+                    "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})
     run.log.print(f"step {progress.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
                   f"{tok_s:,.0f} tok/s"
                   + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
@@ -453,7 +461,7 @@ class Loop:
     """What the timed loop carries from one step to the next."""
     next_eval_s: float           # the clock time of the next eval by eval.every_s (inf: none)
     last_save: float             # perf_counter() at the last periodic save, or at the loop's start
-    since: tuple[int, float]     # (step, elapsed) at the last log line: the next one averages from there
+    since: tuple[int, float, int]  # (step, elapsed, tokens) at the last log line: the next one averages from there
     first_step: int              # the loop's first step, logged whatever log.every_steps: the pace shows at once
     recent: list = field(default_factory=lambda: [None, None])  # (step, loss, norm) of the step before, this one
 
@@ -469,7 +477,7 @@ def train(run: Run) -> StopReason:
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
     loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
-                (progress.step, clock.elapsed()), progress.step + 1)
+                (progress.step, clock.elapsed(), progress.tokens), progress.step + 1)
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
@@ -493,10 +501,11 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     """One step of the loop: train, log, exchange the Flags, and act on them when they call for it; why the run
     stops after this step, or None."""
     cfg, progress = run.cfg, run.progress
+    tokens = run.tokens_per_step  # before progress.step moves on: this step's batch stage, the one train_step runs
     loss, norm, wait = train_step(run, batches)
     progress.step += 1
-    progress.tokens += run.tokens_per_step
-    progress.flops += run.flops_per_token() * run.tokens_per_step  # train_step set this step's window
+    progress.tokens += tokens
+    progress.flops += run.flops_per_token() * tokens  # train_step set this step's window
     progress.data_wait += wait
     if gc.isenabled():
         # a GC pass can stall a step for longer than the step takes: freeze what exists, collect in evals
@@ -510,7 +519,7 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     every_log = cfg.log.every_steps
     if every_log and (progress.step % every_log == 0 or progress.step == loop.first_step):
         log_step(run, loss, norm, loop.since)
-        loop.since = (progress.step, run.clock.elapsed())
+        loop.since = (progress.step, run.clock.elapsed(), progress.tokens)
     every = cfg.eval.every_steps
     step_eval = bool(run.val_files and every) and progress.step % every == 0
     loop.recent = [loop.recent[1], (progress.step, loss, norm)]

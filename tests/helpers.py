@@ -11,11 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import NoReturn
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from data.shards import write_shard
@@ -90,6 +92,26 @@ def growing_window_run(folder: Path, *extra: str):
                       f"--model.vocab_size={VOCAB}", "--model.window=40", "--model.window_start=8",
                       "--model.window_pattern=LS", f"--log.dir={folder}/runs", "--log.run_id=w", *extra])
     return train.setup(cfg, Dist())
+
+
+def ten_second_steps(monkeypatch: pytest.MonkeyPatch, after_step: Callable | None = None) -> None:
+    """From now on every training step of train.py in this process takes 10 s of the training clock (a clock the
+    test moves, from 1000 s: no sleeping, so a loaded machine cannot spend a budget early); `after_step(run)`, if
+    given, runs after each step, before the loop looks at it."""
+    import train
+    import trainer.clock
+
+    now = [1000.0]
+    monkeypatch.setattr(trainer.clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    real = train.train_step
+
+    def step(run, batches):
+        out = real(run, batches)
+        now[0] += 10.0
+        if after_step:
+            after_step(run)
+        return out
+    monkeypatch.setattr(train, "train_step", step)
 
 
 def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,

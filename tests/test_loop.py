@@ -1,34 +1,14 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
 the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every)."""
-from types import SimpleNamespace
-
-import pytest
-
-import trainer.clock
-from tests.helpers import growing_window_run
+from tests.helpers import growing_window_run, ten_second_steps
 
 
-@pytest.fixture
-def ten_second_steps(monkeypatch):
-    """Every training step takes 10 s of the training clock (no sleeping: a loaded machine cannot spend the
-    budget early)."""
-    import train
-    now = [1000.0]
-    monkeypatch.setattr(trainer.clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    real = train.train_step
-
-    def step(run, batches):
-        out = real(run, batches)
-        now[0] += 10.0
-        return out
-    monkeypatch.setattr(train, "train_step", step)
-
-
-def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, ten_second_steps, capsys):
+def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, monkeypatch, capsys):
     """25 s in 10-s steps: step 3 ends at 30 s and sees the budget spent; on CPU, where reading the step's
     flags costs nothing, no fourth step runs. The first step has its line whatever log.every_steps, and the
     time left is never negative."""
     import train
+    ten_second_steps(monkeypatch)
     run = growing_window_run(tmp_path, "--train.schedule=time", "--train.budget_s=25", "--train.max_steps=0",
                              "--log.every_steps=3")
     try:

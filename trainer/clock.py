@@ -1,10 +1,12 @@
-"""The training clock: a time budget, a pausable stopwatch, and the LR schedule that follows it.
+"""The training clock: a time budget, a pausable stopwatch, and the LR and batch schedules that follow it.
 
-Stop rule: a rank wants to stop once elapsed >= budget, checked after every step. The wish is all-reduced
-(MAX) in train.py; on GPU it is read one step later, so that no step waits for the GPU: all ranks stop after the
-same step, the one after the step that saw the budget spent (the hackathon counts "from the first forward pass
-to the last"; a step in flight may finish). On CPU it is read at once: the run stops on the step that saw it. The time LR schedule follows the elapsed time all ranks agreed on
-(`sync`), not each rank's own stopwatch: DDP replicas stay identical only if every rank uses the same LR.
+Stop rule: a rank wants to stop once elapsed >= budget, checked after every step. The wish is all-reduced (MAX) in
+train.py; on GPU it is read one step later, so that no step waits for the GPU: all ranks stop after the same step,
+the one after the step that saw the budget spent (the hackathon counts "from the first forward pass to the last"; a
+step in flight may finish). On CPU it is read at once: the run stops on the step that saw it. The time LR schedule
+follows the elapsed time all ranks agreed on (`sync`), not each rank's own stopwatch: DDP replicas stay identical
+only if every rank uses the same LR. The batch schedule (train.batch_stages) follows the same progress, so every
+rank runs the same micro-steps.
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ def lr_multiplier(progress: float, warmup_frac: float, decay_frac: float, final_
     if decay_frac > 0 and progress > 1 - decay_frac:
         return final_frac + (1 - final_frac) * (1 - progress) / decay_frac
     return 1.0
+
+
+def stage_of(progress: float, stages: int) -> int:
+    """Which of `stages` equal stages of the run `progress` lies in: stage k from progress k / stages on, the last
+    one to the end and past it. Compared as quotients, so that under a step schedule stage k starts exactly at
+    the step s where s / max_steps = k / stages (both divisions round the same fraction to the same float)."""
+    return sum(progress >= k / stages for k in range(1, stages))
 
 
 class Clock:
@@ -71,9 +80,25 @@ class Clock:
         return max(self.synced / self.cfg.budget_s, by_steps)
 
     def lr_mult(self, step: int) -> float:
-        """The LR multiplier for the step about to run (`step` steps done so far)."""
+        """The LR multiplier for the step about to run (`step` steps done so far): the schedule's, times its batch
+        stage's train.batch_stage_lr entry."""
         train = self.cfg
-        return lr_multiplier(self.progress(step), train.lr_warmup_frac, train.lr_decay_frac, train.lr_final_frac)
+        stage_lr = train.batch_stage_lr[self.stage(step)] if train.batch_stage_lr else 1.0
+        return stage_lr * lr_multiplier(self.progress(step), train.lr_warmup_frac, train.lr_decay_frac,
+                                        train.lr_final_frac)
+
+    def stage(self, step: int) -> int:
+        """The batch schedule's stage of the step about to run (0 without one). It follows the progress the LR
+        does, hence the agreed time under a time schedule: every rank's step is in the same stage."""
+        return stage_of(self.progress(step), len(self.cfg.batch_stages))
+
+    def micro_steps_by_stage(self) -> list[int]:
+        """The micro-batches a step accumulates in each stage of the batch schedule ([grad_accum] without one)."""
+        return [self.cfg.grad_accum * n for n in self.cfg.batch_stages or [1]]
+
+    def micro_steps(self, step: int) -> int:
+        """The micro-batches the step about to run accumulates (`step` steps done so far)."""
+        return self.micro_steps_by_stage()[self.stage(step)]
 
     def sync(self, elapsed: float) -> None:
         """Adopt `elapsed`, the same on every rank (the max of their clocks), as the schedule's time."""

@@ -68,6 +68,11 @@ class TrainConfig:
     batch_size: int = 8          # sequences per micro-step per rank
     seq_len: int = 1024          # tokens per training sequence
     grad_accum: int = 1          # micro-steps per optimizer step (one gradient sync each step)
+    # a batch schedule: len(list) equal stages of the run's progress (the LR schedule's), stage k accumulating
+    # batch_stages[k] x grad_accum micro-steps of the same shape; [] = grad_accum throughout
+    batch_stages: list[int] = field(default_factory=list)
+    # each stage's LR multiplier, applied on top of the LR schedule's; [] = 1.0 in every stage
+    batch_stage_lr: list[float] = field(default_factory=list)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     ddp_always: bool = grouped(False, "speed")
@@ -402,6 +407,7 @@ def validate(cfg: Config) -> None:
             if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list)
                                                                           else [value])):
                 raise ConfigError(f"{section}.{key} = {value} must hold finite numbers only")
+    check_batch_stages(train)
     for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
         if not 0 <= getattr(train, key) <= 1:
             raise ConfigError(f"train.{key} = {getattr(train, key)} must lie in [0, 1]")
@@ -417,6 +423,21 @@ def validate(cfg: Config) -> None:
                           f"raise model.block_size or use model.rotary = true")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
+
+
+def check_batch_stages(train: TrainConfig) -> None:
+    """Refuse a batch schedule whose stages are not positive whole multiples, or whose LR multipliers are not one
+    positive number per stage."""
+    stages, stage_lr = train.batch_stages, train.batch_stage_lr
+    if not all(type(n) is int and n > 0 for n in stages):
+        raise ConfigError(f"train.batch_stages = {stages} must hold positive integers, each stage's micro-steps as "
+                          f"a multiple of train.grad_accum, e.g. [1, 2, 3] (or [] for no batch schedule)")
+    if not all(type(m) in (int, float) and m > 0 for m in stage_lr):
+        raise ConfigError(f"train.batch_stage_lr = {stage_lr} must hold positive numbers, each stage's LR "
+                          f"multiplier, e.g. [1.0, 1.52, 1.73] (or [] for 1.0 in every stage)")
+    if stage_lr and len(stage_lr) != len(stages):
+        raise ConfigError(f"train.batch_stage_lr = {stage_lr} must give one LR multiplier for each stage of "
+                          f"train.batch_stages = {stages}, or be [] for 1.0 in every stage")
 
 
 def resume_changes(saved: dict[str, dict[str, Any]], cfg: Config) -> tuple[list[Change], list[Change]]:

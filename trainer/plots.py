@@ -87,11 +87,14 @@ def read_run(folder: str | Path) -> Run:
 
 
 def x_values(run: Run, records: list[dict], x: str) -> list[float]:
-    """The x coordinate of each record: training seconds, steps, or tokens seen."""
+    """The x coordinate of each record: training seconds, steps, or tokens seen (each record's own count; a run
+    logged before records had one: steps x the run's mean tokens per step)."""
     if x == "time":
         return [r["elapsed_s"] for r in records]
     if x == "steps":
         return [r["step"] for r in records]
+    if all("tokens" in r for r in records):
+        return [r["tokens"] for r in records]
     per_step = run.tokens_per_step()
     if per_step is None:
         raise PlotError(f"{run.folder}: --x tokens needs tokens per step, from summary.json or a train record "

@@ -19,8 +19,9 @@ from torch.distributed.tensor import DTensor
 from data.loader import TokenLoader
 from data.val import PAD_TARGET, val_batches
 from model import get_model
-from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run, torchrun,
-                           train_args)
+from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run,
+                           ten_second_steps, torchrun, train_args)
+from trainer.clock import lr_multiplier
 
 
 @pytest.fixture(scope="session")
@@ -306,3 +307,58 @@ def test_the_summarys_mfu_counts_each_steps_flops_at_its_own_window(tmp_path, mo
     spent = statistics.fmean(gpt.flops_per_token(run.cfg.train.seq_len, w) for w in windows)
     assert summary.mfu == pytest.approx(trainer.mfu.mfu(spent, summary.tokens_per_s, 1e12, 1), rel=1e-12)
     assert run.mfu(summary.tokens_per_s) > 1.01 * summary.mfu  # what the last step's window alone read
+
+
+def test_a_batch_schedule_trains_the_tokens_it_says_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """Stages [1, 2, 3] of tiny.toml's 2 micro-steps over 6 steps of 10 s each (a clock the test moves): 2, 2, 4,
+    4, 6, 6 micro-batches of 4 x 64 tokens, 24 in all. The loader gives exactly those, metrics.jsonl counts each
+    step's tokens at its stage, and a run stopped after step 3 and resumed logs and ends as the straight one."""
+    import train
+
+    stop_at = []
+
+    def sigterm_at(run) -> None:  # a SIGTERM during step N (progress.step counts it after): the loop stops after it
+        if run.progress.step + 1 in stop_at:
+            run.stop_requested.append(signal.SIGTERM)
+    ten_second_steps(monkeypatch, sigterm_at)
+
+    def trained(folder: Path):
+        run = growing_window_run(folder, "--train.max_steps=6", "--train.batch_stages=[1, 2, 3]",
+                                 "--train.batch_stage_lr=[1.0, 1.5, 2.0]")
+        try:
+            status = train.train(run)
+            train.save(run)
+        finally:
+            run.loader.close()
+            run.log.close()
+        return run, status
+
+    straight, status = trained(tmp_path / "straight")
+    assert (status, straight.progress.step, straight.progress.tokens) == ("completed", 6, 24 * 4 * 64)
+    summary = train.summarize(straight, status, None)
+    assert (summary.tokens_seen, summary.tokens_per_s) == (6144, 6144 / 60)
+    # the loader gave 24 micro-batches: a fresh loader moved on 24 batches stands where the run's does
+    fresh = growing_window_run(tmp_path / "fresh")
+    for _ in range(24):
+        next(fresh.loader)
+    assert fresh.loader.state_dict() == straight.loader.state_dict()
+    fresh.log.close()
+    assert " | 512 -> 1,024 -> 1,536 tokens/step | " in (tmp_path / "straight" / "runs" / "w" / "log.txt").read_text()
+    logged = records(tmp_path / "straight" / "runs" / "w")
+    assert [r["tokens"] for r in logged] == [512, 1024, 2048, 3072, 4608, 6144]
+    assert [r["tok_s"] for r in logged] == [51.2, 51.2, 102.4, 102.4, 153.6, 153.6]
+    # the logged multiplier is the stage's times the schedule's (tiny.toml: warm-up 0.1, decay 0.5 to 0.1)
+    stage_lr = [1.0, 1.0, 1.5, 1.5, 2.0, 2.0]
+    assert [r["lr_mult"] for r in logged] == pytest.approx(
+        [m * lr_multiplier(s / 6, 0.1, 0.5, 0.1) for s, m in enumerate(stage_lr)])
+
+    stop_at.append(3)
+    stopped, status = trained(tmp_path / "resumed")
+    assert (status, stopped.progress.step, stopped.progress.tokens) == ("sigterm", 3, 2048)
+    stop_at.clear()
+    resumed, status = trained(tmp_path / "resumed")
+    assert (status, resumed.progress.step, resumed.progress.tokens) == ("completed", 6, 6144)
+    assert resumed.loader.state_dict() == straight.loader.state_dict()
+    assert records(tmp_path / "resumed" / "runs" / "w") == logged
+    end, want = resumed.model.module.state_dict(), straight.model.module.state_dict()
+    assert all(torch.equal(end[k], want[k]) for k in want)

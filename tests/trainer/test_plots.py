@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from tests.helpers import ROOT, demo_data, run, train_args
-from trainer.plots import DPI, SIZE_IN, PlotError, plot_runs, read_run
+from trainer.plots import DPI, SIZE_IN, PlotError, Run, plot_runs, read_run, x_values
 
 TARGET = 3.0
 
@@ -100,11 +100,20 @@ def test_x_axes_and_log_scale(runs, tmp_path):
     per_step = summary["tokens_seen"] / summary["steps"]
     steps = [r["step"] for r in read_run(runs / "a").evals]
     fig = plot_runs([runs / "a"], tmp_path / "tokens.png", x="tokens", logy=True)
+    # each record's own count of tokens, which a batch of one size throughout makes steps x tokens per step
     assert list(lines(fig, "val:0")[0].get_xdata()) == [s * per_step for s in steps]
     assert fig.axes[0].get_yscale() == "log" and fig.axes[0].get_xlabel() == "tokens"
     fig = plot_runs([runs / "a"], tmp_path / "both.png", x=("time", "steps"))
     assert image(tmp_path / "both.png").shape[:2] == (SIZE_IN[1] * DPI, 2 * SIZE_IN[0] * DPI)
     assert list(fig.axes[1].get_lines()[1].get_xdata()) == steps
+
+
+def test_the_tokens_axis_reads_each_records_count_else_steps_times_the_mean_batch(tmp_path):
+    staged = [{"step": 1, "tokens": 100}, {"step": 2, "tokens": 300}]  # a batch schedule: 100, then 200 a step
+    summary = {"tokens_seen": 300, "steps": 2}
+    assert x_values(Run(tmp_path, staged, [], summary), staged, "tokens") == [100, 300]
+    older = [{"step": 1}, {"step": 2}]  # logged before records counted their tokens
+    assert x_values(Run(tmp_path, older, [], summary), older, "tokens") == [150, 300]
 
 
 def test_a_killed_run_plots_what_it_logged(runs, tmp_path):
