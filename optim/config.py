@@ -25,7 +25,7 @@ class OptimConfig:
     muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
-    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" (see optim/muon.py)
+    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" | "none" (optim/muon.py)
     ns_coefficients: Literal["newton_schulz", "polar_express"] = "newton_schulz"  # muon: the iteration's quintics
     muon_cautious_wd: bool = False  # muon: decay only where the update and the weight share a sign
     normuon: bool = False  # muon: rescale the orthogonalised update per neuron by its second moment (NorMuon)

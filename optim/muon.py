@@ -6,9 +6,10 @@ Update of a matrix W (rows x cols) with gradient G, momentum buffer B, rate lr:
 Options of the newer speedrun records, each off by default: Polar Express's per-step quintics in place of the
 fixed one (`ns_coefficients`), cautious decay (only where U and W share a sign) and NorMuon (optim/normuon.py).
 NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update is about 1 and its RMS is about
-1 / sqrt(max(rows, cols)). `adjust_lr` picks `scale` (the same rules as torch.optim.Muon):
+1 / sqrt(max(rows, cols)). `adjust_lr` picks `scale` (the first two are torch.optim.Muon's rules):
     "original":        sqrt(max(1, rows / cols))  (Keller Jordan's rule: tall matrices get a larger step)
     "match_rms_adamw": 0.2 * sqrt(max(rows, cols)) (Moonshot's: update RMS ~ 0.2, like AdamW, so AdamW's lr fits)
+    "none":            1 (the records from 2025-07-18 on store the MLP's fc wide, so "original" gives it 1 too)
 
 A param group's `split` (default 1; optim/views.py) says which matrices a parameter fuses along its rows: the
 GPT's qkv weight [3d, d] is split=3, so Q, K and V are orthogonalised as three [d, d] views (as the speedrun
@@ -119,7 +120,9 @@ def lr_scale(shape: torch.Size, rule: str) -> float:
         return max(1.0, rows / cols) ** 0.5
     if rule == "match_rms_adamw":
         return 0.2 * max(rows, cols) ** 0.5
-    raise ValueError(f"Muon adjust_lr={rule!r}; use 'original' or 'match_rms_adamw'")
+    if rule == "none":
+        return 1.0
+    raise ValueError(f"Muon adjust_lr={rule!r}; use 'original', 'match_rms_adamw' or 'none'")
 
 
 def assign(costs: list[int], world: int) -> list[int]:
