@@ -285,7 +285,8 @@ def test_the_plan_balances_the_speedrun_on_8_ranks():
         assert len(jobs) == views
         loads = planned_loads(muon.param_groups, 8, sharded=False)
         assert max(loads) - min(loads) <= min(jobs), (pairs, loads)
-        planned = planned if pairs else max(loads)
+        if not pairs:
+            planned = max(loads)
         loads = planned_loads(muon.param_groups, 8, sharded=True)
         assert max(loads) < 1.05 * sum(loads) / 8, (pairs, loads)
     # before: matrix i on rank i % 8, qkv as one [2304, 768] matrix: the MLP's fc and proj fell on a few ranks,
