@@ -80,6 +80,7 @@ class GPTConfig:
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
+    no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
@@ -108,9 +109,14 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
+        for key, example in (("no_attention", 7), ("no_mlp", 0)):
+            layers = getattr(self, key)
+            need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
+                 f"{key}={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [{example}]")
+        both = sorted(set(self.no_attention) & set(self.no_mlp))
+        need(not both, f"layer(s) {both} are in both no_attention and no_mlp: a block needs one of the two; "
+                       f"remove them from one list (or lower n_layer)")
         layers = self.no_attention
-        need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
-             f"no_attention={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [7]")
         k = self.value_embeds
         unread = [j for j in range(k) if {j, self.n_layer - k + j} <= set(layers)]
         need(not unread, f"value_embeds={k}: table(s) {unread} would serve only layers with no attention "
@@ -125,6 +131,11 @@ class GPTConfig:
         """L or S for each layer: window_pattern repeated (or cut) to n_layer, so n_layer can change alone."""
         pattern = self.window_pattern or "L"
         return "".join(pattern[i % len(pattern)] for i in range(self.n_layer))
+
+    @property
+    def mlp_layers(self) -> list[int]:
+        """The layers whose block has an MLP: all but those of no_mlp."""
+        return [i for i in range(self.n_layer) if i not in self.no_mlp]
 
     @property
     def attention_layers(self) -> list[int]:

@@ -241,20 +241,23 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0. Without attention
-    (model.no_attention) it has neither the attention nor its norm, and is x + mlp(norm2(x))."""
+    (model.no_attention) it has neither the attention nor its norm, and is x + mlp(norm2(x)); without an MLP
+    (model.no_mlp), likewise x + attn(norm1(x))."""
 
-    def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True):
+    def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True, mlp: bool = True):
         super().__init__()
         self.x0_lambda = nn.Parameter(torch.empty(2)) if cfg.x0_mix else None
         self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve)) if attention else (None, None)
-        self.norm2, self.mlp = Norm(cfg), MLP(cfg)
+        self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
     def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         if self.attn is not None:
             x = x + self.attn(self.norm1(x), ve, mask)
-        return x + self.mlp(self.norm2(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x
 
 
 class GPT(nn.Module):
@@ -268,8 +271,8 @@ class GPT(nn.Module):
         self.smear = Smear(cfg) if cfg.smear else None
         self.wpe = None if cfg.rotary else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.value_embeds = nn.ModuleList(nn.Embedding(V, cfg.n_embd) for _ in range(cfg.value_embeds))
-        self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers)
-                                    for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers,
+                                          mlp=i in cfg.mlp_layers) for i in range(cfg.n_layer))
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)

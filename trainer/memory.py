@@ -42,7 +42,7 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
     mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
     ve_layers = len(model_cfg.value_embed_layers)
     # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output
-    per_token = (len(model_cfg.attention_layers) * attn + model_cfg.n_layer * mlp + ve_layers * 2 * C
+    per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * 2 * C
                  + model_cfg.value_embeds * C + model_cfg.smear * C)
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's

@@ -34,6 +34,8 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(no_attention=[1, 1]), r"no_attention=\[1, 1\] must list distinct"),
     (dict(no_attention=[True]), r"no_attention=\[True\] must list distinct"),
     (dict(no_attention=7), "no_attention=7 must be of type list"),
+    (dict(no_mlp=[4]), r"no_mlp=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[0\]"),
+    (dict(no_mlp=[2], no_attention=[1, 2]), r"layer\(s\) \[2\] are in both no_attention and no_mlp"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
 ])

@@ -28,6 +28,7 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "x0_mix": dict(x0_mix=True), "rope_truncate": dict(rotary=True, rope_truncate=True, rope_base=1024.0),
     "window_schedule": dict(window=8, window_start=2, window_pattern="LSSL"), "records": RECORDS,
     "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
+    "no_mlp": dict(no_mlp=[0]),
     "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2]),
 }
 
@@ -432,6 +433,22 @@ def test_a_block_without_attention_has_no_attention_parameters_and_is_its_mlp_al
         h = F.layer_norm(x, (32,), block.norm2.weight, block.norm2.bias)
         mlp = block.mlp.proj(F.gelu(block.mlp.fc(h), approximate="tanh"))
         torch.testing.assert_close(block(x, x0, None, None), x + mlp, atol=0, rtol=0)
+
+
+def test_a_block_without_an_mlp_has_no_mlp_parameters_and_is_its_attention_alone():
+    plain, m = tiny(), tiny(no_mlp=[0])
+    block = m.blocks[0]
+    assert block.mlp is None and block.norm2 is None
+    assert [n for n, _ in block.named_parameters()] == [n for n, _ in plain.blocks[0].named_parameters()
+                                                        if not n.startswith(("mlp.", "norm2."))]
+    # fc and proj with their biases (2 x 4C^2 + 4C + C), and norm2's gain and bias (2C): C = 32
+    assert m.num_params() == plain.num_params() - (8 * 32 * 32 + 5 * 32 + 2 * 32)
+    # 6 FLOPs less per parameter it lost (matmul_weights counts all but the tables), the attention's unchanged
+    assert plain.flops_per_token(16) - m.flops_per_token(16) == 6 * (8 * 32 * 32 + 7 * 32)
+    x, x0 = torch.randn(2, 2, 5, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        h = F.layer_norm(x, (32,), block.norm1.weight, block.norm1.bias)
+        torch.testing.assert_close(block(x, x0, None, None), x + block.attn(h, None, None), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("options", [{}, dict(window=8, window_pattern="LSSL", doc_causal=True, bos_id=0,

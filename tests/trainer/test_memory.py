@@ -53,6 +53,17 @@ def test_a_block_without_attention_holds_neither_its_weights_nor_its_activations
     assert full["activations"] - less["activations"] == 11 * C * tokens * 4
 
 
+def test_a_block_without_an_mlp_holds_neither_its_weights_nor_its_activations():
+    # the hackathon shape without layer 0's MLP: fc and proj (8 C^2) and norm2's gains (C) fewer; none of the 14 C a
+    # token its ReLU^2 MLP keeps (norm in and out, fc's output 4C, the ReLU and its square 4C each)
+    full_cfg = hackathon("--train.parallel=fsdp")
+    full = estimate(full_cfg, 4, cuda=False)
+    less = estimate(hackathon("--train.parallel=fsdp", "--model.no_mlp=[0]"), 4, cuda=False)
+    C, tokens = full_cfg.model.n_embd, full_cfg.train.batch_size * full_cfg.train.seq_len
+    assert full["parameters"] - less["parameters"] == 4 * (8 * C * C + C) / 4
+    assert full["activations"] - less["activations"] == 14 * C * tokens * 4
+
+
 @pytest.mark.parametrize("argv", [
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
