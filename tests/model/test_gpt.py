@@ -420,35 +420,26 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"
 
 
-def test_a_block_without_attention_has_no_attention_parameters_and_is_its_mlp_alone():
-    plain, m = tiny(), tiny(no_attention=[2])
+# A block without one sublayer loses its weights and its norm, and is x plus the other one. C = 32, with biases:
+# attention qkv and proj (3C^2 + 3C, C^2 + C), MLP fc and proj (4C^2 + 4C, 4C^2 + C), and a norm's gain and bias 2C.
+@pytest.mark.parametrize("key, gone, kept, lost", [
+    ("no_attention", ("attn", "norm1"), ("mlp", "norm2"), 4 * 32 * 32 + 4 * 32 + 2 * 32),
+    ("no_mlp", ("mlp", "norm2"), ("attn", "norm1"), 8 * 32 * 32 + 5 * 32 + 2 * 32)])
+def test_a_block_without_a_sublayer_has_none_of_its_parameters_and_is_the_other_alone(key, gone, kept, lost):
+    plain, m = tiny(), tiny(**{key: [2]})
     block = m.blocks[2]
-    assert block.attn is None and block.norm1 is None
+    assert all(getattr(block, name) is None for name in gone)
     assert [n for n, _ in block.named_parameters()] == [n for n, _ in plain.blocks[2].named_parameters()
-                                                        if not n.startswith(("attn.", "norm1."))]
-    # qkv and proj with their biases (3C^2 + 3C, C^2 + C), and norm1's gain and bias (2C): C = 32
-    assert m.num_params() == plain.num_params() - (4 * 32 * 32 + 4 * 32 + 2 * 32)
+                                                        if not n.startswith(tuple(f"{g}." for g in gone))]
+    assert m.num_params() == plain.num_params() - lost
+    if key == "no_mlp":  # 6 FLOPs less per parameter lost (matmul_weights counts all but the tables)
+        assert plain.flops_per_token(16) - m.flops_per_token(16) == 6 * lost
     x, x0 = torch.randn(2, 2, 5, 32, generator=torch.Generator().manual_seed(3))
+    sublayer, norm = (getattr(block, name) for name in kept)
     with torch.no_grad():
-        h = F.layer_norm(x, (32,), block.norm2.weight, block.norm2.bias)
-        mlp = block.mlp.proj(F.gelu(block.mlp.fc(h), approximate="tanh"))
-        torch.testing.assert_close(block(x, x0, None, None), x + mlp, atol=0, rtol=0)
-
-
-def test_a_block_without_an_mlp_has_no_mlp_parameters_and_is_its_attention_alone():
-    plain, m = tiny(), tiny(no_mlp=[0])
-    block = m.blocks[0]
-    assert block.mlp is None and block.norm2 is None
-    assert [n for n, _ in block.named_parameters()] == [n for n, _ in plain.blocks[0].named_parameters()
-                                                        if not n.startswith(("mlp.", "norm2."))]
-    # fc and proj with their biases (2 x 4C^2 + 4C + C), and norm2's gain and bias (2C): C = 32
-    assert m.num_params() == plain.num_params() - (8 * 32 * 32 + 5 * 32 + 2 * 32)
-    # 6 FLOPs less per parameter it lost (matmul_weights counts all but the tables), the attention's unchanged
-    assert plain.flops_per_token(16) - m.flops_per_token(16) == 6 * (8 * 32 * 32 + 7 * 32)
-    x, x0 = torch.randn(2, 2, 5, 32, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        h = F.layer_norm(x, (32,), block.norm1.weight, block.norm1.bias)
-        torch.testing.assert_close(block(x, x0, None, None), x + block.attn(h, None, None), atol=0, rtol=0)
+        h = F.layer_norm(x, (32,), norm.weight, norm.bias)
+        other = sublayer(h) if key == "no_attention" else sublayer(h, None, None)
+        torch.testing.assert_close(block(x, x0, None, None), x + other, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("options", [{}, dict(window=8, window_pattern="LSSL", doc_causal=True, bos_id=0,

@@ -40,28 +40,21 @@ def test_estimate_counts_states_sharding_and_activations():
     assert estimate(cfg, 32, cuda=True)["activations"] == ddp["activations"] / 2
 
 
-def test_a_block_without_attention_holds_neither_its_weights_nor_its_activations():
-    # the hackathon shape (rmsnorm with gains, no biases, rotary, QK-norm) without layer 5's attention, a layer
-    # with no value embedding: qkv and proj (4 C^2) and norm1's gains (C) fewer; none of the 11 C a token its
-    # attention keeps (norm in and out, q, k, v, the output and its copy, the normalised and rotated q and k)
+# The hackathon shape (rmsnorm with gains, no biases, rotary, QK-norm, ReLU^2) without one layer's attention (layer 5,
+# which has no value embedding) or MLP. Attention: qkv and proj (4 C^2) and norm1's gains (C); the 11 C a token it
+# keeps (norm in and out, q, k, v, the output and its copy, the normalised and rotated q and k). MLP: fc and proj
+# (8 C^2) and norm2's gains (C); the 14 C a token it keeps (norm in and out, fc's output 4C, ReLU and square 4C each).
+@pytest.mark.parametrize("override, weights, per_token", [("--model.no_attention=[5]", (4, 1), 11),
+                                                          ("--model.no_mlp=[0]", (8, 1), 14)],
+                         ids=["attention", "mlp"])
+def test_a_block_without_a_sublayer_holds_neither_its_weights_nor_its_activations(override, weights, per_token):
     full_cfg = hackathon("--train.parallel=fsdp")
     full = estimate(full_cfg, 4, cuda=False)
-    less = estimate(hackathon("--train.parallel=fsdp", "--model.no_attention=[5]"), 4, cuda=False)
+    less = estimate(hackathon("--train.parallel=fsdp", override), 4, cuda=False)
     C, tokens = full_cfg.model.n_embd, full_cfg.train.batch_size * full_cfg.train.seq_len
-    assert full["parameters"] - less["parameters"] == 4 * (4 * C * C + C) / 4
-    assert full["gathered"] == less["gathered"]  # the blocks gathered at a time are the largest, with attention
-    assert full["activations"] - less["activations"] == 11 * C * tokens * 4
-
-
-def test_a_block_without_an_mlp_holds_neither_its_weights_nor_its_activations():
-    # the hackathon shape without layer 0's MLP: fc and proj (8 C^2) and norm2's gains (C) fewer; none of the 14 C a
-    # token its ReLU^2 MLP keeps (norm in and out, fc's output 4C, the ReLU and its square 4C each)
-    full_cfg = hackathon("--train.parallel=fsdp")
-    full = estimate(full_cfg, 4, cuda=False)
-    less = estimate(hackathon("--train.parallel=fsdp", "--model.no_mlp=[0]"), 4, cuda=False)
-    C, tokens = full_cfg.model.n_embd, full_cfg.train.batch_size * full_cfg.train.seq_len
-    assert full["parameters"] - less["parameters"] == 4 * (8 * C * C + C) / 4
-    assert full["activations"] - less["activations"] == 14 * C * tokens * 4
+    assert full["parameters"] - less["parameters"] == 4 * (weights[0] * C * C + weights[1] * C) / 4
+    assert full["gathered"] == less["gathered"]  # the blocks gathered at a time are the largest, whole ones
+    assert full["activations"] - less["activations"] == per_token * C * tokens * 4
 
 
 @pytest.mark.parametrize("argv", [
