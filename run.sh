@@ -83,12 +83,13 @@ setup_env() {
 
 # A virtualenv that sees every package of the interpreter $1 (its torch above all). A base that is itself a venv
 # (a cluster's module, a conda env) shares nothing through --system-site-packages, so its site folders are added
-# by a .pth file, whose `import` lines run site.addsitedir: .pth files in those folders are read too.
+# by a .pth file, whose `import` lines run site.addsitedir: .pth files in those folders are read too. No pip of
+# its own: the base's is seen, and a Debian/Ubuntu Python without python3-venv has no ensurepip to make one.
 see_packages_of() {
   if [ "$("$1" -c 'import sys; print(int(sys.prefix == sys.base_prefix))')" = 1 ]; then
-    "$1" -m venv --system-site-packages "$VENV"
+    "$1" -m venv --system-site-packages --without-pip "$VENV"
   else
-    "$1" -m venv "$VENV"
+    "$1" -m venv --without-pip "$VENV"
     "$1" -c 'import site; print("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))' \
       > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/shardrun-base.pth"
   fi

@@ -163,7 +163,7 @@ def resume_state_files(run_dir: Path) -> list[Path]:
 
 # A stock PyTorch GPU image's Python: these packages (and what they need), and nothing else of requirements.txt
 STOCK_IMAGE = ("torch", "numpy", "tiktoken", "tqdm", "scipy", "matplotlib", "pyarrow", "huggingface_hub",
-               "safetensors", "pytest")
+               "safetensors", "pytest", "pip")
 
 
 def stock_python(folder: Path, packages: Sequence[str] = STOCK_IMAGE) -> Path:
