@@ -80,6 +80,16 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     assert "Where a step's time goes" in proc.stdout
 
 
+def test_checks_runs_only_the_checks_named(tmp_path):
+    out = tmp_path / "check.json"
+    proc = run([sys.executable, "-m", "scripts.gpu_check", "--cpu", "--checks", "hackathon", "--json", str(out),
+                "--work", str(tmp_path / "work")], timeout=300)
+    assert [r["check"] for r in json.loads(out.read_text())["checks"]] == ["hackathon"], proc.stdout
+    assert {v["check"] for v in json.loads(out.read_text())["verdicts"]} == {"hackathon"}
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--checks", "hackathon,nosuch"])
+
+
 @pytest.mark.parametrize("sizes", [gpu_check.GPU, gpu_check.CPU], ids=["gpu", "cpu"])
 def test_budgets_add_up_within_the_deadline_and_the_shell_bound(sizes):
     parts = sum(sizes.timeout_s.values()) + len(sizes.timeout_s) * gpu_check.KILL_GRACE_S
@@ -257,6 +267,20 @@ def test_compile_counts_see_a_graph_marked_dynamic(dynamic):
         assert got["frames_compiled"] == 2 and got["same_shape_graphs"] == 0
         assert got["dynamic_graphs"] == (1 if dynamic is None else 0)
         assert bool(got["dynamic_reasons"]) == (dynamic is None)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_counts_judge_a_graph_whose_backward_was_compiled_too():
+    # AOTAutograd logs the backward's compile as a record of its own, with no code and no sizes: a training
+    # step's graphs are still judged (on the GPU, torch 2.11 said "does not record graph sizes" before)
+    torch._dynamo.reset()
+    try:
+        layer = torch.compile(torch.nn.Linear(8, 8), backend="aot_eager", dynamic=False)
+        s0 = train_probe.compile_state()
+        layer(torch.ones(2, 8)).sum().backward()
+        got = train_probe.compile_delta(s0, train_probe.compile_state())
+        assert got["frames_compiled"] == 1 and got["dynamic_graphs"] == 0 and got["same_shape_graphs"] == 0
     finally:
         torch._dynamo.reset()
 
