@@ -86,13 +86,13 @@ def compile_state() -> dict:
 def compiled_graphs() -> list[dict]:
     """Dynamo's record of each graph it compiled: an id, its code, its sizes (dynamo's graph_node_shapes: each
     node's sizes, a symbolic one as its name) and the nodes of symbolic size; sizes None where this torch does
-    not record them. A backward's own record (is_forward false) is left out: it has no code or sizes, and its
-    sizes are its forward's."""
+    not record them. Records that name no code are left out: a backward's compile (its sizes are its forward's)
+    and compile work done at run time (a kernel's first launch) are not frames that dynamo compiled."""
     from torch._dynamo.utils import get_compilation_metrics
 
     graphs = []
     for m in get_compilation_metrics():
-        if getattr(m, "is_forward", True) is False:
+        if getattr(m, "co_name", None) is None:
             continue
         shapes = getattr(m, "graph_node_shapes", None)
         graphs.append({"id": f"{m.compile_id}@{m.start_time}", "shapes": shapes,
