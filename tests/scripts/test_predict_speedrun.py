@@ -11,8 +11,12 @@ from trainer.config import parse_args
 
 
 def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
-    text, budget = predict_speedrun.table(predict_speedrun.ASSUMED_MFU)
-    assert text in (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    # the table is the script's output with the newest GPU check's measurement, which the document names
+    newest = sorted((ROOT / "records" / "gpu_check").glob("*/gpu_check.json"))[-1]
+    performance = (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    assert f"--measured {newest.relative_to(ROOT)}" in performance
+    text, budget = predict_speedrun.table(predict_speedrun.ASSUMED_MFU, predict_speedrun.measured(newest))
+    assert text in performance
     budgets = [tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())["train"]["budget_s"]
                for name in ("speedrun_8xh100", "speedrun_1gpu")]
     assert budgets == [budget, 8 * budget]
