@@ -78,9 +78,13 @@ class GPTConfig:
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
+    bigram_hash: int = 0  # rows of a table read at a hash of (previous, current) token, added to each block; 0 = off
+    bigram_dim: int = 0  # width of the bigram table, added to the first bigram_dim channels; 0 = n_embd
+    bigram_signs: bool = False  # each bigram's row times a fixed +-1 pattern picked by the pair (the sign trick)
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
+    xsa: list[int] = field(default_factory=list)  # layers whose heads drop tanh(a) of their output along their value
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
@@ -109,13 +113,24 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
-        for key, example in (("no_attention", 7), ("no_mlp", 0)):
+        for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1)):
             layers = getattr(self, key)
             need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
                  f"{key}={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [{example}]")
         both = sorted(set(self.no_attention) & set(self.no_mlp))
         need(not both, f"layer(s) {both} are in both no_attention and no_mlp: a block needs one of the two; "
                        f"remove them from one list (or lower n_layer)")
+        blind = sorted(set(self.xsa) & set(self.no_attention))
+        need(not blind, f"xsa={self.xsa}: layer(s) {blind} have no attention (no_attention={self.no_attention}); "
+                        f"remove them from xsa")
+        need(self.bigram_hash == 0 or self.bigram_hash >= 2,
+             f"bigram_hash={self.bigram_hash} must be 0 (off) or at least 2 rows (the last one is each sequence's "
+             f"first token's), e.g. 251520 = 5 x 50304 (the records)")
+        need(0 <= self.bigram_dim <= self.n_embd,
+             f"bigram_dim={self.bigram_dim} must be in [0, n_embd={self.n_embd}] (0 = n_embd)")
+        need(self.bigram_hash or not (self.bigram_dim or self.bigram_signs),
+             f"bigram_dim={self.bigram_dim} and bigram_signs={self.bigram_signs} shape the bigram table, which "
+             f"bigram_hash = 0 turns off: set bigram_hash > 0 or leave them at 0 and false")
         layers = self.no_attention
         k = self.value_embeds
         unread = [j for j in range(k) if {j, self.n_layer - k + j} <= set(layers)]
@@ -148,6 +163,11 @@ class GPTConfig:
         has attention (a block without attention has no values)."""
         k = self.value_embeds
         return [i for i in self.attention_layers if i < k or i >= self.n_layer - k]
+
+    @property
+    def bigram_width(self) -> int:
+        """The channels the bigram table writes, the first ones: bigram_dim, or all of them."""
+        return self.bigram_dim or self.n_embd
 
     @property
     def padded_vocab(self) -> int:

@@ -1,7 +1,7 @@
 """The GPT: GPT-2 by default, with the NanoGPT speedrun's modern options behind config keys.
 
-Classes appear in the order a forward pass meets them: norm -> gate, smear -> rotary -> attention -> MLP -> block
--> GPT.
+Classes appear in the order a forward pass meets them: norm -> gate, smear, bigram table -> rotary -> attention
+(XSA) -> MLP -> block -> GPT.
 The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied from outside (trainer/parallel.py).
 """
 from __future__ import annotations
@@ -66,6 +66,55 @@ class Smear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         now, before = x[:, 1:], x[:, :-1]
         return torch.cat((x[:, :1], now + self.lam * self.gate(now) * before), dim=1)
+
+
+# The records' odd multipliers of the current and the previous token: their products spread over the integers
+# before the modulo, and below 2^31 for vocabularies under 59,000 tokens, where the records' int32 hash agrees.
+BIGRAM_MULTIPLIERS = (36313, 27191)
+SIGN_ROWS = 8192  # the sign trick's patterns: enough that two bigrams sharing a table row rarely share one
+SIGN_SEED = 0  # the patterns are drawn from their own generator: the same on every rank, no other draw moved
+
+
+def pair_hash(idx: Tensor, first: int, pair: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """pair(previous, current) at each position of idx [B, T] but the first, which has no previous token: `first`."""
+    start = idx.new_full((idx.size(0), 1), first)
+    return torch.cat((start, pair(idx[:, :-1], idx[:, 1:])), dim=1)
+
+
+def bigram_rows(idx: Tensor, rows: int) -> Tensor:
+    """The bigram table's row of each token of idx [B, T]: (a * current XOR b * previous) mod (rows - 1), a and b
+    BIGRAM_MULTIPLIERS; each sequence's first token gets the last row, which no bigram hashes to."""
+    now, before = BIGRAM_MULTIPLIERS
+    return pair_hash(idx, rows - 1, lambda p, c: torch.bitwise_xor(now * c, before * p) % (rows - 1))
+
+
+class BigramHash(nn.Embedding):
+    """The records' bigram hash embedding: row bigram_rows(idx) of a [bigram_hash, bigram_width] table, zero at init,
+    as [B, T, n_embd] with zeros after its width. Distinct bigrams share a row, so with bigram_signs each row read is
+    multiplied by a fixed random +-1 pattern picked by (previous XOR current) mod SIGN_ROWS (the first token: pattern
+    0): bigrams sharing a row mostly pull it apart in different channels."""
+
+    def __init__(self, cfg: GPTConfig):
+        # _weight: no init drawn here; GPT.reset_parameters calls ours
+        super().__init__(cfg.bigram_hash, cfg.bigram_width, _weight=torch.empty(cfg.bigram_hash, cfg.bigram_width))
+        self.n_embd = cfg.n_embd
+        # A buffer, so a checkpoint holds the patterns it was trained with.
+        self.register_buffer("signs", torch.empty(SIGN_ROWS, cfg.bigram_width) if cfg.bigram_signs else None)
+
+    def reset_parameters(self) -> None:
+        """Zero the table; draw the sign patterns from their own seeded generator (nothing drawn from torch's)."""
+        nn.init.zeros_(self.weight)
+        if self.signs is not None:
+            bits = torch.randint(0, 2, self.signs.shape, generator=torch.Generator().manual_seed(SIGN_SEED),
+                                 device="cpu")
+            with torch.no_grad():
+                self.signs.copy_(2 * bits - 1)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        rows = super().forward(bigram_rows(idx, self.num_embeddings))
+        if self.signs is not None:
+            rows = rows * F.embedding(pair_hash(idx, 0, lambda p, c: torch.bitwise_xor(p, c) % SIGN_ROWS), self.signs)
+        return rows if rows.size(-1) == self.n_embd else F.pad(rows, (0, self.n_embd - rows.size(-1)))
 
 
 def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) -> Tensor:
@@ -185,10 +234,18 @@ def _warn_flex_fallback(reason: str) -> None:
         warnings.warn(f"attention='flex' {reason}: using SDPA with an equivalent explicit mask", stacklevel=3)
 
 
-class Attention(nn.Module):
-    """Causal multi-head self-attention; optional QK-norm, rotary positions, value embeddings and output gate."""
+def exclude_self(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
+    """XSA: each head's output y [B, H, T, D] less tanh(alpha_h) times its component along the token's own value,
+    u = v / max(|v|, 1e-4): y - tanh(alpha_h) (y . u) u. At alpha 0 it is y; at tanh 1, y is orthogonal to v."""
+    u = F.normalize(v, dim=-1, eps=1e-4)
+    return y - torch.tanh(alpha).to(y.dtype).view(-1, 1, 1) * (y * u).sum(-1, keepdim=True) * u
 
-    def __init__(self, cfg: GPTConfig, has_ve: bool):
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention; optional QK-norm, rotary positions, value embeddings, XSA and output
+    gate."""
+
+    def __init__(self, cfg: GPTConfig, has_ve: bool, xsa: bool = False):
         super().__init__()
         self.cfg = cfg
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
@@ -198,6 +255,8 @@ class Attention(nn.Module):
         # attn_gate: each head's output scaled by a gate read from this token's input (the records: a no-op when
         # the context holds nothing worth reading, without an attention sink)
         self.gate = Gate(cfg, cfg.n_head) if cfg.attn_gate else None
+        # model.xsa: per head, how much of the output along the token's own value to drop (tanh of it; 0 at init)
+        self.xsa_alpha = nn.Parameter(torch.empty(cfg.n_head)) if xsa else None
 
     def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
         cfg, (B, T, C) = self.cfg, x.shape
@@ -219,6 +278,8 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         else:
             y = flex_attention(q, k, v, block_mask=mask, scale=scale)
+        if self.xsa_alpha is not None:
+            y = exclude_self(y, v, self.xsa_alpha)
         if self.gate is not None:
             y = y * self.gate(x).transpose(1, 2).unsqueeze(-1)  # [B, T, H] -> [B, H, T, 1]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
@@ -240,19 +301,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0. Without attention
-    (model.no_attention) it has neither the attention nor its norm, and is x + mlp(norm2(x)); without an MLP
-    (model.no_mlp), likewise x + attn(norm1(x))."""
+    """Pre-norm transformer block; with x0_mix its input is first mixed with the embedding x0, and with bigram_hash
+    it adds a learned scalar times the bigram table's output. Without attention (model.no_attention) it has neither
+    the attention nor its norm, and is x + mlp(norm2(x)); without an MLP (model.no_mlp), likewise x + attn(norm1(x))."""
 
-    def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True, mlp: bool = True):
+    def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True, mlp: bool = True, xsa: bool = False):
         super().__init__()
         self.x0_lambda = nn.Parameter(torch.empty(2)) if cfg.x0_mix else None
-        self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve)) if attention else (None, None)
+        self.bigram_lambda = nn.Parameter(torch.empty(1)) if cfg.bigram_hash else None
+        self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve, xsa)) if attention else (None, None)
         self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
-    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, bigram: Tensor | None = None) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
+        if self.bigram_lambda is not None:
+            x = x + self.bigram_lambda * bigram
         if self.attn is not None:
             x = x + self.attn(self.norm1(x), ve, mask)
         if self.mlp is not None:
@@ -271,8 +335,9 @@ class GPT(nn.Module):
         self.smear = Smear(cfg) if cfg.smear else None
         self.wpe = None if cfg.rotary else nn.Embedding(cfg.block_size, cfg.n_embd)
         self.value_embeds = nn.ModuleList(nn.Embedding(V, cfg.n_embd) for _ in range(cfg.value_embeds))
+        self.bigram = BigramHash(cfg) if cfg.bigram_hash else None
         self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers,
-                                          mlp=i in cfg.mlp_layers) for i in range(cfg.n_layer))
+                                          mlp=i in cfg.mlp_layers, xsa=i in cfg.xsa) for i in range(cfg.n_layer))
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
@@ -287,17 +352,24 @@ class GPT(nn.Module):
         """Initialise every parameter (also after `to_empty` from the meta device), GPT-2 style.
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
-        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights
-        and the smear's lambda 0 (as modded-nanogpt starts them); the window is the final one (set_progress(1)).
+        gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights,
+        the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1 (as modded-nanogpt starts them);
+        the window is the final one (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
+            if isinstance(m, BigramHash):
+                m.reset_parameters()
+            elif isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=cfg.init_std)
             if isinstance(m, Norm) and m.weight is not None:
                 nn.init.ones_(m.weight)
             if isinstance(m, Attention) and m.ve_lambda is not None:
                 nn.init.constant_(m.ve_lambda, 0.5)
+            if isinstance(m, Attention) and m.xsa_alpha is not None:
+                nn.init.zeros_(m.xsa_alpha)
+            if isinstance(m, Block) and m.bigram_lambda is not None:
+                nn.init.constant_(m.bigram_lambda, 0.1)
             if isinstance(m, Gate):
                 nn.init.zeros_(m.weight)
             if isinstance(m, Smear):
@@ -375,6 +447,7 @@ class GPT(nn.Module):
         if cfg.embed_norm:
             x = F.rms_norm(x, (x.size(-1),))
         x0 = x
+        bigram = None if self.bigram is None else self.bigram(idx)
         ves = [ve(idx) for ve in self.value_embeds]
         ves = ves + [None] * (cfg.n_layer - 2 * len(ves)) + ves
         masks = self._masks(idx)
@@ -382,7 +455,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
                 x = x + self.skip_weights[i - (cfg.n_layer - half)] * skips.pop()
-            x = block(x, x0, ves[i], masks[i])
+            x = block(x, x0, ves[i], masks[i], bigram)
             if self.skip_weights is not None and i < half:
                 skips.append(x)
         return self.head_loss(x, targets)

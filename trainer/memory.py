@@ -38,12 +38,17 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
     # and its contiguous copy (7), the normalised and rotated q and k (2 each), the value-embedding mix (2, below);
     # and the n_head gates of attn_gate.
     attn = (7 + 2 * model_cfg.qk_norm + 2 * model_cfg.rotary) * C + model_cfg.n_head * model_cfg.attn_gate
+    # XSA: the attention's output before it and the unit values (2 C), and per head |v|, its clamp, the component
+    # along v and its scaled copy
+    xsa = 2 * C + 4 * model_cfg.n_head
     # norm in/out; fc out, activation (relu, square)
     mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
     ve_layers = len(model_cfg.value_embed_layers)
-    # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output
+    # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output; the
+    # bigram table's output, widened to C, which every block's lambda reads, and its sign patterns
+    bigram = (C + model_cfg.bigram_signs * model_cfg.bigram_width) if model_cfg.bigram_hash else 0
     per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * 2 * C
-                 + model_cfg.value_embeds * C + model_cfg.smear * C)
+                 + model_cfg.value_embeds * C + model_cfg.smear * C + len(model_cfg.xsa) * xsa + bigram)
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
     # output, one more in backward; under bf16 autocast also the head's bf16 output.

@@ -21,9 +21,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 
-# The only buffer (GPT.windows) is set alike on every rank from the agreed schedule: broadcasting it from rank 0
-# before every forward, DDP's default, would be a collective for nothing. torch 2.13 renamed the switch
-# (broadcast_buffers warns there); the new one still broadcasts buffers once at construction, which is harmless.
+# The buffers are alike on every rank: GPT.windows is set from the agreed schedule, the bigram sign patterns are
+# drawn from a fixed seed. Broadcasting them from rank 0 before every forward, DDP's default, would be a collective
+# for nothing. torch 2.13 renamed the switch (broadcast_buffers warns there); the new one still broadcasts buffers
+# once at construction, which is harmless.
 _NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
 

@@ -38,6 +38,15 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(no_mlp=[2], no_attention=[1, 2]), r"layer\(s\) \[2\] are in both no_attention and no_mlp"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
+    (dict(xsa=[4]), r"xsa=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[1\]"),
+    (dict(xsa=[1, 2], no_attention=[2]), r"xsa=\[1, 2\]: layer\(s\) \[2\] have no attention \(no_attention=\[2\]\); "
+                                          r"remove them from xsa"),
+    (dict(bigram_hash=1), r"bigram_hash=1 must be 0 \(off\) or at least 2 rows"),
+    (dict(bigram_hash=-3), r"bigram_hash=-3 must be 0 \(off\) or at least 2 rows .* e.g. 251520"),
+    (dict(bigram_hash=100, bigram_dim=33), r"bigram_dim=33 must be in \[0, n_embd=32\]"),
+    (dict(bigram_signs=True), "bigram_dim=0 and bigram_signs=True shape the bigram table, which bigram_hash = 0 turns "
+                              "off: set bigram_hash > 0"),
+    (dict(bigram_dim=8), "bigram_dim=8 and bigram_signs=False shape the bigram table"),
 ])
 def test_bad_values_are_explained(bad, message):
     with pytest.raises(ValueError, match=message):

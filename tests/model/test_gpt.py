@@ -1,5 +1,6 @@
 """The GPT: defaults, shapes, every option trains, masks, the records' pieces (also the newer ones: blocks without
-attention, the attention gate, the smear), checkpoint round trip, FLOPs."""
+attention, the attention gate, the smear, the bigram hash embedding and its sign trick, XSA), checkpoint round trip,
+FLOPs."""
 import dataclasses
 import math
 import warnings
@@ -28,8 +29,10 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "x0_mix": dict(x0_mix=True), "rope_truncate": dict(rotary=True, rope_truncate=True, rope_base=1024.0),
     "window_schedule": dict(window=8, window_start=2, window_pattern="LSSL"), "records": RECORDS,
     "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
-    "no_mlp": dict(no_mlp=[0]),
-    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2]),
+    "no_mlp": dict(no_mlp=[0]), "bigram_hash": dict(bigram_hash=500),
+    "bigram_signs": dict(bigram_hash=500, bigram_dim=16, bigram_signs=True), "xsa": dict(xsa=[0, 3]),
+    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], bigram_hash=500, bigram_dim=16,
+                          bigram_signs=True, xsa=[1, 3]),
 }
 
 
@@ -540,14 +543,30 @@ def test_gates_and_the_smear_are_adamw_scalars_never_muon_matrices():
     assert not {id(p) for p in decayed["params"]} & scalars  # the AdamW recipe decays no gate
 
 
-def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
+def _gates_and_smear_start_at_zero(m) -> bool:
+    return all(not w.any() for w in gates(m)) and m.smear.lam.item() == 0.0
+
+
+def _bigram_and_xsa_start_as_the_records(m) -> bool:
+    alphas = [b.attn.xsa_alpha for b in m.blocks if b.attn is not None and b.attn.xsa_alpha is not None]
+    lambdas = [b.bigram_lambda.item() for b in m.blocks]
+    return (not m.bigram.weight.any() and set(m.bigram.signs.unique().tolist()) == {-1.0, 1.0} and len(alphas) == 2
+            and lambdas == [pytest.approx(0.1)] * 4 and not any(a.any() for a in alphas))
+
+
+# pieces that start at constants (and the sign patterns, drawn from their own generator): none draws from torch's
+@pytest.mark.parametrize("pieces, start", [
+    (dict(attn_gate=True, smear=True), _gates_and_smear_start_at_zero),
+    (dict(bigram_hash=50, bigram_dim=8, bigram_signs=True, xsa=[0, 2]), _bigram_and_xsa_start_as_the_records),
+], ids=["gates-smear", "bigram-xsa"])
+def test_meta_device_build_then_reset_initialises_the_newer_pieces_without_a_random_draw(pieces, start):
     # untied, as the meta-device test above: to_empty unties a tied head (the head gets a weight of its own)
-    options = {**TINY, "tie_embeddings": False, "attn_gate": True, "smear": True, "no_attention": [1]}
+    options = {**TINY, "tie_embeddings": False, "no_attention": [1], **pieces}
     with torch.device("meta"):
         lazy = get_model(options)
     lazy.to_empty(device="cpu")
     with torch.no_grad():
-        for p in lazy.parameters():
+        for p in [*lazy.parameters(), *(b for b in lazy.buffers() if b.is_floating_point())]:
             p.fill_(math.nan)  # what to_empty leaves is arbitrary: reset must write every value
     torch.manual_seed(5)
     lazy.reset_parameters()
@@ -557,13 +576,13 @@ def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
     eager.reset_parameters()
     for (name, a), b in zip(lazy.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
-    assert all(not w.any() for w in gates(lazy)) and lazy.smear.lam.item() == 0.0
-    # the gates draw no random numbers: every other weight is the plain model's
+    assert start(lazy)
+    # every other weight is the plain model's
     plain = tiny(tie_embeddings=False, no_attention=[1])
     torch.manual_seed(0)
-    gated = get_model(options)
+    with_pieces = get_model(options).state_dict()
     for name, w in plain.state_dict().items():
-        assert torch.equal(gated.state_dict()[name], w), name
+        assert torch.equal(with_pieces[name], w), name
 
 
 def test_smear_adds_the_gated_previous_token_by_hand():
@@ -612,3 +631,161 @@ def test_smear_reaches_one_token_forward_and_none_back():
     # no attention anywhere: a token's logits see the previous token only through the smear
     assert _changed_positions(smeared(no_attention=[0, 1, 2, 3]), x, x2) == [5, 6]
     assert _changed_positions(smeared(), x, x2) == list(range(5, 12))  # with attention: later tokens, never earlier
+
+
+def test_bigram_rows_follow_the_records_hash_and_keep_the_last_row_for_the_first_token():
+    rows = 251520  # record 62's 5 x 50304
+    idx = torch.tensor([[50256, 464, 2068, 50256, 0], [1, 0, 1, 1, 50255]])
+    hashed = [[rows - 1] + [(36313 * now ^ 27191 * before) % (rows - 1) for before, now in zip(r, r[1:])]
+              for r in idx.tolist()]
+    assert model.gpt.bigram_rows(idx, rows).tolist() == hashed
+    assert hashed[1][1:4] == [27191, 36313, 36313 ^ 27191]  # (1, 0), (0, 1), (1, 1) by hand
+    # the records hash in int32: their products stay below 2^31 for every id of a vocabulary under 59,000
+    assert 36313 * 59_000 < 2 ** 31
+
+
+def test_bigram_rows_spread_every_bigram_over_the_table_and_none_on_the_first_tokens_row():
+    V, rows = 257, 1001  # 66,049 bigrams over 1,000 hashed rows: 66 each on average
+    tokens = torch.arange(V)
+    pairs = torch.stack(torch.meshgrid(tokens, tokens, indexing="ij"), dim=-1).view(-1, 2)  # (previous, current)
+    counts = torch.bincount(model.gpt.bigram_rows(pairs, rows)[:, 1], minlength=rows)
+    mean = V * V / (rows - 1)
+    assert counts[-1] == 0 and mean / 2 < counts[:-1].min() and counts[:-1].max() < 2 * mean
+
+
+def test_bigram_table_starts_as_a_no_op_then_each_block_adds_its_lambda_times_the_row():
+    m, plain = tiny(bigram_hash=100, x0_mix=True), tiny(x0_mix=True)
+    assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == [
+        "bigram.weight", *(f"blocks.{i}.bigram_lambda" for i in range(4))]
+    idx = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=0, rtol=0)  # the table is zero at init
+        m.bigram.weight.normal_()
+        m.blocks[2].bigram_lambda.fill_(0.3)
+        m.blocks[2].x0_lambda.copy_(torch.tensor([0.5, 2.0]))
+        seen = {}
+        m.blocks[2].register_forward_pre_hook(lambda mod, args: seen.update(x=args[0], x0=args[1]))
+        m.blocks[2].norm1.register_forward_pre_hook(lambda mod, args: seen.update(mixed=args[0]))
+        m(idx)
+        rows = m.bigram.weight[model.gpt.bigram_rows(idx, 100)]
+    torch.testing.assert_close(seen["mixed"], 0.5 * seen["x"] + 2.0 * seen["x0"] + 0.3 * rows)
+
+
+def test_bigram_table_reads_the_token_before_and_no_other():
+    x = batch(B=2, T=12, seed=7)
+    x2 = x.clone()
+    x2[:, 5] = (x[:, 5] + 1) % 257
+    m = tiny(bigram_hash=1000, no_attention=[0, 1, 2, 3], rotary=True)
+    with torch.no_grad():
+        m.bigram.weight.normal_()
+    # no attention anywhere: a token sees the one before only through its bigram's row
+    assert _changed_positions(m, x, x2) == [5, 6]
+    assert _changed_positions(tiny(no_attention=[0, 1, 2, 3], rotary=True), x, x2) == [5]
+
+
+@pytest.mark.parametrize("signs", [False, True])
+def test_bigram_row_is_read_into_the_first_bigram_dim_channels_times_its_sign_pattern(signs):
+    table = tiny(bigram_hash=100, bigram_dim=8, bigram_signs=signs).bigram
+    idx = torch.tensor([[3, 5, 5, 200], [200, 5, 3, 3]])
+    with torch.no_grad():
+        table.weight.normal_()
+        out = table(idx)
+    assert table.weight.shape == (100, 8) and out.shape == (2, 4, 32) and not out[..., 8:].any()
+    rows = model.gpt.bigram_rows(idx, 100)
+    for b, seq in enumerate(idx.tolist()):
+        for t, pattern in enumerate([0] + [before ^ now for before, now in zip(seq, seq[1:])]):
+            sign = table.signs[pattern] if signs else 1.0
+            torch.testing.assert_close(out[b, t, :8], table.weight[rows[b, t]] * sign, atol=0, rtol=0)
+
+
+def test_sign_patterns_are_a_fixed_draw_of_plus_and_minus_one_saved_with_the_model():
+    signs = tiny(bigram_hash=100, bigram_dim=8, bigram_signs=True).bigram.signs
+    assert signs.shape == (8192, 8) and set(signs.unique().tolist()) == {-1.0, 1.0} and abs(signs.mean()) < 0.02
+    torch.manual_seed(123)  # a draw of their own: torch's seed and the table's size change nothing
+    assert torch.equal(get_model({**TINY, "bigram_hash": 7, "bigram_dim": 8, "bigram_signs": True}).bigram.signs, signs)
+    assert "bigram.signs" in tiny(bigram_hash=100, bigram_signs=True).state_dict()
+    assert tiny(bigram_hash=100).bigram.signs is None
+
+
+def test_bigram_table_is_an_embedding_and_its_lambdas_and_xsas_alphas_are_adamw_scalars():
+    m = tiny(bigram_hash=100, xsa=[0, 2])
+    roles = param_roles(m)
+    scalars = [b.bigram_lambda for b in m.blocks] + [m.blocks[i].attn.xsa_alpha for i in (0, 2)]
+    assert [id(p) for p in roles["embed"]].count(id(m.bigram.weight)) == 1
+    assert {id(p) for p in scalars} <= {id(p) for p in roles["scalar"]}
+    adam, muon = build_optimizers(m, OptimConfig(name="muon"))
+    rate = {id(p): g["lr"] for g in adam.param_groups for p in g["params"]}
+    assert rate[id(m.bigram.weight)] == OptimConfig().embed_lr and {rate[id(p)] for p in scalars} == {
+        OptimConfig().scalar_lr}
+    assert not {id(p) for g in muon.param_groups for p in g["params"]} & set(rate)
+
+
+def test_flops_per_token_count_no_matmul_for_the_bigram_table_or_xsa():
+    plain, m = tiny(), tiny(bigram_hash=100, xsa=[1])
+    # a lookup and elementwise work: only the lambdas (one a block) and alphas (one a head) join matmul_weights, as
+    # every learned scalar does
+    assert m.matmul_weights == plain.matmul_weights + 4 + 2
+    assert m.flops_per_token(16) == plain.flops_per_token(16) + 6 * (4 + 2)
+
+
+def _attention_by_hand(att, x: torch.Tensor, ve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, v) [B, H, T, D] of `att` on x with the value embedding ve (the value mix at its init, 0.5 and 0.5)."""
+    B, T, C = x.shape
+    H = att.cfg.n_head
+    q, k, v = att.qkv(x).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+    v = 0.5 * v + 0.5 * ve.view(B, T, H, C // H).transpose(1, 2)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
+    return logits.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf).softmax(-1) @ v, v
+
+
+def test_xsa_drops_tanh_alpha_of_each_heads_output_along_the_tokens_own_value():
+    m = tiny(xsa=[1], value_embeds=2)  # layer 1 mixes value-embedding table 1 into its values
+    att = m.blocks[1].attn
+    assert [b.attn.xsa_alpha is not None for b in m.blocks] == [False, True, False, False]
+    g = torch.Generator().manual_seed(8)
+    x, ve = torch.randn(2, 1, 5, 32, generator=g)
+    alpha = [0.7, -1.3]
+    seen = []
+    att.proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        att.xsa_alpha.copy_(torch.tensor(alpha))
+        att(x, ve, None)
+        y, v = _attention_by_hand(att, x, ve)
+    out = seen[0].view(1, 5, 2, 16).transpose(1, 2)
+    for h in range(2):
+        # the first token attends to itself alone: its output is its value, of which 1 - tanh(alpha) is left
+        torch.testing.assert_close(out[0, h, 0], (1 - math.tanh(alpha[h])) * v[0, h, 0])
+        for t in range(5):
+            u = v[0, h, t] / v[0, h, t].norm()
+            torch.testing.assert_close(out[0, h, t], y[0, h, t] - math.tanh(alpha[h]) * (y[0, h, t] @ u) * u)
+
+
+def test_xsa_starts_as_plain_attention_and_at_full_strength_leaves_nothing_along_the_value():
+    options = dict(rotary=True, qk_norm=True, attn_gate=True)
+    m, plain = tiny(xsa=[0, 1, 2, 3], **options), tiny(**options)
+    assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == [
+        f"blocks.{i}.attn.xsa_alpha" for i in range(4)]
+    idx = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=0, rtol=0)  # tanh(0) = 0
+    att = m.blocks[0].attn
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(9))
+    v = att.qkv(x)[..., 64:].view(2, 7, 2, 16)
+    seen = []
+    att.proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0].view(2, 7, 2, 16)))
+    with torch.no_grad():
+        att(x, None, None)
+        att.xsa_alpha.fill_(20.0)  # tanh(20) is 1 in float32
+        att(x, None, None)
+    before, after = ((y * v).sum(-1).abs().max() for y in seen)
+    assert before > 0.1 and after < 1e-6
+
+
+def test_the_cpu_config_trains_with_the_bigram_table_and_xsa():
+    cfg = parse_args(["--config", "configs/cpu.toml", "--model.vocab_size=257", "--model.bigram_hash=1921",
+                      "--model.bigram_dim=32", "--model.bigram_signs=true", "--model.xsa=[1, 3]"])
+    torch.manual_seed(0)
+    m = get_model(dataclasses.asdict(cfg.model))
+    losses = _train(m, cfg.optim, steps=8)
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert m.bigram.weight.any() and all(m.blocks[i].attn.xsa_alpha.any() for i in (1, 3))  # both learn

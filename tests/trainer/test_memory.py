@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import get_model
-from tests.helpers import ROOT, TRAIN, make_shards, run, torchrun
+from model import GPTConfig, get_model
+from tests.helpers import ROOT, TINY_GPT, TRAIN, make_shards, run, torchrun
 from trainer.config import ConfigError, parse_args
 from trainer.distributed import Dist
-from trainer.memory import NEAR, available, check_memory, estimate, verdict
+from trainer.memory import NEAR, activation_bytes, available, check_memory, estimate, verdict
 
 GB = 1e9
 # The organizers' flags, exactly as their submit.sh passes them (the config's shape wins: 32 x 1024 per rank).
@@ -55,6 +55,48 @@ def test_a_block_without_a_sublayer_holds_neither_its_weights_nor_its_activation
     assert full["parameters"] - less["parameters"] == 4 * (weights[0] * C * C + weights[1] * C) / 4
     assert full["gathered"] == less["gathered"]  # the blocks gathered at a time are the largest, whole ones
     assert full["activations"] - less["activations"] == per_token * C * tokens * 4
+
+
+def test_the_bigram_table_and_xsa_are_counted():
+    # the hackathon shape (C 768, 6 heads, 12 layers) with a 160,000 x 192 bigram table, its sign patterns and XSA on
+    # two layers: the table and the 12 lambdas and 2 x 6 alphas are AdamW's; a token keeps the table's output
+    # widened to C, its signs (192), and per XSA layer 2 C + 4 per head
+    cfg = hackathon()
+    base = estimate(cfg, 2, cuda=False)
+    more = estimate(hackathon("--model.bigram_hash=160000", "--model.bigram_dim=192", "--model.bigram_signs=true",
+                              "--model.xsa=[1, 2]"), 2, cuda=False)
+    C, tokens, added = 768, cfg.train.batch_size * cfg.train.seq_len, 160000 * 192 + 12 + 2 * 6
+    assert more["parameters"] - base["parameters"] == 4 * added and more["optimizer"] - base["optimizer"] == 8 * added
+    assert more["activations"] - base["activations"] == (C + 192 + 2 * (2 * C + 4 * 6)) * tokens * 4
+
+
+def saved_bytes(options: dict, tokens: int) -> int:
+    """Bytes of the distinct tensors backward keeps for a TINY_GPT model with `options` on one sequence."""
+    torch.manual_seed(0)
+    model = get_model({**TINY_GPT, **options})
+    idx = torch.randint(0, TINY_GPT["vocab_size"], (1, tokens + 1))
+    kept = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(idx[:, :-1], idx[:, 1:])
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("piece", [dict(bigram_hash=100), dict(bigram_hash=100, bigram_dim=8, bigram_signs=True),
+                                   dict(xsa=[1, 2]), dict(xsa=[1], attn_gate=True)],
+                         ids=["bigram", "bigram-signs", "xsa", "xsa-gate"])
+def test_the_bigram_table_and_xsa_keep_for_backward_what_the_estimate_counts(piece):
+    # what the piece adds, measured tensor by tensor, is the estimate's count and at most a token's int64 row
+    # index (one per table) and the handful of learned scalars more
+    tokens, base = 32, {k: v for k, v in piece.items() if k == "attn_gate"}
+    counted = (activation_bytes(GPTConfig(**TINY_GPT, **piece), tokens, 4)["activations"]
+               - activation_bytes(GPTConfig(**TINY_GPT, **base), tokens, 4)["activations"])
+    measured = saved_bytes(piece, tokens) - saved_bytes(base, tokens)
+    assert counted <= measured <= counted + 2 * 8 * tokens + 64, (counted, measured)
 
 
 @pytest.mark.parametrize("argv", [

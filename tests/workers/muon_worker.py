@@ -53,8 +53,10 @@ def gpt(**changes) -> nn.Module:
 
 def newer() -> nn.Module:
     """The newer records' pieces: 4 heads (2 pairs in each of Q and K), the gates (2-D weights that AdamW steps,
-    sharded by FSDP2 like the rest), the smear and a block without attention."""
-    return gpt(n_head=4, attn_gate=True, smear=True, no_attention=[1])
+    sharded by FSDP2 like the rest), the smear, a block without attention, the bigram table (50 rows, which 3 ranks
+    cannot split evenly) with its sign patterns (a buffer) and XSA."""
+    return gpt(n_head=4, attn_gate=True, smear=True, no_attention=[1], bigram_hash=50, bigram_dim=12,
+               bigram_signs=True, xsa=[0])
 
 
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
