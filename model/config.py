@@ -78,7 +78,9 @@ class GPTConfig:
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
+    ve_gate: bool = False  # each head's value embedding times 2 sigmoid(W [x[:6], ve[:6]]); W starts at 0 (gates 1)
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
+    skip_gate: bool = False  # each U-net skip times 2 sigmoid(w . x0[:12]); w starts at 0 (gates 1)
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
@@ -100,6 +102,12 @@ class GPTConfig:
         check_choices(self, "model config")
         need(0 <= 2 * self.value_embeds <= self.n_layer,
              f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
+        need(not self.ve_gate or self.value_embeds > 0,
+             "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set value_embeds > 0 "
+             "or ve_gate = false")
+        need(not self.skip_gate or self.unet_skips,
+             "skip_gate = true gates the U-net skips, and unet_skips = false has none: set unet_skips = true "
+             "or skip_gate = false")
         need(min(self.window, self.window_start, self.logit_softcap, self.attn_scale) >= 0,
              "window, window_start, logit_softcap and attn_scale must be >= 0")
         need(not self.rope_truncate or (self.rotary and self.head_dim % 4 == 0),

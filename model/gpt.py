@@ -43,12 +43,13 @@ GATE_CHANNELS = 12  # the records' gates read the first 12 channels of their inp
 
 
 class Gate(nn.Module):
-    """sigmoid(W x[..., :k]): `outputs` gates in (0, 1) from the first k = min(12, n_embd) channels of x, as the
-    records' sparse gates (attention output, smear). W starts at zero, every gate at 0.5 (GPT.reset_parameters)."""
+    """sigmoid(W x[..., :k]): `outputs` gates in (0, 1) from the first k channels of x (k = min(12, n_embd) unless
+    `channels` says), as the records' sparse gates (attention output, smear, value embeddings, skips). W starts at
+    zero, every gate at 0.5 (GPT.reset_parameters)."""
 
-    def __init__(self, cfg: GPTConfig, outputs: int):
+    def __init__(self, cfg: GPTConfig, outputs: int, channels: int = 0):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(outputs, min(GATE_CHANNELS, cfg.n_embd)))
+        self.weight = nn.Parameter(torch.empty(outputs, channels or min(GATE_CHANNELS, cfg.n_embd)))
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.sigmoid(F.linear(x[..., :self.weight.size(1)], self.weight))
@@ -198,12 +199,20 @@ class Attention(nn.Module):
         # attn_gate: each head's output scaled by a gate read from this token's input (the records: a no-op when
         # the context holds nothing worth reading, without an attention sink)
         self.gate = Gate(cfg, cfg.n_head) if cfg.attn_gate else None
+        # ve_gate: each head's value embedding times twice a gate read from the first 6 channels of this token's
+        # input and of its value embedding: 1 at init, so the model starts as without it
+        half = min(GATE_CHANNELS // 2, cfg.n_embd)
+        self.ve_gate = Gate(cfg, cfg.n_head, 2 * half) if has_ve and cfg.ve_gate else None
 
     def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
         cfg, (B, T, C) = self.cfg, x.shape
         q, k, v = self.qkv(x).view(B, T, 3, cfg.n_head, cfg.head_dim).permute(2, 0, 3, 1, 4)
         dtype = q.dtype
         if ve is not None:
+            if self.ve_gate is not None:
+                half = self.ve_gate.weight.size(1) // 2
+                gates = 2 * self.ve_gate(torch.cat((x[..., :half], ve[..., :half]), dim=-1))  # [B, T, H]
+                ve = ve.view(B, T, cfg.n_head, cfg.head_dim) * gates.unsqueeze(-1)
             v = self.ve_lambda[0] * v + self.ve_lambda[1] * ve.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
@@ -274,6 +283,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers,
                                           mlp=i in cfg.mlp_layers) for i in range(cfg.n_layer))
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
+        # skip_gate: skip j also times twice a gate read from the embedding x0: 1 at init, as without it
+        self.skip_gate = Gate(cfg, cfg.n_layer // 2) if cfg.skip_gate else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
         if cfg.tie_embeddings:
@@ -379,9 +390,12 @@ class GPT(nn.Module):
         ves = ves + [None] * (cfg.n_layer - 2 * len(ves)) + ves
         masks = self._masks(idx)
         half, skips = cfg.n_layer // 2, []
+        skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
-                x = x + self.skip_weights[i - (cfg.n_layer - half)] * skips.pop()
+                j = i - (cfg.n_layer - half)
+                weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
+                x = x + weight * skips.pop()
             x = block(x, x0, ves[i], masks[i])
             if self.skip_weights is not None and i < half:
                 skips.append(x)

@@ -28,8 +28,9 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "x0_mix": dict(x0_mix=True), "rope_truncate": dict(rotary=True, rope_truncate=True, rope_base=1024.0),
     "window_schedule": dict(window=8, window_start=2, window_pattern="LSSL"), "records": RECORDS,
     "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
-    "no_mlp": dict(no_mlp=[0]),
-    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2]),
+    "no_mlp": dict(no_mlp=[0]), "ve_gate": dict(value_embeds=1, ve_gate=True),
+    "skip_gate": dict(unet_skips=True, skip_gate=True),
+    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], ve_gate=True, skip_gate=True),
 }
 
 
@@ -542,7 +543,8 @@ def test_gates_and_the_smear_are_adamw_scalars_never_muon_matrices():
 
 def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
     # untied, as the meta-device test above: to_empty unties a tied head (the head gets a weight of its own)
-    options = {**TINY, "tie_embeddings": False, "attn_gate": True, "smear": True, "no_attention": [1]}
+    options = {**TINY, "tie_embeddings": False, "attn_gate": True, "smear": True, "no_attention": [1],
+               "value_embeds": 1, "ve_gate": True, "unet_skips": True, "skip_gate": True}
     with torch.device("meta"):
         lazy = get_model(options)
     lazy.to_empty(device="cpu")
@@ -557,9 +559,10 @@ def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
     eager.reset_parameters()
     for (name, a), b in zip(lazy.state_dict().items(), eager.state_dict().values()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+    assert len(gates(lazy)) == 3 + 1 + 2 + 1  # attention, smear, value embedding (layers 0 and 3) and skip gates
     assert all(not w.any() for w in gates(lazy)) and lazy.smear.lam.item() == 0.0
     # the gates draw no random numbers: every other weight is the plain model's
-    plain = tiny(tie_embeddings=False, no_attention=[1])
+    plain = tiny(tie_embeddings=False, no_attention=[1], value_embeds=1, unet_skips=True)
     torch.manual_seed(0)
     gated = get_model(options)
     for name, w in plain.state_dict().items():
@@ -612,3 +615,70 @@ def test_smear_reaches_one_token_forward_and_none_back():
     # no attention anywhere: a token's logits see the previous token only through the smear
     assert _changed_positions(smeared(no_attention=[0, 1, 2, 3]), x, x2) == [5, 6]
     assert _changed_positions(smeared(), x, x2) == list(range(5, 12))  # with attention: later tokens, never earlier
+
+
+def sigmoid_of(w: torch.Tensor, inputs: list[float]) -> float:
+    """sigmoid(w . inputs) in plain Python floats."""
+    return 1 / (1 + math.exp(-sum(wc.item() * xc for wc, xc in zip(w, inputs))))
+
+
+@pytest.mark.parametrize("key, options", [("ve_gate", dict(value_embeds=2)), ("skip_gate", dict(unet_skips=True))])
+def test_ve_and_skip_gates_start_at_one_so_the_model_starts_unchanged(key, options):
+    m, plain = tiny(**options, **{key: True}, rotary=True), tiny(**options, rotary=True)
+    assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == (
+        [f"blocks.{i}.attn.ve_gate.weight" for i in range(4)] if key == "ve_gate" else ["skip_gate.weight"])
+    assert all(not w.any() for w in gates(m))  # 2 sigmoid(0) = 1, exactly
+    idx = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=0, rtol=0)
+
+
+def test_ve_gate_scales_each_heads_value_embedding_by_twice_the_sigmoid_of_6_input_and_6_embedding_channels():
+    m = tiny(value_embeds=1, ve_gate=True)
+    att = m.blocks[0].attn
+    assert att.ve_gate.weight.shape == (2, 12)  # n_head gates of 6 + 6 channels
+    g = torch.Generator().manual_seed(8)
+    x, ve = torch.randn(2, 1, 3, 32, generator=g)
+    ungated = type(att)(dataclasses.replace(att.cfg, ve_gate=False), has_ve=True)
+    assert ungated.load_state_dict(att.state_dict(), strict=False).unexpected_keys == ["ve_gate.weight"]
+    with torch.no_grad():
+        att.ve_gate.weight.copy_(torch.randn(2, 12, generator=g))
+        factor = torch.ones_like(ve)  # heads of 16 channels: head h's value embedding times its gate
+        for t in range(3):
+            inputs = x[0, t, :6].tolist() + ve[0, t, :6].tolist()
+            for h in range(2):
+                factor[0, t, 16 * h:16 * (h + 1)] = 2 * sigmoid_of(att.ve_gate.weight[h], inputs)
+        torch.testing.assert_close(att(x, ve, None), ungated(x, ve * factor, None))
+        x2, ve2 = x.clone(), ve.clone()
+        x2[..., 6:] += 1
+        ve2[..., 6:12] += 1  # still head 0's values, but not read by the gate
+        torch.testing.assert_close(att(x2, ve2, None), ungated(x2, ve2 * factor, None))
+
+
+def test_skip_gate_scales_skip_j_by_twice_the_sigmoid_of_the_embedding():
+    m = tiny(unet_skips=True, skip_gate=True)
+    assert m.skip_gate.weight.shape == (2, 12)  # one gate per skip
+    g = torch.Generator().manual_seed(9)
+    idx = batch(B=1, T=3)
+    seen = {}
+    for i, block in enumerate(m.blocks):
+        block.register_forward_pre_hook(lambda mod, args, i=i: seen.update({f"in{i}": args[0], "x0": args[1]}))
+        block.register_forward_hook(lambda mod, args, out, i=i: seen.update({f"out{i}": out}))
+    with torch.no_grad():
+        m.skip_weights.copy_(torch.tensor([0.7, -1.3]))
+        m.skip_gate.weight.copy_(torch.randn(2, 12, generator=g))
+        m(idx)
+        # block 2 adds block 1's output (skip 0), block 3 block 0's (skip 1)
+        for j, (i, source) in enumerate([(2, 1), (3, 0)]):
+            for t in range(3):
+                gate = 2 * sigmoid_of(m.skip_gate.weight[j], seen["x0"][0, t, :12].tolist())
+                expected = seen[f"out{i - 1}"][0, t] + m.skip_weights[j] * gate * seen[f"out{source}"][0, t]
+                torch.testing.assert_close(seen[f"in{i}"][0, t], expected)
+
+
+def test_ve_and_skip_gates_are_adamw_scalars():
+    m = tiny(value_embeds=1, ve_gate=True, unet_skips=True, skip_gate=True)
+    scalars = {id(p) for p in param_roles(m)["scalar"]}
+    assert len(gates(m)) == 2 + 1 and {id(p) for p in gates(m)} <= scalars
+    adam, muon = build_optimizers(m, OptimConfig(name="muon"))
+    assert not {id(p) for group in muon.param_groups for p in group["params"]} & scalars

@@ -21,8 +21,9 @@ SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, 
                 norm_gain=False, embed_norm=True, x0_mix=True, tie_embeddings=False, zero_init_proj=True,
                 logit_softcap=15.0, value_embeds=1, unet_skips=True, attention="flex", window=160, window_start=40,
                 window_pattern="LS", doc_causal=True, bos_id=0)
-# and the newer records' pieces on top: the attention gate, the smear, a block without attention (the S layer)
-NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1])
+# and the newer records' pieces on top: the attention gate, the smear, a block without attention (the S layer), the
+# value-embedding and skip gates
+NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1], ve_gate=True, skip_gate=True)
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
 # the graphs into code. aot_eager still traces the backward through AOTAutograd and skips inductor's code
 # generation, which took 43 s (train step) and 102 s (flex forward) more here.

@@ -57,6 +57,16 @@ def test_a_block_without_a_sublayer_holds_neither_its_weights_nor_its_activation
     assert full["activations"] - less["activations"] == per_token * C * tokens * 4
 
 
+def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():
+    # the hackathon shape: 3 tables serve 6 layers, each keeping its gated value embedding (C) and n_head gates a
+    # token, beside the 6 * 12 gate weights
+    plain_cfg = hackathon()
+    plain, gated = estimate(plain_cfg, 2, cuda=False), estimate(hackathon("--model.ve_gate=true"), 2, cuda=False)
+    C, H, tokens = plain_cfg.model.n_embd, plain_cfg.model.n_head, plain_cfg.train.batch_size * plain_cfg.train.seq_len
+    assert gated["activations"] - plain["activations"] == 6 * (C + H) * tokens * 4
+    assert gated["parameters"] - plain["parameters"] == 4 * 6 * H * 12
+
+
 @pytest.mark.parametrize("argv", [
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
