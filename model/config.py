@@ -81,6 +81,7 @@ class GPTConfig:
     ve_gate: bool = False  # each head's value embedding times 2 sigmoid(W [x[:6], ve[:6]]); W starts at 0 (gates 1)
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
     skip_gate: bool = False  # each U-net skip times 2 sigmoid(w . x0[:12]); w starts at 0 (gates 1)
+    backout: int = 0  # > 0: the head reads x - lambda * (the residual after the first `backout` blocks); lambda 0.5
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
@@ -105,6 +106,9 @@ class GPTConfig:
         need(not self.ve_gate or self.value_embeds > 0,
              "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set value_embeds > 0 "
              "or ve_gate = false")
+        need(0 <= self.backout < self.n_layer,
+             f"backout={self.backout} must count the blocks whose residual the head backs out, 0 (off) to "
+             f"n_layer - 1 = {self.n_layer - 1}, e.g. 8 (the records, of 11)")
         need(not self.skip_gate or self.unet_skips,
              "skip_gate = true gates the U-net skips, and unet_skips = false has none: set unet_skips = true "
              "or skip_gate = false")

@@ -285,6 +285,9 @@ class GPT(nn.Module):
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         # skip_gate: skip j also times twice a gate read from the embedding x0: 1 at init, as without it
         self.skip_gate = Gate(cfg, cfg.n_layer // 2) if cfg.skip_gate else None
+        # backout: a learned share of an early residual is taken back before the head, so that what the early layers
+        # wrote for the later ones alone need not reach the prediction
+        self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
         if cfg.tie_embeddings:
@@ -299,7 +302,8 @@ class GPT(nn.Module):
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
         gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights
-        and the smear's lambda 0 (as modded-nanogpt starts them); the window is the final one (set_progress(1)).
+        and the smear's lambda 0, backout's lambda 0.5 (as modded-nanogpt starts them); the window is the final one
+        (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
@@ -320,6 +324,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.skip_weights is not None:
             nn.init.ones_(self.skip_weights)
+        if self.backout_lambda is not None:
+            nn.init.constant_(self.backout_lambda, 0.5)
         projections = [m.proj.weight for b in self.blocks for m in (b.attn, b.mlp) if m is not None]
         if cfg.zero_init_proj and not cfg.tie_embeddings:
             projections.append(self.lm_head.weight)
@@ -399,6 +405,10 @@ class GPT(nn.Module):
             x = block(x, x0, ves[i], masks[i])
             if self.skip_weights is not None and i < half:
                 skips.append(x)
+            if i == cfg.backout - 1:
+                early = x
+        if self.backout_lambda is not None:
+            x = x - self.backout_lambda * early
         return self.head_loss(x, targets)
 
     def head_loss(self, x: Tensor, targets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:

@@ -40,6 +40,9 @@ def test_unknown_key_names_it_and_lists_valid_keys():
                          "value_embeds > 0 or ve_gate = false"),
     (dict(skip_gate=True), "skip_gate = true gates the U-net skips, and unet_skips = false has none: set "
                            "unet_skips = true or skip_gate = false"),
+    (dict(backout=4), r"backout=4 must count the blocks whose residual the head backs out, 0 \(off\) to "
+                      r"n_layer - 1 = 3, e.g. 8"),
+    (dict(backout=-1), "backout=-1 must count the blocks"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
 ])

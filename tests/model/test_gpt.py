@@ -29,8 +29,9 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "window_schedule": dict(window=8, window_start=2, window_pattern="LSSL"), "records": RECORDS,
     "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
     "no_mlp": dict(no_mlp=[0]), "ve_gate": dict(value_embeds=1, ve_gate=True),
-    "skip_gate": dict(unet_skips=True, skip_gate=True),
-    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], ve_gate=True, skip_gate=True),
+    "skip_gate": dict(unet_skips=True, skip_gate=True), "backout": dict(backout=2),
+    "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], ve_gate=True, skip_gate=True,
+                          backout=3),
 }
 
 
@@ -544,7 +545,7 @@ def test_gates_and_the_smear_are_adamw_scalars_never_muon_matrices():
 def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
     # untied, as the meta-device test above: to_empty unties a tied head (the head gets a weight of its own)
     options = {**TINY, "tie_embeddings": False, "attn_gate": True, "smear": True, "no_attention": [1],
-               "value_embeds": 1, "ve_gate": True, "unet_skips": True, "skip_gate": True}
+               "value_embeds": 1, "ve_gate": True, "unet_skips": True, "skip_gate": True, "backout": 2}
     with torch.device("meta"):
         lazy = get_model(options)
     lazy.to_empty(device="cpu")
@@ -561,6 +562,7 @@ def test_meta_device_build_then_reset_initialises_the_gates_and_the_smear():
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
     assert len(gates(lazy)) == 3 + 1 + 2 + 1  # attention, smear, value embedding (layers 0 and 3) and skip gates
     assert all(not w.any() for w in gates(lazy)) and lazy.smear.lam.item() == 0.0
+    assert lazy.backout_lambda.tolist() == [0.5]
     # the gates draw no random numbers: every other weight is the plain model's
     plain = tiny(tie_embeddings=False, no_attention=[1], value_embeds=1, unet_skips=True)
     torch.manual_seed(0)
@@ -682,3 +684,37 @@ def test_ve_and_skip_gates_are_adamw_scalars():
     assert len(gates(m)) == 2 + 1 and {id(p) for p in gates(m)} <= scalars
     adam, muon = build_optimizers(m, OptimConfig(name="muon"))
     assert not {id(p) for group in muon.param_groups for p in group["params"]} & scalars
+
+
+def test_backout_takes_lambda_times_the_embedding_back_when_every_block_adds_nothing():
+    # zero output projections (and biases): every block is the identity, so the residual is the embedding x0
+    # throughout, and the head reads (1 - lambda) x0
+    m = tiny(backout=2, zero_init_proj=True)
+    assert m.backout_lambda.tolist() == [0.5]
+    idx = batch()
+    seen = []
+    m.norm_f.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        for lam in (0.5, 0.25, 1.5):
+            m.backout_lambda.fill_(lam)
+            m(idx)
+            x0 = m.wte(idx) + m.wpe(torch.arange(idx.size(1)))
+            torch.testing.assert_close(seen.pop(), (1 - lam) * x0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_backout_subtracts_lambda_times_the_residual_after_the_first_k_blocks(k):
+    m = tiny(backout=k, unet_skips=True, rotary=True)
+    seen = {}
+    for i, block in enumerate(m.blocks):
+        block.register_forward_hook(lambda mod, args, out, i=i: seen.update({i: out}))
+    m.norm_f.register_forward_pre_hook(lambda mod, args: seen.update(head=args[0]))
+    with torch.no_grad():
+        m.backout_lambda.fill_(0.3)
+        m(batch())
+        torch.testing.assert_close(seen["head"], seen[3] - 0.3 * seen[k - 1], atol=0, rtol=0)
+        plain = tiny(unet_skips=True, rotary=True)
+        assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == ["backout_lambda"]
+        m.backout_lambda.zero_()
+        torch.testing.assert_close(m(batch())[0], plain(batch())[0], atol=0, rtol=0)
+    assert [p is m.backout_lambda for p in param_roles(m)["scalar"]].count(True) == 1  # AdamW's, not Muon's

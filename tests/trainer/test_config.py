@@ -24,7 +24,7 @@ SPEEDRUN_1GPU = {
               "rope_truncate": True, "qk_norm": True, "attn_scale": 0.12, "attn_gate": True, "norm_gain": False,
               "embed_norm": True, "smear": False, "x0_mix": True, "tie_embeddings": False, "zero_init_proj": True,
               "logit_softcap": 15.0, "value_embeds": 3, "ve_gate": False, "unet_skips": True, "skip_gate": False,
-              "no_attention": [7], "no_mlp": [],
+              "backout": 0, "no_attention": [7], "no_mlp": [],
               "attention": "flex", "window": 1792, "window_start": 128, "window_pattern": "LSSSLSSLSSSL",
               "doc_causal": True, "bos_id": 50256, "init_std": 0.02},
     "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.8, 0.95], "eps": 1e-10,
