@@ -88,6 +88,7 @@ class GPTConfig:
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
     window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
+    yarn: bool = False  # rotary frequencies and attention logits rescaled (YaRN) as the window outgrows window_start
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
@@ -121,6 +122,10 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
+        need(not self.yarn or (self.rotary and 0 < self.window_start < self.window),
+             f"yarn = true rescales the rotary frequencies as the window grows: it needs rotary = true and "
+             f"0 < window_start < window, got rotary = {self.rotary}, window_start = {self.window_start}, "
+             f"window = {self.window}")
         for key, example in (("no_attention", 7), ("no_mlp", 0)):
             layers = getattr(self, key)
             need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),

@@ -80,13 +80,31 @@ def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) 
     return base ** -(torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
 
 
-def rotary(x: Tensor, base: float, truncate: bool = False) -> Tensor:
-    """Rotate each (first half, second half) pair of x [B, H, T, D] by its position's angles."""
-    T, D = x.shape[-2:]
-    # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
-    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32),
-                         rotary_frequencies(D, base, truncate, x.device))
+# YaRN's ramp over the turns a frequency makes across the start window: under ALPHA it is interpolated fully (its
+# angles stay within those it trained on), over BETA kept (it tells nearby tokens apart), linear between
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+# the logits' gain, 1 + TEMPERATURE ln(window / start): more keys flatten a softmax of normalised q and k
+YARN_TEMPERATURE = 0.2
+
+
+def yarn(freqs: Tensor, start: int, window: Tensor) -> tuple[Tensor, Tensor]:
+    """YaRN's rotary frequencies and attention-logit gain at the `window` now, for a model whose window started at
+    `start` tokens: f * lerp(start / window, 1, ramp), ramp clamp((turns - ALPHA) / (BETA - ALPHA), 0, 1) with
+    turns = start f / 2 pi; gain 1 + TEMPERATURE ln(window / start). `window` is a tensor: no new graph per size."""
+    ramp = ((freqs * (start / (2 * math.pi)) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
+    # lerp is exact at both ends: a kept frequency (ramp 1), and every one at the start window, is unchanged
+    stretch = torch.lerp(start / window.float(), torch.ones_like(ramp), ramp)
+    return freqs * stretch, 1 + YARN_TEMPERATURE * torch.log(window.float() / start)
+
+
+def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None) -> Tensor:
+    """Rotate each (first half, second half) pair of x [B, H, T, D] by its position times its frequency in `freqs`
+    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries)."""
+    T = x.size(-2)
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), freqs)
     cos, sin = angles.cos(), angles.sin()
+    if gain is not None:
+        cos, sin = cos * gain, sin * gain
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
@@ -204,7 +222,8 @@ class Attention(nn.Module):
         half = min(GATE_CHANNELS // 2, cfg.n_embd)
         self.ve_gate = Gate(cfg, cfg.n_head, 2 * half) if has_ve and cfg.ve_gate else None
 
-    def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
+    def forward(self, x: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None) -> Tensor:
+        """x [B, T, C] -> [B, T, C]; `yarn_window` is the long window now (a tensor) under model.yarn, else None."""
         cfg, (B, T, C) = self.cfg, x.shape
         q, k, v = self.qkv(x).view(B, T, 3, cfg.n_head, cfg.head_dim).permute(2, 0, 3, 1, 4)
         dtype = q.dtype
@@ -217,7 +236,11 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
         if cfg.rotary:
-            q, k = rotary(q, cfg.rope_base, cfg.rope_truncate), rotary(k, cfg.rope_base, cfg.rope_truncate)
+            # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
+            freqs, gain = rotary_frequencies(cfg.head_dim, cfg.rope_base, cfg.rope_truncate, x.device), None
+            if yarn_window is not None:
+                freqs, gain = yarn(freqs, cfg.window_start, yarn_window)
+            q, k = rotary(q, freqs, gain), rotary(k, freqs)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -259,11 +282,11 @@ class Block(nn.Module):
         self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve)) if attention else (None, None)
         self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
-    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, mask)
+            x = x + self.attn(self.norm1(x), ve, mask, yarn_window)
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return x
@@ -397,12 +420,14 @@ class GPT(nn.Module):
         masks = self._masks(idx)
         half, skips = cfg.n_layer // 2, []
         skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
+        # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
+        yarn_window = self.windows[0] if cfg.yarn else None
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
                 j = i - (cfg.n_layer - half)
                 weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
                 x = x + weight * skips.pop()
-            x = block(x, x0, ves[i], masks[i])
+            x = block(x, x0, ves[i], masks[i], yarn_window)
             if self.skip_weights is not None and i < half:
                 skips.append(x)
             if i == cfg.backout - 1:

@@ -43,6 +43,11 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(backout=4), r"backout=4 must count the blocks whose residual the head backs out, 0 \(off\) to "
                       r"n_layer - 1 = 3, e.g. 8"),
     (dict(backout=-1), "backout=-1 must count the blocks"),
+    (dict(yarn=True, window=8, window_start=2), r"yarn = true rescales the rotary frequencies as the window grows: "
+                                                r"it needs rotary = true and 0 < window_start < window, got "
+                                                r"rotary = False, window_start = 2, window = 8"),
+    (dict(yarn=True, rotary=True, window=8), "yarn = true rescales.*window_start = 0, window = 8"),
+    (dict(yarn=True, rotary=True, window=8, window_start=8), "yarn = true rescales.*window_start = 8"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
 ])
