@@ -81,7 +81,10 @@ class GPTConfig:
     bigram_hash: int = 0  # rows of a table read at a hash of (previous, current) token, added to each block; 0 = off
     bigram_dim: int = 0  # width of the bigram table, added to the first bigram_dim channels; 0 = n_embd
     bigram_signs: bool = False  # each bigram's row times a fixed +-1 pattern picked by the pair (the sign trick)
+    ve_gate: bool = False  # each head's value embedding times 2 sigmoid(W [x[:6], ve[:6]]); W starts at 0 (gates 1)
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
+    skip_gate: bool = False  # each U-net skip times 2 sigmoid(w . x0[:12]); w starts at 0 (gates 1)
+    backout: int = 0  # > 0: the head reads x - lambda * (the residual after the first `backout` blocks); lambda 0.5
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
     xsa: list[int] = field(default_factory=list)  # layers whose heads drop tanh(a) of their output along their value
@@ -89,6 +92,7 @@ class GPTConfig:
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
     window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
+    yarn: bool = False  # rotary frequencies and attention logits rescaled (YaRN) as the window outgrows window_start
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
@@ -104,6 +108,15 @@ class GPTConfig:
         check_choices(self, "model config")
         need(0 <= 2 * self.value_embeds <= self.n_layer,
              f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
+        need(not self.ve_gate or self.value_embeds > 0,
+             "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set value_embeds > 0 "
+             "or ve_gate = false")
+        need(0 <= self.backout < self.n_layer,
+             f"backout={self.backout} must count the blocks whose residual the head backs out, 0 (off) to "
+             f"n_layer - 1 = {self.n_layer - 1}, e.g. 8 (the records, of 11)")
+        need(not self.skip_gate or self.unet_skips,
+             "skip_gate = true gates the U-net skips, and unet_skips = false has none: set unet_skips = true "
+             "or skip_gate = false")
         need(min(self.window, self.window_start, self.logit_softcap, self.attn_scale) >= 0,
              "window, window_start, logit_softcap and attn_scale must be >= 0")
         need(not self.rope_truncate or (self.rotary and self.head_dim % 4 == 0),
@@ -113,6 +126,10 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
+        need(not self.yarn or (self.rotary and 0 < self.window_start < self.window),
+             f"yarn = true rescales the rotary frequencies as the window grows: it needs rotary = true and "
+             f"0 < window_start < window, got rotary = {self.rotary}, window_start = {self.window_start}, "
+             f"window = {self.window}")
         for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1)):
             layers = getattr(self, key)
             need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),

@@ -43,12 +43,13 @@ GATE_CHANNELS = 12  # the records' gates read the first 12 channels of their inp
 
 
 class Gate(nn.Module):
-    """sigmoid(W x[..., :k]): `outputs` gates in (0, 1) from the first k = min(12, n_embd) channels of x, as the
-    records' sparse gates (attention output, smear). W starts at zero, every gate at 0.5 (GPT.reset_parameters)."""
+    """sigmoid(W x[..., :k]): `outputs` gates in (0, 1) from the first k channels of x (k = min(12, n_embd) unless
+    `channels` says), as the records' sparse gates (attention output, smear, value embeddings, skips). W starts at
+    zero, every gate at 0.5 (GPT.reset_parameters)."""
 
-    def __init__(self, cfg: GPTConfig, outputs: int):
+    def __init__(self, cfg: GPTConfig, outputs: int, channels: int = 0):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(outputs, min(GATE_CHANNELS, cfg.n_embd)))
+        self.weight = nn.Parameter(torch.empty(outputs, channels or min(GATE_CHANNELS, cfg.n_embd)))
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.sigmoid(F.linear(x[..., :self.weight.size(1)], self.weight))
@@ -128,13 +129,31 @@ def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) 
     return base ** -(torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
 
 
-def rotary(x: Tensor, base: float, truncate: bool = False) -> Tensor:
-    """Rotate each (first half, second half) pair of x [B, H, T, D] by its position's angles."""
-    T, D = x.shape[-2:]
-    # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
-    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32),
-                         rotary_frequencies(D, base, truncate, x.device))
+# YaRN's ramp over the turns a frequency makes across the start window: under ALPHA it is interpolated fully (its
+# angles stay within those it trained on), over BETA kept (it tells nearby tokens apart), linear between
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+# the logits' gain, 1 + TEMPERATURE ln(window / start): more keys flatten a softmax of normalised q and k
+YARN_TEMPERATURE = 0.2
+
+
+def yarn(freqs: Tensor, start: int, window: Tensor) -> tuple[Tensor, Tensor]:
+    """YaRN's rotary frequencies and attention-logit gain at the `window` now, for a model whose window started at
+    `start` tokens: f * lerp(start / window, 1, ramp), ramp clamp((turns - ALPHA) / (BETA - ALPHA), 0, 1) with
+    turns = start f / 2 pi; gain 1 + TEMPERATURE ln(window / start). `window` is a tensor: no new graph per size."""
+    ramp = ((freqs * (start / (2 * math.pi)) - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0, 1)
+    # lerp is exact at both ends: a kept frequency (ramp 1), and every one at the start window, is unchanged
+    stretch = torch.lerp(start / window.float(), torch.ones_like(ramp), ramp)
+    return freqs * stretch, 1 + YARN_TEMPERATURE * torch.log(window.float() / start)
+
+
+def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None) -> Tensor:
+    """Rotate each (first half, second half) pair of x [B, H, T, D] by its position times its frequency in `freqs`
+    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries)."""
+    T = x.size(-2)
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), freqs)
     cos, sin = angles.cos(), angles.sin()
+    if gain is not None:
+        cos, sin = cos * gain, sin * gain
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
@@ -257,17 +276,30 @@ class Attention(nn.Module):
         self.gate = Gate(cfg, cfg.n_head) if cfg.attn_gate else None
         # model.xsa: per head, how much of the output along the token's own value to drop (tanh of it; 0 at init)
         self.xsa_alpha = nn.Parameter(torch.empty(cfg.n_head)) if xsa else None
+        # ve_gate: each head's value embedding times twice a gate read from the first 6 channels of this token's
+        # input and of its value embedding: 1 at init, so the model starts as without it
+        half = min(GATE_CHANNELS // 2, cfg.n_embd)
+        self.ve_gate = Gate(cfg, cfg.n_head, 2 * half) if has_ve and cfg.ve_gate else None
 
-    def forward(self, x: Tensor, ve: Tensor | None, mask) -> Tensor:
+    def forward(self, x: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None) -> Tensor:
+        """x [B, T, C] -> [B, T, C]; `yarn_window` is the long window now (a tensor) under model.yarn, else None."""
         cfg, (B, T, C) = self.cfg, x.shape
         q, k, v = self.qkv(x).view(B, T, 3, cfg.n_head, cfg.head_dim).permute(2, 0, 3, 1, 4)
         dtype = q.dtype
         if ve is not None:
+            if self.ve_gate is not None:
+                half = self.ve_gate.weight.size(1) // 2
+                gates = 2 * self.ve_gate(torch.cat((x[..., :half], ve[..., :half]), dim=-1))  # [B, T, H]
+                ve = ve.view(B, T, cfg.n_head, cfg.head_dim) * gates.unsqueeze(-1)
             v = self.ve_lambda[0] * v + self.ve_lambda[1] * ve.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
         if cfg.rotary:
-            q, k = rotary(q, cfg.rope_base, cfg.rope_truncate), rotary(k, cfg.rope_base, cfg.rope_truncate)
+            # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
+            freqs, gain = rotary_frequencies(cfg.head_dim, cfg.rope_base, cfg.rope_truncate, x.device), None
+            if yarn_window is not None:
+                freqs, gain = yarn(freqs, cfg.window_start, yarn_window)
+            q, k = rotary(q, freqs, gain), rotary(k, freqs)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -312,13 +344,14 @@ class Block(nn.Module):
         self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve, xsa)) if attention else (None, None)
         self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
-    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, bigram: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None,
+                bigram: Tensor | None = None) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         if self.bigram_lambda is not None:
             x = x + self.bigram_lambda * bigram
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, mask)
+            x = x + self.attn(self.norm1(x), ve, mask, yarn_window)
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return x
@@ -339,6 +372,11 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, has_ve=i in cfg.value_embed_layers, attention=i in cfg.attention_layers,
                                           mlp=i in cfg.mlp_layers, xsa=i in cfg.xsa) for i in range(cfg.n_layer))
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
+        # skip_gate: skip j also times twice a gate read from the embedding x0: 1 at init, as without it
+        self.skip_gate = Gate(cfg, cfg.n_layer // 2) if cfg.skip_gate else None
+        # backout: a learned share of an early residual is taken back before the head, so that what the early layers
+        # wrote for the later ones alone need not reach the prediction
+        self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
         if cfg.tie_embeddings:
@@ -353,8 +391,8 @@ class GPT(nn.Module):
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
         gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights,
-        the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1 (as modded-nanogpt starts them);
-        the window is the final one (set_progress(1)).
+        the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1, backout's lambda 0.5 (as
+        modded-nanogpt starts them); the window is the final one (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
@@ -381,6 +419,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.skip_weights is not None:
             nn.init.ones_(self.skip_weights)
+        if self.backout_lambda is not None:
+            nn.init.constant_(self.backout_lambda, 0.5)
         projections = [m.proj.weight for b in self.blocks for m in (b.attn, b.mlp) if m is not None]
         if cfg.zero_init_proj and not cfg.tie_embeddings:
             projections.append(self.lm_head.weight)
@@ -452,12 +492,21 @@ class GPT(nn.Module):
         ves = ves + [None] * (cfg.n_layer - 2 * len(ves)) + ves
         masks = self._masks(idx)
         half, skips = cfg.n_layer // 2, []
+        skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
+        # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
+        yarn_window = self.windows[0] if cfg.yarn else None
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
-                x = x + self.skip_weights[i - (cfg.n_layer - half)] * skips.pop()
-            x = block(x, x0, ves[i], masks[i], bigram)
+                j = i - (cfg.n_layer - half)
+                weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
+                x = x + weight * skips.pop()
+            x = block(x, x0, ves[i], masks[i], yarn_window, bigram)
             if self.skip_weights is not None and i < half:
                 skips.append(x)
+            if i == cfg.backout - 1:
+                early = x
+        if self.backout_lambda is not None:
+            x = x - self.backout_lambda * early
         return self.head_loss(x, targets)
 
     def head_loss(self, x: Tensor, targets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:

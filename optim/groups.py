@@ -24,7 +24,8 @@ from optim.views import Split
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar".
 
-    The gates' weights (attn_gate, smear) are 2-D but "scalar": AdamW's, as the records' (since 2025-12-31)."""
+    The gates' weights (attn_gate, smear, ve_gate, skip_gate) are 2-D but "scalar": AdamW's, as the records' (since
+    2025-12-31)."""
     gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
     if gpt is None:
         raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")

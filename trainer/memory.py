@@ -35,19 +35,19 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
     """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors and the logits."""
     C, hidden = model_cfg.n_embd, model_cfg.mlp_ratio * model_cfg.n_embd
     # Per block with attention and token: in units of C, the norm input and output, q/k/v, the attention output
-    # and its contiguous copy (7), the normalised and rotated q and k (2 each), the value-embedding mix (2, below);
-    # and the n_head gates of attn_gate.
+    # and its contiguous copy (7), the normalised and rotated q and k (2 each), the value-embedding mix (2, below;
+    # with ve_gate also the gated value embedding and its n_head gates); and the n_head gates of attn_gate.
     attn = (7 + 2 * model_cfg.qk_norm + 2 * model_cfg.rotary) * C + model_cfg.n_head * model_cfg.attn_gate
     # XSA: the attention's output before it and the unit values (2 C), and per head |v|, its clamp, the component
     # along v and its scaled copy
     xsa = 2 * C + 4 * model_cfg.n_head
     # norm in/out; fc out, activation (relu, square)
     mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
-    ve_layers = len(model_cfg.value_embed_layers)
+    ve_layers, ve_mix = len(model_cfg.value_embed_layers), 2 * C + (C + model_cfg.n_head) * model_cfg.ve_gate
     # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output; the
     # bigram table's output, widened to C, which every block's lambda reads, and its sign patterns
     bigram = (C + model_cfg.bigram_signs * model_cfg.bigram_width) if model_cfg.bigram_hash else 0
-    per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * 2 * C
+    per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * ve_mix
                  + model_cfg.value_embeds * C + model_cfg.smear * C + len(model_cfg.xsa) * xsa + bigram)
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's

@@ -36,6 +36,18 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(no_attention=7), "no_attention=7 must be of type list"),
     (dict(no_mlp=[4]), r"no_mlp=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[0\]"),
     (dict(no_mlp=[2], no_attention=[1, 2]), r"layer\(s\) \[2\] are in both no_attention and no_mlp"),
+    (dict(ve_gate=True), "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set "
+                         "value_embeds > 0 or ve_gate = false"),
+    (dict(skip_gate=True), "skip_gate = true gates the U-net skips, and unet_skips = false has none: set "
+                           "unet_skips = true or skip_gate = false"),
+    (dict(backout=4), r"backout=4 must count the blocks whose residual the head backs out, 0 \(off\) to "
+                      r"n_layer - 1 = 3, e.g. 8"),
+    (dict(backout=-1), "backout=-1 must count the blocks"),
+    (dict(yarn=True, window=8, window_start=2), r"yarn = true rescales the rotary frequencies as the window grows: "
+                                                r"it needs rotary = true and 0 < window_start < window, got "
+                                                r"rotary = False, window_start = 2, window = 8"),
+    (dict(yarn=True, rotary=True, window=8), "yarn = true rescales.*window_start = 0, window = 8"),
+    (dict(yarn=True, rotary=True, window=8, window_start=8), "yarn = true rescales.*window_start = 8"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
     (dict(xsa=[4]), r"xsa=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[1\]"),

@@ -1,6 +1,6 @@
 """The GPT: defaults, shapes, every option trains, masks, the records' pieces (also the newer ones: blocks without
-attention, the attention gate, the smear, the bigram hash embedding and its sign trick, XSA), checkpoint round trip,
-FLOPs."""
+attention, the attention, value-embedding and skip gates, the smear, the bigram hash embedding and its sign trick,
+XSA, backout, YaRN), checkpoint round trip, FLOPs."""
 import dataclasses
 import math
 import warnings
@@ -31,8 +31,10 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "attn_gate": dict(attn_gate=True), "smear": dict(smear=True), "no_attention": dict(no_attention=[2]),
     "no_mlp": dict(no_mlp=[0]), "bigram_hash": dict(bigram_hash=500),
     "bigram_signs": dict(bigram_hash=500, bigram_dim=16, bigram_signs=True), "xsa": dict(xsa=[0, 3]),
+    "ve_gate": dict(value_embeds=1, ve_gate=True), "skip_gate": dict(unet_skips=True, skip_gate=True),
+    "backout": dict(backout=2), "yarn": dict(rotary=True, window=8, window_start=2, yarn=True),
     "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], bigram_hash=500, bigram_dim=16,
-                          bigram_signs=True, xsa=[1, 3]),
+                          bigram_signs=True, xsa=[1, 3], ve_gate=True, skip_gate=True, backout=3, yarn=True),
 }
 
 
@@ -205,7 +207,7 @@ def test_attn_scale_multiplies_the_attention_logits(scale, windowed):
     idx = batch(B=B, T=T)
     mask = model.gpt.attention_mask(idx, torch.tensor(4), False, 0) if windowed else None
     with torch.no_grad():
-        torch.testing.assert_close(att(x, None, mask), att.proj(joined(hand_attention(att, x, scale, mask))))
+        torch.testing.assert_close(att(x, None, mask, None), att.proj(joined(hand_attention(att, x, scale, mask))))
 
 
 def test_embed_norm_and_x0_mix_feed_the_normalised_embedding_to_every_block():
@@ -251,7 +253,7 @@ def test_rope_truncate_rotates_half_of_each_head(monkeypatch):
     freqs = model.gpt.rotary_frequencies(D, base, truncate=True)
     torch.testing.assert_close(freqs, torch.tensor([1.0, 1024 ** (-1 / 3), 1024 ** (-2 / 3), 1 / 1024, 0, 0, 0, 0]))
     x = torch.randn(1, 1, T, D, generator=torch.Generator().manual_seed(3))
-    y = model.gpt.rotary(x, base, truncate=True)
+    y = model.gpt.rotary(x, freqs)
     unrotated = list(range(4, 8)) + list(range(12, 16))
     assert torch.equal(y[..., unrotated], x[..., unrotated]) and torch.equal(y[..., 0, :], x[..., 0, :])
     # pair j is (dim j, dim j + 8): pair 0 turns by one radian per position, pair 3 by 1/1024
@@ -259,12 +261,13 @@ def test_rope_truncate_rotates_half_of_each_head(monkeypatch):
         turned = torch.atan2(y[0, 0, :, pair + 8], y[0, 0, :, pair]) - torch.atan2(x[0, 0, :, pair + 8], x[0, 0, :, pair])
         torch.testing.assert_close(torch.remainder(turned, 2 * math.pi),
                                    torch.remainder(torch.arange(T) * freq, 2 * math.pi), atol=1e-5, rtol=0)
-    full = model.gpt.rotary(x, base)
+    full = model.gpt.rotary(x, model.gpt.rotary_frequencies(D, base, truncate=False))
     assert not torch.equal(full[..., 1:, unrotated], x[..., 1:, unrotated])  # the default rotates every pair
     calls, rotary = [], model.gpt.rotary
-    monkeypatch.setattr(model.gpt, "rotary", lambda x, b, t: calls.append((b, t)) or rotary(x, b, t))
+    monkeypatch.setattr(model.gpt, "rotary", lambda x, f, gain=None: calls.append((f, gain)) or rotary(x, f, gain))
     tiny(rotary=True, rope_truncate=True, rope_base=1024.0)(batch())
-    assert calls == [(1024.0, True)] * 2 * 4  # q and k of every layer
+    assert len(calls) == 2 * 4  # q and k of every layer
+    assert all(torch.equal(f, model.gpt.rotary_frequencies(16, 1024.0, True)) and gain is None for f, gain in calls)
 
 
 def test_one_long_document_masked_sequence_scores_each_document_as_if_alone():
@@ -441,8 +444,8 @@ def test_a_block_without_a_sublayer_has_none_of_its_parameters_and_is_the_other_
     sublayer, norm = (getattr(block, name) for name in kept)
     with torch.no_grad():
         h = F.layer_norm(x, (32,), norm.weight, norm.bias)
-        other = sublayer(h) if key == "no_attention" else sublayer(h, None, None)
-        torch.testing.assert_close(block(x, x0, None, None), x + other, atol=0, rtol=0)
+        other = sublayer(h) if key == "no_attention" else sublayer(h, None, None, None)
+        torch.testing.assert_close(block(x, x0, None, None, None), x + other, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("options", [{}, dict(window=8, window_pattern="LSSL", doc_causal=True, bos_id=0,
@@ -508,7 +511,7 @@ def test_attn_gate_at_init_halves_every_heads_output():
     with torch.no_grad():
         y = hand_attention(att, x)
         # sigmoid(0) = 0.5 on each head; proj has a bias, so the gate acts before it
-        torch.testing.assert_close(att(x, None, None), att.proj(joined(0.5 * y)))
+        torch.testing.assert_close(att(x, None, None, None), att.proj(joined(0.5 * y)))
 
 
 def test_attn_gate_scales_each_head_by_the_sigmoid_of_the_first_12_channels_of_its_input():
@@ -523,10 +526,11 @@ def test_attn_gate_scales_each_head_by_the_sigmoid_of_the_first_12_channels_of_i
             for h in range(2):
                 gate = 1 / (1 + math.exp(-sum(att.gate.weight[h, c].item() * x[0, t, c].item() for c in range(12))))
                 y[0, h, t] *= gate
-        torch.testing.assert_close(att(x, None, None), att.proj(joined(y)))
+        torch.testing.assert_close(att(x, None, None, None), att.proj(joined(y)))
         x2 = x.clone()
         x2[..., 12:] += 1  # the gate reads the first 12 channels only
-        assert torch.equal(att.gate(x2), att.gate(x)) and not torch.equal(att(x2, None, None), att(x, None, None))
+        assert torch.equal(att.gate(x2), att.gate(x))
+        assert not torch.equal(att(x2, None, None, None), att(x, None, None, None))
 
 
 def test_gates_and_the_smear_are_adamw_scalars_never_muon_matrices():
@@ -554,14 +558,23 @@ def _bigram_and_xsa_start_as_the_records(m) -> bool:
             and lambdas == [pytest.approx(0.1)] * 4 and not any(a.any() for a in alphas))
 
 
-# pieces that start at constants (and the sign patterns, drawn from their own generator): none draws from torch's
-@pytest.mark.parametrize("pieces, start", [
-    (dict(attn_gate=True, smear=True), _gates_and_smear_start_at_zero),
-    (dict(bigram_hash=50, bigram_dim=8, bigram_signs=True, xsa=[0, 2]), _bigram_and_xsa_start_as_the_records),
-], ids=["gates-smear", "bigram-xsa"])
-def test_meta_device_build_then_reset_initialises_the_newer_pieces_without_a_random_draw(pieces, start):
+def _value_and_skip_gates_and_backout_start_as_the_records(m) -> bool:
+    # the attention gates, the smear's, the value embedding's (layers 0 and 3) and the skip gates
+    return (len(gates(m)) == 3 + 1 + 2 + 1 and all(not w.any() for w in gates(m)) and m.smear.lam.item() == 0.0
+            and m.backout_lambda.tolist() == [0.5])
+
+
+# pieces that start at constants (and the sign patterns, drawn from their own generator): none draws from torch's.
+# `base`: the options they need, which the plain model compared with has too
+@pytest.mark.parametrize("pieces, base, start", [
+    (dict(attn_gate=True, smear=True), {}, _gates_and_smear_start_at_zero),
+    (dict(bigram_hash=50, bigram_dim=8, bigram_signs=True, xsa=[0, 2]), {}, _bigram_and_xsa_start_as_the_records),
+    (dict(attn_gate=True, smear=True, ve_gate=True, skip_gate=True, backout=2), dict(value_embeds=1, unet_skips=True),
+     _value_and_skip_gates_and_backout_start_as_the_records),
+], ids=["gates-smear", "bigram-xsa", "ve-skip-gates-backout"])
+def test_meta_device_build_then_reset_initialises_the_newer_pieces_without_a_random_draw(pieces, base, start):
     # untied, as the meta-device test above: to_empty unties a tied head (the head gets a weight of its own)
-    options = {**TINY, "tie_embeddings": False, "no_attention": [1], **pieces}
+    options = {**TINY, "tie_embeddings": False, "no_attention": [1], **base, **pieces}
     with torch.device("meta"):
         lazy = get_model(options)
     lazy.to_empty(device="cpu")
@@ -578,7 +591,7 @@ def test_meta_device_build_then_reset_initialises_the_newer_pieces_without_a_ran
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
     assert start(lazy)
     # every other weight is the plain model's
-    plain = tiny(tie_embeddings=False, no_attention=[1])
+    plain = tiny(tie_embeddings=False, no_attention=[1], **base)
     torch.manual_seed(0)
     with_pieces = get_model(options).state_dict()
     for name, w in plain.state_dict().items():
@@ -789,3 +802,163 @@ def test_the_cpu_config_trains_with_the_bigram_table_and_xsa():
     losses = _train(m, cfg.optim, steps=8)
     assert losses[-1] < losses[0] - 0.1, losses
     assert m.bigram.weight.any() and all(m.blocks[i].attn.xsa_alpha.any() for i in (1, 3))  # both learn
+
+
+def sigmoid_of(w: torch.Tensor, inputs: list[float]) -> float:
+    """sigmoid(w . inputs) in plain Python floats."""
+    return 1 / (1 + math.exp(-sum(wc.item() * xc for wc, xc in zip(w, inputs))))
+
+
+@pytest.mark.parametrize("key, options", [("ve_gate", dict(value_embeds=2)), ("skip_gate", dict(unet_skips=True))])
+def test_ve_and_skip_gates_start_at_one_so_the_model_starts_unchanged(key, options):
+    m, plain = tiny(**options, **{key: True}, rotary=True), tiny(**options, rotary=True)
+    assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == (
+        [f"blocks.{i}.attn.ve_gate.weight" for i in range(4)] if key == "ve_gate" else ["skip_gate.weight"])
+    assert all(not w.any() for w in gates(m))  # 2 sigmoid(0) = 1, exactly
+    idx = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m(idx)[0], plain(idx)[0], atol=0, rtol=0)
+
+
+def test_ve_gate_scales_each_heads_value_embedding_by_twice_the_sigmoid_of_6_input_and_6_embedding_channels():
+    m = tiny(value_embeds=1, ve_gate=True)
+    att = m.blocks[0].attn
+    assert att.ve_gate.weight.shape == (2, 12)  # n_head gates of 6 + 6 channels
+    g = torch.Generator().manual_seed(8)
+    x, ve = torch.randn(2, 1, 3, 32, generator=g)
+    ungated = type(att)(dataclasses.replace(att.cfg, ve_gate=False), has_ve=True)
+    assert ungated.load_state_dict(att.state_dict(), strict=False).unexpected_keys == ["ve_gate.weight"]
+    with torch.no_grad():
+        att.ve_gate.weight.copy_(torch.randn(2, 12, generator=g))
+        factor = torch.ones_like(ve)  # heads of 16 channels: head h's value embedding times its gate
+        for t in range(3):
+            inputs = x[0, t, :6].tolist() + ve[0, t, :6].tolist()
+            for h in range(2):
+                factor[0, t, 16 * h:16 * (h + 1)] = 2 * sigmoid_of(att.ve_gate.weight[h], inputs)
+        torch.testing.assert_close(att(x, ve, None, None), ungated(x, ve * factor, None, None))
+        x2, ve2 = x.clone(), ve.clone()
+        x2[..., 6:] += 1
+        ve2[..., 6:12] += 1  # still head 0's values, but not read by the gate
+        torch.testing.assert_close(att(x2, ve2, None, None), ungated(x2, ve2 * factor, None, None))
+
+
+def test_skip_gate_scales_skip_j_by_twice_the_sigmoid_of_the_embedding():
+    m = tiny(unet_skips=True, skip_gate=True)
+    assert m.skip_gate.weight.shape == (2, 12)  # one gate per skip
+    g = torch.Generator().manual_seed(9)
+    idx = batch(B=1, T=3)
+    seen = {}
+    for i, block in enumerate(m.blocks):
+        block.register_forward_pre_hook(lambda mod, args, i=i: seen.update({f"in{i}": args[0], "x0": args[1]}))
+        block.register_forward_hook(lambda mod, args, out, i=i: seen.update({f"out{i}": out}))
+    with torch.no_grad():
+        m.skip_weights.copy_(torch.tensor([0.7, -1.3]))
+        m.skip_gate.weight.copy_(torch.randn(2, 12, generator=g))
+        m(idx)
+        # block 2 adds block 1's output (skip 0), block 3 block 0's (skip 1)
+        for j, (i, source) in enumerate([(2, 1), (3, 0)]):
+            for t in range(3):
+                gate = 2 * sigmoid_of(m.skip_gate.weight[j], seen["x0"][0, t, :12].tolist())
+                expected = seen[f"out{i - 1}"][0, t] + m.skip_weights[j] * gate * seen[f"out{source}"][0, t]
+                torch.testing.assert_close(seen[f"in{i}"][0, t], expected)
+
+
+def test_ve_and_skip_gates_are_adamw_scalars():
+    m = tiny(value_embeds=1, ve_gate=True, unet_skips=True, skip_gate=True)
+    scalars = {id(p) for p in param_roles(m)["scalar"]}
+    assert len(gates(m)) == 2 + 1 and {id(p) for p in gates(m)} <= scalars
+    adam, muon = build_optimizers(m, OptimConfig(name="muon"))
+    assert not {id(p) for group in muon.param_groups for p in group["params"]} & scalars
+
+
+def test_backout_takes_lambda_times_the_embedding_back_when_every_block_adds_nothing():
+    # zero output projections (and biases): every block is the identity, so the residual is the embedding x0
+    # throughout, and the head reads (1 - lambda) x0
+    m = tiny(backout=2, zero_init_proj=True)
+    assert m.backout_lambda.tolist() == [0.5]
+    idx = batch()
+    seen = []
+    m.norm_f.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        for lam in (0.5, 0.25, 1.5):
+            m.backout_lambda.fill_(lam)
+            m(idx)
+            x0 = m.wte(idx) + m.wpe(torch.arange(idx.size(1)))
+            torch.testing.assert_close(seen.pop(), (1 - lam) * x0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_backout_subtracts_lambda_times_the_residual_after_the_first_k_blocks(k):
+    m = tiny(backout=k, unet_skips=True, rotary=True)
+    seen = {}
+    for i, block in enumerate(m.blocks):
+        block.register_forward_hook(lambda mod, args, out, i=i: seen.update({i: out}))
+    m.norm_f.register_forward_pre_hook(lambda mod, args: seen.update(head=args[0]))
+    with torch.no_grad():
+        m.backout_lambda.fill_(0.3)
+        m(batch())
+        torch.testing.assert_close(seen["head"], seen[3] - 0.3 * seen[k - 1], atol=0, rtol=0)
+        plain = tiny(unet_skips=True, rotary=True)
+        assert plain.load_state_dict(m.state_dict(), strict=False).unexpected_keys == ["backout_lambda"]
+        m.backout_lambda.zero_()
+        torch.testing.assert_close(m(batch())[0], plain(batch())[0], atol=0, rtol=0)
+    assert [p is m.backout_lambda for p in param_roles(m)["scalar"]].count(True) == 1  # AdamW's, not Muon's
+
+
+def yarn_by_hand(f: float, start: int, window: int) -> float:
+    """YaRN's frequency for f, in Python floats: f (s + r (1 - s)), s = start / window, r the ramp of f's turns
+    across the start window from 1 (r = 0) to 32 (r = 1)."""
+    s, turns = start / window, start * f / (2 * math.pi)
+    r = min(max((turns - 1) / 31, 0.0), 1.0)
+    return f * (s + r * (1 - s))
+
+
+@pytest.mark.parametrize("truncate, base", [(True, 1024.0), (False, 10000.0)], ids=["records", "plain"])
+def test_yarn_frequencies_follow_the_closed_form_keep_the_fast_and_stretch_the_slow(truncate, base):
+    # the records' head: 128 channels; record 31's start window 3 x 128 tokens, its final eval's 13 x 128
+    freqs, start, window = model.gpt.rotary_frequencies(128, base, truncate), 384, 1664
+    scaled, gain = model.gpt.yarn(freqs, start, torch.tensor(window))
+    turns = freqs * start / (2 * math.pi)
+    fast, slow = turns >= 32, turns <= 1
+    assert fast.sum() >= 3 and slow.sum() >= 10 and (~fast & ~slow).sum() >= 10  # all three regimes occur
+    assert torch.equal(scaled[fast], freqs[fast])  # kept bit for bit
+    torch.testing.assert_close(scaled[slow], freqs[slow] * start / window, atol=0, rtol=1e-6)  # interpolated
+    by_hand = torch.tensor([yarn_by_hand(f, start, window) for f in freqs.tolist()])
+    torch.testing.assert_close(scaled, by_hand, atol=0, rtol=1e-6)
+    assert (scaled <= freqs).all() and gain.item() == pytest.approx(1 + 0.2 * math.log(window / start), rel=1e-6)
+    same, one = model.gpt.yarn(freqs, start, torch.tensor(start))  # at the start window: plain rotary, exactly
+    assert torch.equal(same, freqs) and one.item() == 1.0
+
+
+def test_yarn_attention_rotates_by_the_stretched_frequencies_and_scales_the_logits():
+    m = tiny(rotary=True, window=8, window_start=2, yarn=True, attn_scale=0.3, n_layer=1)
+    att, (B, T, H, D) = m.blocks[0].attn, (1, 11, 2, 16)
+    x = torch.randn(B, T, 32, generator=torch.Generator().manual_seed(10))
+    m.set_progress(0.5)  # window 5
+    mask = model.gpt.attention_mask(batch(B=B, T=T), m.windows[0], False, 0)
+    with torch.no_grad():
+        q, k, v = att.qkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+        freqs = [yarn_by_hand(10000 ** (-2 * i / D), 2, 5) for i in range(D // 2)]
+        angles = torch.tensor([[t * f for f in freqs] for t in range(T)])
+
+        def turned(y):  # pair i is (channel i, channel i + D/2)
+            y1, y2 = y.chunk(2, dim=-1)
+            return torch.cat((y1 * angles.cos() - y2 * angles.sin(), y1 * angles.sin() + y2 * angles.cos()), -1)
+        logits = turned(q) @ turned(k).transpose(-1, -2) * 0.3 * (1 + 0.2 * math.log(5 / 2))
+        y = logits.masked_fill(~mask, -math.inf).softmax(-1) @ v
+        torch.testing.assert_close(att(x, None, mask, m.windows[0]), att.proj(joined(y)), atol=1e-5, rtol=0)
+
+
+def test_yarn_is_plain_rotary_at_the_start_window_and_follows_the_window_without_state():
+    options = dict(rotary=True, rope_truncate=True, rope_base=1024.0, window=16, window_start=4, window_pattern="LS",
+                   block_size=64)
+    m, plain = tiny(**options, yarn=True), tiny(**options)
+    idx = batch(B=2, T=40)
+    with torch.no_grad():
+        assert not torch.equal(m(idx)[0], plain(idx)[0])  # a fresh model: the final window, 4 times the start
+        plain.set_progress(1.0)
+        for progress in (0.5, 0.0):  # back to the start window: nothing carried over from the longer ones
+            m.set_progress(progress)
+            plain.set_progress(progress)
+            same = torch.equal(m(idx)[0], plain(idx)[0])
+            assert same == (progress == 0.0), progress

@@ -22,9 +22,10 @@ SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, 
                 logit_softcap=15.0, value_embeds=1, unet_skips=True, attention="flex", window=160, window_start=40,
                 window_pattern="LS", doc_causal=True, bos_id=0)
 # and the newer records' pieces on top: the attention gate, the smear, a block without attention (the S layer), the
-# bigram table with its sign patterns, XSA
+# bigram table with its sign patterns, XSA, value-embedding and skip gates, backout, and YaRN, whose frequencies
+# follow the growing window
 NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1], bigram_hash=500, bigram_dim=16, bigram_signs=True,
-             xsa=[0])
+             xsa=[0], ve_gate=True, skip_gate=True, backout=1, yarn=True)
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
 # the graphs into code. aot_eager still traces the backward through AOTAutograd and skips inductor's code
 # generation, which took 43 s (train step) and 102 s (flex forward) more here.

@@ -99,6 +99,16 @@ def test_the_bigram_table_and_xsa_keep_for_backward_what_the_estimate_counts(pie
     assert counted <= measured <= counted + 2 * 8 * tokens + 64, (counted, measured)
 
 
+def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():
+    # the hackathon shape: 3 tables serve 6 layers, each keeping its gated value embedding (C) and n_head gates a
+    # token, beside the 6 * 12 gate weights
+    plain_cfg = hackathon()
+    plain, gated = estimate(plain_cfg, 2, cuda=False), estimate(hackathon("--model.ve_gate=true"), 2, cuda=False)
+    C, H, tokens = plain_cfg.model.n_embd, plain_cfg.model.n_head, plain_cfg.train.batch_size * plain_cfg.train.seq_len
+    assert gated["activations"] - plain["activations"] == 6 * (C + H) * tokens * 4
+    assert gated["parameters"] - plain["parameters"] == 4 * 6 * H * 12
+
+
 @pytest.mark.parametrize("argv", [
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
