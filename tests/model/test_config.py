@@ -38,6 +38,16 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(no_mlp=[2], no_attention=[1, 2]), r"layer\(s\) \[2\] are in both no_attention and no_mlp"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
+    (dict(untie_at=1.0), r"untie_at=1.0 must lie in \[0, 1\): the training progress at which the head unties"),
+    (dict(untie_at=-0.5), r"untie_at=-0.5 must lie in \[0, 1\)"),
+    (dict(untie_at=0.5, tie_embeddings=False), "untie_at=0.5 unties a tied head, but tie_embeddings = false: set "
+                                                "tie_embeddings = true"),
+    (dict(mtp_weights=[0.5, 1.0]), r"mtp_weights=\[0.5, 1.0\] must be \[\] \(the next token alone\) or the next "
+                                   r"token's weight 1.0 followed by .*e.g. \[1.0, 0.5, 0.25\]"),
+    (dict(mtp_weights=[1.0, -0.5]), r"mtp_weights=\[1.0, -0.5\] must be \[\]"),
+    (dict(mtp_weights=[1.0, "x"]), r"mtp_weights=\[1.0, 'x'\] must be \[\]"),
+    (dict(mtp_weights=[True]), r"mtp_weights=\[True\] must be \[\]"),
+    (dict(prefix_weight=-0.25), "prefix_weight=-0.25 must be >= 0"),
 ])
 def test_bad_values_are_explained(bad, message):
     with pytest.raises(ValueError, match=message):
