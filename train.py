@@ -94,13 +94,13 @@ from data.loader import TokenLoader  # noqa: E402
 from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from optim.groups import build_optimizers, step_optimizers, warmup_momentum  # noqa: E402
+from optim.groups import build_optimizers, step_optimizers, untie_when_due, warmup_momentum  # noqa: E402
 from data.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (done_path, load_resume, restore, save_checkpoint, save_resume,  # noqa: E402
                                 save_space, training_state)
 from trainer.clock import Clock  # noqa: E402
-from trainer.data import resolve_data, train_loader, val_loader  # noqa: E402
+from trainer.data import prefix_targets, resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist  # noqa: E402
 from trainer.flags import FlagExchange, Flags  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
@@ -218,6 +218,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     t0 = time.perf_counter()
     files, val_files, meta = resolve_data(cfg)
     check_memory(cfg, dist)  # a config that cannot fit is refused here, not killed by the OS at its first step
+    prefixes = prefix_targets(cfg, meta) if cfg.model.prefix_weight else None  # the tokenizer's, before the folder
     if val_files:
         val_loader(cfg, dist, val_files)  # a val set too small for eval.tokens fails now, not after training
     if not cfg.log.run_id:
@@ -237,7 +238,10 @@ def setup(cfg: Config, dist: Dist) -> Run:
         log.print(cfg.starter)
 
     torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
-    model = parallelize(GPT(cfg.model), cfg.train, dist)
+    gpt = GPT(cfg.model)
+    if prefixes:
+        gpt.set_prefix_targets(prefixes)
+    model = parallelize(gpt, cfg.train, dist)
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
     if resumed:
@@ -302,12 +306,16 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
     the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every).
-    The flag exchange follows in train()."""
-    accum, dist = run.clock.micro_steps(run.progress.step), run.dist
+    Under model.untie_at the head follows the embedding until the untie: its gradient joins the embedding's before
+    the norm, and it takes the embedding's weights after the optimizers. The flag exchange follows in train()."""
+    step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
+    accum, dist = run.clock.micro_steps(step), run.dist
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
-    set_lr(run.optimizers, run.clock.lr_mult(run.progress.step), run.progress.step)
-    # the attention window follows the LR's clock
-    run.model.module.set_progress(run.clock.progress(run.progress.step))
+    set_lr(run.optimizers, run.clock.lr_mult(step), step)
+    # the attention window, the loss's weights and the head's untie follow the LR's clock
+    progress = run.clock.progress(step)
+    gpt.set_progress(progress)
+    untie_when_due(gpt, run.optimizers, progress, step, adam_every)
     for micro in range(accum):
         x, y = next(batches)
         with run.model.grad_sync(micro == accum - 1), autocast(dist, run.cfg.train.dtype):
@@ -315,9 +323,11 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
             (loss / accum).backward()
         total += loss.detach()
 
+    gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's
     norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
-    step_optimizers(run.optimizers, run.progress.step, run.cfg.optim.adam_every)
+    step_optimizers(run.optimizers, step, adam_every)
+    gpt.tie_weights()
     return total / accum, norm, run.loader.wait_s - waited
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import threading
 from pathlib import Path
 
@@ -49,6 +50,22 @@ def eot_token(enc: tiktoken.Encoding) -> int:
     except KeyError:
         raise TokenizerError(f"tokenizer {enc.name!r} has no {EOT} special token; "
                              f"shards need one to separate documents") from None
+
+
+def prefix_tokens(enc: tiktoken.Encoding, vocab_size: int) -> list[int]:
+    """For each id below `vocab_size`: the id of the token whose bytes are the longest proper prefix of its
+    bytes, -1 where none is a token below `vocab_size` (a single byte, a special token): model.prefix_weight's
+    targets."""
+    special = {enc.encode_single_token(name) for name in enc.special_tokens_set}
+    ids: dict[bytes, int] = {}
+    for i in range(min(enc.n_vocab, vocab_size)):
+        if i not in special:
+            with contextlib.suppress(KeyError):  # ids between the ranks and the special tokens
+                ids[enc.decode_single_token_bytes(i)] = i
+    table = [-1] * vocab_size
+    for token, i in ids.items():
+        table[i] = next((ids[token[:k]] for k in range(len(token) - 1, 0, -1) if token[:k] in ids), -1)
+    return table
 
 
 def load_tiktoken_file(path: str | Path, pattern: str = GPT2_PATTERN) -> tiktoken.Encoding:

@@ -75,8 +75,14 @@ class GPTConfig:
     smear: bool = False  # token t's embedding adds lambda * sigmoid(w . x_t[:12]) * x_{t-1}; lambda and w start at 0
     x0_mix: bool = False  # each block starts from a * x + b * x0 (x0: the embedding), a, b learned per block
     tie_embeddings: bool = True  # head shares the token embedding matrix
+    untie_at: float = 0.0  # in (0, 1): a tied head gets weights of its own at this training progress; 0 = never
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
+    # training loss: weights of the next token and the tokens after it, each later one fading out over a stage of
+    # training; [] = the next token alone
+    mtp_weights: list[float] = field(default_factory=list)
+    # > 0: the training loss also predicts each target's longest proper prefix token, at this weight; 0 = off
+    prefix_weight: float = 0.0
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
     bigram_hash: int = 0  # rows of a table read at a hash of (previous, current) token, added to each block; 0 = off
     bigram_dim: int = 0  # width of the bigram table, added to the first bigram_dim channels; 0 = n_embd
@@ -119,6 +125,16 @@ class GPTConfig:
              "or skip_gate = false")
         need(min(self.window, self.window_start, self.logit_softcap, self.attn_scale) >= 0,
              "window, window_start, logit_softcap and attn_scale must be >= 0")
+        need(self.prefix_weight >= 0, f"prefix_weight={self.prefix_weight} must be >= 0 (record 88: 0.25), 0 for off")
+        need(0 <= self.untie_at < 1, f"untie_at={self.untie_at} must lie in [0, 1): the training progress at which "
+                                     f"the head unties (record 53: 0.667), or 0 for never")
+        need(self.tie_embeddings or not self.untie_at,
+             f"untie_at={self.untie_at} unties a tied head, but tie_embeddings = false: set tie_embeddings = true "
+             f"(the head starts as the embedding) or untie_at = 0")
+        weights = self.mtp_weights
+        need(not weights or (all(type(w) in (int, float) and w >= 0 for w in weights) and weights[0] == 1),
+             f"mtp_weights={weights} must be [] (the next token alone) or the next token's weight 1.0 followed by "
+             f"those of the tokens after it, each >= 0, e.g. [1.0, 0.5, 0.25] (record 53)")
         need(not self.rope_truncate or (self.rotary and self.head_dim % 4 == 0),
              f"rope_truncate needs rotary = true and a head size divisible by 4, got {self.head_dim}")
         need(self.window_start <= self.window and (self.window or not self.window_start),
@@ -187,8 +203,20 @@ class GPTConfig:
         return self.bigram_dim or self.n_embd
 
     @property
+    def tokens_ahead(self) -> int:
+        """How many tokens each position's logits are trained to predict: 1, the next, without mtp_weights."""
+        return max(len(self.mtp_weights), 1)
+
+    @property
     def padded_vocab(self) -> int:
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def stage_of(progress: float, stages: int) -> int:
+    """Which of `stages` equal stages of the run `progress` lies in: stage k from progress k / stages on, the last
+    one to the end and past it. Compared as quotients, so that under a step schedule stage k starts exactly at
+    the step s where s / max_steps = k / stages (both divisions round the same fraction to the same float)."""
+    return sum(progress >= k / stages for k in range(1, stages))
 
 
 def config_from_dict(section: dict) -> GPTConfig:

@@ -7,6 +7,7 @@ The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied fro
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import warnings
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from model.config import GPTConfig  # re-exported: `from model.gpt import GPTConfig` keeps working
+from model.config import GPTConfig, stage_of  # re-exported: `from model.gpt import GPTConfig` keeps working
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -379,11 +380,28 @@ class GPT(nn.Module):
         self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout else None
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
-        if cfg.tie_embeddings:
+        if cfg.tie_embeddings and not cfg.untie_at:
             self.lm_head.weight = self.wte.weight
+        # untie_at: the head is a parameter of its own from the start, so that DDP, FSDP2 and the optimizer see one
+        # set of parameters throughout, and follows the embedding until the untie (tie_grads, tie_weights). Whether
+        # it still does is saved with the weights; `tied` is its copy on the host, read each step without a sync.
+        self.tied = bool(cfg.untie_at)
+        if cfg.untie_at:
+            self.register_buffer("head_tied", torch.ones((), dtype=torch.long))
+            self.register_load_state_dict_post_hook(_read_tied)
         # The (long, short) window as a tensor the forward reads: a new size is a new value of a graph input,
         # never a recompile. Not saved: it follows training progress (set_progress).
         self.register_buffer("windows", torch.zeros(2, dtype=torch.long), persistent=False)
+        # The training loss's weights (mtp_weights, prefix_weight), likewise a tensor that follows the progress;
+        # None where the loss is the next token's alone.
+        terms = cfg.tokens_ahead + bool(cfg.prefix_weight)
+        self.register_buffer("loss_weights", torch.zeros(terms) if terms > 1 else None, persistent=False)
+        self._weights_now: list[float] = []
+        # Each token's prefix token, -1 for none (the tokenizer's: train.py fills it, set_prefix_targets); the
+        # checkpoint needs none of it, since evals score the next token alone.
+        if cfg.prefix_weight:
+            self.register_buffer("prefix_targets", torch.full((cfg.vocab_size,), -1, dtype=torch.long),
+                                 persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -392,7 +410,8 @@ class GPT(nn.Module):
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
         gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights,
         the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1, backout's lambda 0.5 (as
-        modded-nanogpt starts them); the window is the final one (set_progress(1)).
+        modded-nanogpt starts them); under untie_at the head tied, and the embedding its copy, the value a shared
+        matrix ends with; the window and the loss's weights the final ones (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
@@ -429,7 +448,14 @@ class GPT(nn.Module):
                 nn.init.zeros_(w)
             else:
                 nn.init.normal_(w, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+        if cfg.untie_at:
+            with torch.no_grad():
+                self.wte.weight.copy_(self.lm_head.weight)
+                self.head_tied.fill_(1)
+            self.tied = True
         self._use_window(self.window_at(1.0))
+        self._weights_now = []
+        self._use_loss_weights(self.loss_weights_at(1.0))
 
     def window_at(self, progress: float) -> int:
         """The window of the L layers at `progress` in [0, 1] of training: window_start growing linearly to
@@ -439,11 +465,62 @@ class GPT(nn.Module):
             return cfg.window
         return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
 
+    def loss_weights_at(self, progress: float) -> list[float]:
+        """The weights of the training loss's terms at `progress` in [0, 1] of training: each position's next
+        token, the tokens after it (mtp_weights) and its target's prefix token (prefix_weight); [] for the next
+        token alone.
+
+        With n mtp_weights the run is n equal stages, and the weight of the token k + 1 ahead fades linearly to 0
+        across stage n - 1 - k: record 53's [1, 0.5, 0.25 -> 0], [1, 0.5 -> 0], [1] for [1.0, 0.5, 0.25]. The
+        prefix term holds over the first third and fades across the second, as record 88's."""
+        cfg = self.cfg
+        if self.loss_weights is None:
+            return []
+        ahead = [float(w) for w in cfg.mtp_weights] or [1.0]
+        n = len(ahead)
+        weights = [ahead[0]] + [fading(w, progress, n, n - 1 - k) for k, w in enumerate(ahead[1:], 1)]
+        return weights + ([fading(cfg.prefix_weight, progress, 3, 1)] if cfg.prefix_weight else [])
+
     def set_progress(self, progress: float) -> None:
-        """Use the window of `progress` (train.py: the LR schedule's, each step; its evals keep the last step's)."""
+        """Use the window and the loss's weights of `progress` (train.py: the LR schedule's, each step; its evals
+        keep the last step's window and score the next token alone)."""
         window = self.window_at(progress)
         if window != self.window:
             self._use_window(window)
+        self._use_loss_weights(self.loss_weights_at(progress))
+
+    def _use_loss_weights(self, weights: list[float]) -> None:
+        # only the entries that changed, one fill_ each (no host-device sync): one a step while a term fades
+        for i, (new, old) in enumerate(itertools.zip_longest(weights, self._weights_now)):
+            if new != old:
+                self.loss_weights[i].fill_(new)
+        self._weights_now = weights
+
+    def set_prefix_targets(self, targets: list[int]) -> None:
+        """The prefix token of each token id (-1: none) that prefix_weight trains towards (data/tokenizer.py's
+        prefix_tokens for the data's tokenizer)."""
+        self.prefix_targets.copy_(torch.tensor(targets, dtype=torch.long))
+
+    def tie_grads(self) -> None:
+        """While the head follows the embedding (untie_at): add its gradient to the embedding's and drop it, so
+        that the embedding gets what one shared matrix would and the optimizer steps it alone (the head's own
+        optimizer state starts at the untie). Call after the backward's gradient sync, before clipping."""
+        if self.tied and self.lm_head.weight.grad is not None:
+            self.wte.weight.grad.add_(self.lm_head.weight.grad)
+            self.lm_head.weight.grad = None
+
+    @torch.no_grad()
+    def tie_weights(self) -> None:
+        """While the head follows the embedding: give it the embedding's weights (after each optimizer step)."""
+        if self.tied:
+            self.lm_head.weight.copy_(self.wte.weight)
+
+    def untie(self) -> None:
+        """The head stops following the embedding: from now on it keeps the weights it has and gets a gradient
+        of its own (optim/groups.py's untie_head also gives it the embedding's optimizer state)."""
+        self.tie_weights()
+        self.head_tied.fill_(0)
+        self.tied = False
 
     def _use_window(self, window: int) -> None:
         # fill_ passes the number as a kernel argument: no host-device sync
@@ -519,11 +596,29 @@ class GPT(nn.Module):
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         if targets is None:
             return logits, None
+        if self.loss_weights is not None and self.training:  # in this order: no training guard without the terms
+            return None, self.weighted_loss(logits, targets)
         # targets of -100 (padding) are skipped: the mean is over the others, NaN if there are none
         return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=-100)
 
+    def weighted_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The training loss of mtp_weights and prefix_weight: at each position the cross-entropies of its logits
+        against the next token, the tokens after it in its row and its target's prefix token, weighted by
+        `loss_weights`, summed and divided by the count of next-token targets, so that with the other weights at
+        0 it is the plain mean. A position whose token k ahead lies past its row's end (or is padding), or whose
+        target has no prefix token, leaves that term out. Same head, same logits: no new parameter or matmul."""
+        cfg = self.cfg
+        aims = [F.pad(targets[:, k:], (0, k), value=-100) for k in range(cfg.tokens_ahead)]
+        if cfg.prefix_weight:
+            aims.append(torch.where(targets >= 0, self.prefix_targets[targets.clamp(min=0)], -1))
+        aims = torch.stack(aims, dim=-1)  # [B, T, terms]
+        # log_softmax keeps what F.cross_entropy keeps: one [B, T, V] tensor for the backward
+        picked = F.log_softmax(logits, dim=-1).gather(-1, aims.clamp(min=0))
+        weights = torch.where(aims >= 0, self.loss_weights, 0.0)
+        return -(picked * weights).sum() / (targets != -100).sum()
+
     def num_params(self) -> int:
-        """Number of distinct parameters (a tied head counted once)."""
+        """Number of distinct parameters (a shared head counted once; under untie_at the head is one of its own)."""
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int, window: int | None = None) -> float:
@@ -547,7 +642,22 @@ class GPT(nn.Module):
         """Parameters that multiply an activation: all but the embedding tables, a tied head counted as the head."""
         # Cached: train.py counts FLOPs every step, and walking the modules each time costs more than the count.
         lookup_only = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
-        return self.num_params() - lookup_only + (self.lm_head.weight.numel() if self.cfg.tie_embeddings else 0)
+        shared = self.lm_head.weight is self.wte.weight  # a tied head under untie_at is a parameter of its own
+        return self.num_params() - lookup_only + (self.lm_head.weight.numel() if shared else 0)
+
+
+def _read_tied(model: GPT, _keys) -> None:
+    """After load_state_dict: the host's copy of the saved head_tied flag (one sync, at load only)."""
+    model.tied = bool(model.head_tied)
+
+
+def fading(weight: float, progress: float, stages: int, stage: int) -> float:
+    """`weight` before stage `stage` of `stages` equal stages of the run, falling linearly to 0 across it, 0
+    after it (stage_of's stages, the batch schedule's)."""
+    now = stage_of(progress, stages)
+    if now != stage:
+        return weight if now < stage else 0.0
+    return weight * (1.0 - min(max(progress * stages - stage, 0.0), 1.0))
 
 
 def mean_keys(seq_len: int, window: int) -> float:

@@ -104,6 +104,25 @@ def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_eve
             opt.zero_grad(set_to_none=True)
 
 
+def untie_when_due(model: GPT, optimizers: list[torch.optim.Optimizer], progress: float, step: int,
+                   adam_every: int = 1) -> None:
+    """Untie the head that follows the embedding (model.untie_at) before the first step at or past that
+    progress which starts with no AdamW gradients held (optim.adam_every): a held gradient mixes the two."""
+    if model.tied and progress >= model.cfg.untie_at and step % adam_every == 0:
+        untie_head(model, optimizers)
+
+
+def untie_head(model: GPT, optimizers: list[torch.optim.Optimizer]) -> None:
+    """The head leaves the embedding it followed: it keeps its weights (the embedding's) and starts from a copy of
+    the embedding's AdamW state (moments and step count), so both go on from where the tied matrix was, each on
+    its own gradient, as record 53 splits them."""
+    embed, head = model.wte.weight, model.lm_head.weight
+    for opt in optimizers:
+        if embed in opt.state:
+            opt.state[head] = {key: value.clone() for key, value in opt.state[embed].items()}
+    model.untie()
+
+
 def warmup_momentum(group: dict, step: int) -> float:
     """Muon's momentum at `step`: linear from `momentum_start` at step 0 to `initial_momentum` at
     `momentum_warmup_steps`, then constant (the records: 0.85 -> 0.95 over 300 steps)."""

@@ -1,6 +1,29 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
-the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every)."""
+the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every), and before
+and after the head unties from the embedding (model.untie_at)."""
 from tests.helpers import growing_window_run, ten_second_steps
+
+
+def trained(folder, run_id: str, *args: str, warm_up=None) -> tuple:
+    """growing_window_run's run `run_id` in `folder` under `args`: its warm-up (`warm_up(run)`, train.warm_up by
+    default: a no-op unless the args ask for one), the timed loop, and a save if a SIGTERM stopped it. (run,
+    status, its weights, the train losses metrics.jsonl logged)."""
+    import json
+
+    import train
+
+    run = growing_window_run(folder, *args, f"--log.run_id={run_id}")
+    try:
+        (warm_up or train.warm_up)(run)
+        status = train.train(run)
+        if status == "sigterm":
+            train.save(run)
+        lines = (folder / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+        losses = [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
+        return run, status, {k: v.clone() for k, v in run.model.module.state_dict().items()}, losses
+    finally:
+        run.loader.close()
+        run.log.close()
 
 
 def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, monkeypatch, capsys):
@@ -43,7 +66,6 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     """optim.adam_every = 2: a run stopped after step 3, whose AdamW gradients wait for step 4, and resumed ends
     with the weights and losses of the run that went straight through; both stopped and resumed runs warm up
     first, so a warm-up that leaked its held gradients (or lost the resumed ones) would show too."""
-    import json
     import signal
 
     import torch
@@ -53,23 +75,12 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     args = ("--optim.name=muon", "--optim.adam_every=2", "--optim.embed_lr=0.05", "--train.max_steps=6")
     warm = ("--train.timing=exclude_warmup", "--train.warmup_steps=1")
 
-    def trained(run_id: str, *extra: str):
-        run = growing_window_run(tmp_path, *args, f"--log.run_id={run_id}", *extra)
-        try:
-            held = {name for name, p in run.model.module.named_parameters() if p.grad is not None}
-            train.warm_up(run)  # its one step (step 0 again, no AdamW step) holds gradients: the restore drops them
-            assert {name for name, p in run.model.module.named_parameters() if p.grad is not None} == held
-            status = train.train(run)
-            if status == "sigterm":
-                train.save(run)
-            lines = (tmp_path / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
-            losses = [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
-            return run, status, {k: v.clone() for k, v in run.model.module.state_dict().items()}, losses
-        finally:
-            run.loader.close()
-            run.log.close()
+    def warm_up(run) -> None:
+        held = {name for name, p in run.model.module.named_parameters() if p.grad is not None}
+        train.warm_up(run)  # its one step (step 0 again, no AdamW step) holds gradients: the restore drops them
+        assert {name for name, p in run.model.module.named_parameters() if p.grad is not None} == held
 
-    _, _, straight, straight_losses = trained("straight")
+    _, _, straight, straight_losses = trained(tmp_path, "straight", *args, warm_up=warm_up)
     real = train.train_step
 
     def stop_after_step_3(run, batches):
@@ -78,7 +89,7 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
             run.stop_requested.append(signal.SIGTERM)
         return out
     monkeypatch.setattr(train, "train_step", stop_after_step_3)
-    run, status, _, _ = trained("stopped", *warm)
+    run, status, _, _ = trained(tmp_path, "stopped", *args, *warm, warm_up=warm_up)
     assert (status, run.progress.step) == ("sigterm", 3)
     adamw = {name for name, p in run.model.module.named_parameters()
              if any(p is q for g in run.optimizers[0].param_groups for q in g["params"])}
@@ -86,12 +97,55 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     assert torch.load(saved, weights_only=True)["grads"].keys() == adamw  # held for step 4, Muon's dropped
     monkeypatch.setattr(train, "train_step", real)
 
-    run, status, resumed, losses = trained("stopped", *warm)
+    run, status, resumed, losses = trained(tmp_path, "stopped", *args, *warm, warm_up=warm_up)
     assert (status, run.progress.step) == ("completed", 6)
     assert losses == straight_losses
     assert all(torch.equal(resumed[k], w) for k, w in straight.items())
     # without the held gradients the resumed run ends elsewhere: the comparison above sees them
     state = torch.load(saved, weights_only=True)
     torch.save({**state, "grads": {}}, saved)
-    _, _, lost, _ = trained("stopped", *warm)
+    _, _, lost, _ = trained(tmp_path, "stopped", *args, *warm, warm_up=warm_up)
     assert not all(torch.equal(lost[k], w) for k, w in straight.items())
+
+
+def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie(tmp_path, monkeypatch):
+    """model.untie_at = 0.35 of 8 steps under optim.adam_every = 2, with model.mtp_weights: the untie waits for
+    step 4, the first past 0.35 that starts with no AdamW gradients held (step 3 applies step 2's). Runs stopped
+    after 3 steps (AdamW holds gradients that the head's joined), 4 (the untie is the resumed run's first step, and
+    its warm-up's, whose restore must tie the head again) and 6 (untied, an AdamW step since) resume to the
+    straight run's losses and weights; each stopped run's checkpoint.pt loads per the eval contract, tied or not."""
+    import signal
+
+    import torch
+
+    import train
+    from trainer.checkpoint import load_checkpoint
+
+    args = ("--optim.name=muon", "--optim.adam_every=2", "--optim.embed_lr=0.05", "--optim.head_lr=0.02",
+            "--train.max_steps=8", "--model.untie_at=0.35", "--model.mtp_weights=[1.0, 0.5, 0.25]")
+    warm = ("--train.timing=exclude_warmup", "--train.warmup_steps=1")
+    real, stop, tied = train.train_step, [], []
+
+    def step(run, batches):
+        out = real(run, batches)
+        tied.append(run.model.module.tied)
+        if run.progress.step + 1 in stop:
+            run.stop_requested.append(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(train, "train_step", step)
+
+    _, _, straight, straight_losses = trained(tmp_path, "straight", *args)
+    assert tied == [True] * 4 + [False] * 4
+    assert not torch.equal(straight["lm_head.weight"], straight["wte.weight"])
+    for at in (3, 4, 6):
+        stop[:] = [at]
+        run, status, saved, _ = trained(tmp_path, f"stopped{at}", *args, *warm)
+        assert (status, run.progress.step) == ("sigterm", at)
+        loaded, _ = load_checkpoint(run.checkpoint_path)
+        assert loaded.tied == (at < 5) and torch.equal(loaded.lm_head.weight, loaded.wte.weight) == (at < 5)
+        assert all(torch.equal(v, saved[k]) for k, v in loaded.state_dict().items())
+        stop.clear()
+        run, status, resumed, losses = trained(tmp_path, f"stopped{at}", *args, *warm)
+        assert (status, run.progress.step) == ("completed", 8)
+        assert losses == straight_losses, at
+        assert all(torch.equal(resumed[k], w) for k, w in straight.items()), at

@@ -14,6 +14,7 @@ import contextlib
 import time
 from typing import Iterator
 
+from model.config import stage_of  # the model's loss schedule uses the same stages
 from trainer.config import TrainConfig
 
 
@@ -25,13 +26,6 @@ def lr_multiplier(progress: float, warmup_frac: float, decay_frac: float, final_
     if decay_frac > 0 and progress > 1 - decay_frac:
         return final_frac + (1 - final_frac) * (1 - progress) / decay_frac
     return 1.0
-
-
-def stage_of(progress: float, stages: int) -> int:
-    """Which of `stages` equal stages of the run `progress` lies in: stage k from progress k / stages on, the last
-    one to the end and past it. Compared as quotients, so that under a step schedule stage k starts exactly at
-    the step s where s / max_steps = k / stages (both divisions round the same fraction to the same float)."""
-    return sum(progress >= k / stages for k in range(1, stages))
 
 
 class Clock:

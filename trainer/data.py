@@ -11,8 +11,11 @@ from data.regions import match_files
 from data.val import ValBatches, val_batches
 from data.meta import META, MetaError, read_meta, vouches
 from data.shards import open_shard
+from data.tokenizer import TokenizerError, get_tokenizer, prefix_tokens
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
+
+GPT2_VOCAB = 50257  # FineWeb's shards come without a meta.json: their tokens are GPT-2's
 
 
 def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
@@ -89,6 +92,21 @@ def _apply_meta(cfg: Config, meta: dict, meta_path: Path) -> None:
         raise ConfigError(f"model.doc_causal: model.bos_id = {model_cfg.bos_id} is not a token of the vocabulary "
                           f"(model.vocab_size = {model_cfg.vocab_size}), so no document would ever end; set "
                           f"model.bos_id to the data's document token or turn model.doc_causal off")
+
+
+def prefix_targets(cfg: Config, meta: dict) -> list[int]:
+    """model.prefix_weight's table, each token's prefix token (-1: none), from the tokenizer meta.json names; shards
+    without a meta.json are taken as GPT-2's, as FineWeb's are."""
+    name = meta.get("tokenizer")
+    if name is None and cfg.model.vocab_size != GPT2_VOCAB:
+        raise ConfigError(f"model.prefix_weight needs the data's tokenizer, which a meta.json beside the train shards "
+                          f"names (data.prepare writes one); without one the shards are taken as GPT-2's, but "
+                          f"model.vocab_size = {cfg.model.vocab_size}, not {GPT2_VOCAB}: prepare the data with "
+                          f"data.prepare or set model.prefix_weight = 0")
+    try:
+        return prefix_tokens(get_tokenizer(name or "gpt2"), cfg.model.vocab_size)
+    except TokenizerError as e:
+        raise ConfigError(f"model.prefix_weight: {e}") from None
 
 
 def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> TokenLoader:

@@ -102,3 +102,20 @@ def test_a_download_that_hangs_is_cut_off(tmp_path, monkeypatch):
         with pytest.raises(TokenizerError, match="no answer within 1 s.*TIKTOKEN_CACHE_DIR"):
             get_tokenizer("r50k_base")
         assert time.time() - t0 < 5
+
+
+def test_prefix_tokens_are_the_longest_proper_prefix_that_is_a_token(tmp_path):
+    """As record 88 builds its table: the longest proper prefix of a token's bytes that is itself a token; none
+    for a single byte and for <|endoftext|>; a token at or past vocab_size is never a target, so the next
+    shorter prefix stands in."""
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks.update({b"ab": 256, b"abc": 257, b"abcd": 258, b"bcd": 259, b"abcde": 260, b"xy": 261})
+    write_ranks(tmp_path / "tiny.tiktoken", ranks)
+    enc = get_tokenizer(str(tmp_path / "tiny.tiktoken"))  # <|endoftext|> = 262
+    table = tokenizer.prefix_tokens(enc, 263)
+    a, b, x = ord("a"), ord("b"), ord("x")
+    assert table[256:] == [a, 256, 257, b, 258, x, -1]  # "bcd": "bc" is no token, so "b"
+    assert table[:256] == [-1] * 256
+    assert tokenizer.prefix_tokens(enc, 258)[256:] == [a, 256]  # below the model's vocabulary
+    assert tokenizer.prefix_tokens(enc, 300)[258:] == [257, b, 258, x, -1] + [-1] * 37
+    assert tokenizer.prefix_tokens(get_tokenizer("bytes"), 257) == [-1] * 257

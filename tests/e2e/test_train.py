@@ -362,3 +362,34 @@ def test_a_batch_schedule_trains_the_tokens_it_says_and_resumes_bit_for_bit(tmp_
     assert records(tmp_path / "resumed" / "runs" / "w") == logged
     end, want = resumed.model.module.state_dict(), straight.model.module.state_dict()
     assert all(torch.equal(end[k], want[k]) for k in want)
+
+
+def test_a_head_that_unties_trains_and_resumes_bit_for_bit_under_ddp_and_fsdp2(tmp_path):
+    """tests/workers/untie_worker.py on 2 gloo ranks: train.py's loop with model.untie_at, model.mtp_weights and
+    model.prefix_weight (a tokenizer whose token 256, "ab", has the prefix "a"), AdamW every second step. Every rank
+    unties at the same step; DDP and FSDP2 train alike; a run stopped before the untie (with held AdamW gradients)
+    or after it resumes to the straight run's losses and weights, and its checkpoint.pt loads, tied or not."""
+    import base64
+
+    make_shards(tmp_path, [20_000], vocab=257)
+    ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256}
+    (tmp_path / "ab.tiktoken").write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+    (tmp_path / "meta.json").write_text(json.dumps({"tokenizer": str(tmp_path / "ab.tiktoken"), "vocab_size": 258}))
+    out = tmp_path / "results.pt"
+    torchrun([ROOT / "tests" / "workers" / "untie_worker.py", tmp_path, out], env={"PYTHONPATH": str(ROOT)},
+             timeout=600)
+    results = torch.load(out, weights_only=True)
+    for parallel, runs in results.items():
+        straight = runs["straight"]
+        assert straight["tied"] == [[True] * 4 + [False] * 4] * 2, parallel
+        assert int(straight["state"]["head_tied"]) == 0 and straight["prefix_targets"] == [-1] * 256 + [97, -1]
+        assert not torch.equal(straight["state"]["lm_head.weight"], straight["state"]["wte.weight"])
+        for stop, tied in ((3, (True, True)), (6, (False, False))):
+            assert runs[f"stopped{stop}"]["status"] == "sigterm" and runs[f"stopped{stop}"]["checkpoint_tied"] == tied
+            resumed = runs[f"resumed{stop}"]
+            assert resumed["status"] == "completed" and resumed["losses"] == straight["losses"], (parallel, stop)
+            assert all(torch.equal(resumed["state"][k], v) for k, v in straight["state"].items()), (parallel, stop)
+    ddp, fsdp = results["ddp"]["straight"], results["fsdp"]["straight"]
+    assert fsdp["losses"] == pytest.approx(ddp["losses"], rel=1e-4)
+    for k, v in ddp["state"].items():
+        torch.testing.assert_close(fsdp["state"][k], v, atol=1e-5, rtol=1e-4, msg=k)

@@ -59,6 +59,16 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(bigram_signs=True), "bigram_dim=0 and bigram_signs=True shape the bigram table, which bigram_hash = 0 turns "
                               "off: set bigram_hash > 0"),
     (dict(bigram_dim=8), "bigram_dim=8 and bigram_signs=False shape the bigram table"),
+    (dict(untie_at=1.0), r"untie_at=1.0 must lie in \[0, 1\): the training progress at which the head unties"),
+    (dict(untie_at=-0.5), r"untie_at=-0.5 must lie in \[0, 1\)"),
+    (dict(untie_at=0.5, tie_embeddings=False), "untie_at=0.5 unties a tied head, but tie_embeddings = false: set "
+                                                "tie_embeddings = true"),
+    (dict(mtp_weights=[0.5, 1.0]), r"mtp_weights=\[0.5, 1.0\] must be \[\] \(the next token alone\) or the next "
+                                   r"token's weight 1.0 followed by .*e.g. \[1.0, 0.5, 0.25\]"),
+    (dict(mtp_weights=[1.0, -0.5]), r"mtp_weights=\[1.0, -0.5\] must be \[\]"),
+    (dict(mtp_weights=[1.0, "x"]), r"mtp_weights=\[1.0, 'x'\] must be \[\]"),
+    (dict(mtp_weights=[True]), r"mtp_weights=\[True\] must be \[\]"),
+    (dict(prefix_weight=-0.25), "prefix_weight=-0.25 must be >= 0"),
 ])
 def test_bad_values_are_explained(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -1,6 +1,7 @@
 """The GPT: defaults, shapes, every option trains, masks, the records' pieces (also the newer ones: blocks without
 attention, the attention, value-embedding and skip gates, the smear, the bigram hash embedding and its sign trick,
-XSA, backout, YaRN), checkpoint round trip, FLOPs."""
+XSA, backout, YaRN, the loss's later-token and prefix-token terms, the head that unties from the embedding),
+checkpoint round trip, FLOPs."""
 import dataclasses
 import math
 import warnings
@@ -962,3 +963,200 @@ def test_yarn_is_plain_rotary_at_the_start_window_and_follows_the_window_without
             plain.set_progress(progress)
             same = torch.equal(m(idx)[0], plain(idx)[0])
             assert same == (progress == 0.0), progress
+
+
+# --- the training loss's other terms (model.mtp_weights, model.prefix_weight) ---
+
+PREFIXES = {5: 3, 9: 5, 11: 9, 12: 1}  # a made-up prefix table: these ids have a prefix token, the others none
+
+
+def with_prefixes(m):
+    """`m` with PREFIXES as its prefix table (train.py fills it from the data's tokenizer)."""
+    m.set_prefix_targets([PREFIXES.get(i, -1) for i in range(257)])
+    return m
+
+
+def loss_by_hand(logits: torch.Tensor, targets: torch.Tensor, weights: list[float], prefix: float) -> torch.Tensor:
+    """sum over rows b, positions t, offsets k with a target of w_k * -log p(targets[b, t + k] | logits[b, t]), plus
+    prefix * -log p(prefix of targets[b, t]) where it has one, over the count of next-token targets; loops."""
+    logp = F.log_softmax(logits.double(), dim=-1)
+    B, T = targets.shape
+    total, count = 0.0, 0
+    for b in range(B):
+        for t in range(T):
+            count += int(targets[b, t] != -100)
+            for k, w in enumerate(weights):
+                if t + k < T and targets[b, t + k] != -100:
+                    total -= w * logp[b, t, targets[b, t + k]]
+            if targets[b, t] != -100 and int(targets[b, t]) in PREFIXES:
+                total -= prefix * logp[b, t, PREFIXES[int(targets[b, t])]]
+    return total / count
+
+
+@pytest.mark.parametrize("options, progress, weights, prefix", [
+    (dict(mtp_weights=[1.0, 0.5, 0.25]), 0.0, [1.0, 0.5, 0.25], 0.0),
+    (dict(mtp_weights=[1.0, 0.5, 0.25]), 0.5, [1.0, 0.25, 0.0], 0.0),  # half way through the second third
+    (dict(prefix_weight=0.25), 0.1, [1.0], 0.25),
+    (dict(mtp_weights=[1, 0.5, 0.25, 0.125], prefix_weight=0.5), 0.125, [1.0, 0.5, 0.25, 0.0625], 0.5),
+])
+def test_the_training_loss_is_the_weighted_sum_of_the_shifted_and_prefix_cross_entropies(
+        options, progress, weights, prefix):
+    """Each position's logits against the tokens 1, 2, ... ahead (a token past the row's end left out) and against
+    its target's prefix token (left out where it has none), over the count of next-token targets; padding (-100)
+    is no target at all."""
+    m = tiny(logit_softcap=15.0, **options)
+    if prefix:
+        with_prefixes(m)
+    m.set_progress(progress)
+    x = batch(B=2, T=9, vocab=14, seed=3)  # small ids: many targets have a prefix token, some repeat
+    targets = x[:, 1:].clone()
+    targets[1, -2:] = -100  # a padded tail, as the val batches have
+    with torch.no_grad():
+        logits, _ = m(x[:, :-1])
+    _, loss = m(x[:, :-1], targets)
+    assert m.training and m.loss_weights.tolist() == weights + ([prefix] if prefix else [])
+    torch.testing.assert_close(loss.double(), loss_by_hand(logits, targets, weights, prefix), atol=1e-6, rtol=1e-6)
+    loss.backward()  # the loss is one graph through the shared head: every weight gets a gradient
+    assert all(p.grad is not None for p in m.parameters())
+
+
+@pytest.mark.parametrize("weights", [[], [1.0]])
+def test_without_later_tokens_the_training_loss_is_the_plain_next_token_loss(weights):
+    x = batch()
+    plain, m = tiny(), tiny(mtp_weights=weights)
+    m.set_progress(0.0)
+    assert m.loss_weights is None and "loss_weights" not in dict(m.named_buffers())
+    assert torch.equal(m(x[:, :-1], x[:, 1:])[1], plain(x[:, :-1], x[:, 1:])[1])
+
+
+def test_the_last_stage_and_every_eval_score_the_next_token_alone():
+    x = batch()
+    plain, m = tiny(), with_prefixes(tiny(mtp_weights=[1.0, 0.5, 0.25], prefix_weight=0.25))
+    want = plain(x[:, :-1], x[:, 1:])[1]
+    m.set_progress(0.8)  # the last third: the later tokens' and the prefix's weights are 0
+    assert m.loss_weights.tolist() == [1.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(m(x[:, :-1], x[:, 1:])[1], want, atol=1e-6, rtol=1e-6)
+    m.set_progress(0.0)
+    assert m(x[:, :-1], x[:, 1:])[1] > want + 0.5  # the other terms weigh in training ...
+    m.eval()
+    assert torch.equal(m(x[:, :-1], x[:, 1:])[1], want)  # ... never in an eval (same weights as plain)
+
+
+def record_53(x: float) -> list[float]:
+    """Record 53's MTP weights at x = step / scheduled steps, and record 88's prefix weight after them."""
+    if x < 1 / 3:
+        return [1.0, 0.5, 0.25 * (1 - 3 * x), 0.25]
+    if x < 2 / 3:
+        return [1.0, 0.5 * (1 - (3 * x - 1)), 0.0, 0.25 * (1 - (3 * x - 1))]
+    return [1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_loss_weights_follow_the_records_schedule_and_a_fresh_model_has_the_final_ones():
+    m = tiny(mtp_weights=[1.0, 0.5, 0.25], prefix_weight=0.25)
+    assert m.loss_weights.tolist() == [1.0, 0.0, 0.0, 0.0]  # progress 1, as a model loaded from checkpoint.pt
+    steps = 30
+    for step in range(steps + 1):
+        m.set_progress(step / steps)
+        assert m.loss_weights_at(step / steps) == pytest.approx(record_53(step / steps), abs=1e-12)
+        torch.testing.assert_close(m.loss_weights, torch.tensor(record_53(step / steps)))
+    # stages as the batch schedule's: the third weight reaches 0 at step 10 of 30, the second at step 20
+    assert [w for s in (9, 10, 19, 20) for w in m.loss_weights_at(s / 30)[1:3]] == pytest.approx(
+        [0.5, 0.25 / 10, 0.5, 0.0, 0.5 / 10, 0.0, 0.0, 0.0])
+    assert tiny().loss_weights_at(0.0) == [] and tiny(mtp_weights=[1.0, 0.5]).loss_weights_at(0.25) == [1.0, 0.25]
+
+
+# --- the head that unties from the embedding (model.untie_at) ---
+
+def test_a_head_that_unties_later_starts_as_the_tied_one_with_a_shared_matrixs_gradient():
+    """Two parameters, equal to the shared matrix at init (the same random draws); the head's gradient added to
+    the embedding's is bit for bit what the shared matrix gets, and the head is left without one."""
+    x = batch()
+    tied, later = tiny(), tiny(untie_at=0.5)
+    assert later.lm_head.weight is not later.wte.weight and later.tied
+    assert torch.equal(later.wte.weight, tied.wte.weight) and torch.equal(later.lm_head.weight, tied.wte.weight)
+    for m in (tied, later):
+        m(x[:, :-1], x[:, 1:])[1].backward()
+    later.tie_grads()
+    assert torch.equal(later.wte.weight.grad, tied.wte.weight.grad) and later.lm_head.weight.grad is None
+    # a head of its own counts once in the FLOPs (it is the same matmul) and once more in the parameters
+    assert later.flops_per_token(16) == tied.flops_per_token(16)
+    assert later.num_params() == tied.num_params() + later.lm_head.weight.numel()
+
+
+def train_tied(m, optimizers, steps: int, untie_at: int | None = None) -> list[float]:
+    """train.py's step on one batch: the untie before step `untie_at`, the head's gradient to the embedding
+    before the optimizers, the embedding's weights to the head after them."""
+    from optim.groups import untie_head
+
+    x, losses = batch(), []
+    for step in range(steps):
+        if step == untie_at:
+            untie_head(m, optimizers)
+        _, loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        m.tie_grads()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        m.tie_weights()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("optim", [OptimConfig(lr=3e-3), OptimConfig(name="muon", embed_lr=0.05, head_lr=0.05)],
+                         ids=["adamw", "muon"])
+def test_until_the_untie_training_is_the_tied_models_bit_for_bit_and_after_it_they_part(optim):
+    tied, later = tiny(), tiny(untie_at=0.5)
+    opts = build_optimizers(later, optim)
+    assert train_tied(later, opts, 3) == _train(tied, optim, 3)
+    assert torch.equal(later.wte.weight, tied.wte.weight) and torch.equal(later.lm_head.weight, tied.wte.weight)
+    adamw = opts[0]
+    assert later.lm_head.weight not in adamw.state  # the head had no step of its own yet
+    train_tied(later, opts, 1, untie_at=0)
+    head, embed = adamw.state[later.lm_head.weight], adamw.state[later.wte.weight]
+    assert not later.tied and int(later.head_tied) == 0
+    moved = (later.lm_head.weight - later.wte.weight).abs().amax()
+    assert moved > 0 and not torch.equal(head["exp_avg"], embed["exp_avg"])  # each on its own gradient now
+    assert int(head["step"]) == int(embed["step"]) == 4  # the step count (bias correction) went on from the tie
+
+
+def test_at_the_untie_the_head_takes_the_embeddings_weights_and_a_copy_of_its_adamw_state():
+    from optim.groups import untie_head
+
+    m = tiny(untie_at=0.5)
+    (adamw,) = build_optimizers(m, OptimConfig(lr=3e-3))
+    train_tied(m, [adamw], 2)
+    embed = {k: v.clone() for k, v in adamw.state[m.wte.weight].items()}
+    with torch.no_grad():
+        m.lm_head.weight.zero_()  # whatever the head holds, the untie gives it the embedding's weights
+    untie_head(m, [adamw])
+    assert torch.equal(m.lm_head.weight, m.wte.weight)
+    head = adamw.state[m.lm_head.weight]
+    assert head.keys() == embed.keys() and all(torch.equal(head[k], embed[k]) for k in embed)
+    assert all(head[k].data_ptr() != adamw.state[m.wte.weight][k].data_ptr() for k in embed)  # copies
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_checkpoint_before_or_after_the_untie_loads_into_get_model(tmp_path, steps):
+    config = {"model": {**TINY, "untie_at": 0.5}}
+    m = get_model(config)
+    opts = build_optimizers(m, OptimConfig(lr=1e-2))
+    train_tied(m, opts, steps, untie_at=2)
+    torch.save({"config": config, "model": m.state_dict(), "step": steps}, tmp_path / "checkpoint.pt")
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    loaded = get_model(ckpt["config"])
+    assert loaded.tied
+    loaded.load_state_dict(ckpt["model"])
+    assert loaded.tied == (steps < 3) and torch.equal(loaded.lm_head.weight, loaded.wte.weight) == (steps < 3)
+    x = batch()
+    torch.testing.assert_close(loaded(x)[0], m(x)[0], atol=0, rtol=0)
+
+
+def test_a_head_that_unties_built_on_the_meta_device_resets_tied():
+    with torch.device("meta"):
+        lazy = get_model({**TINY, "untie_at": 0.5, "mtp_weights": [1.0, 0.5]})
+    lazy.to_empty(device="cpu")
+    torch.manual_seed(5)
+    lazy.reset_parameters()
+    assert lazy.tied and int(lazy.head_tied) == 1 and torch.equal(lazy.lm_head.weight, lazy.wte.weight)
+    assert lazy.loss_weights.tolist() == [1.0, 0.0]

@@ -6,7 +6,7 @@ import torch
 import train as trainer
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers, param_roles, step_optimizers
+from optim.groups import build_optimizers, param_roles, step_optimizers, untie_when_due
 from tests.helpers import MODERN_GPT as MODERN, TINY_GPT as TINY
 from tests.workers.muon_worker import GPT_CONFIG, gpt
 
@@ -101,3 +101,26 @@ def test_qk_pairs_split_the_qkv_group_by_pairs_of_heads():
     with pytest.raises(ValueError, match=r"optim.muon_qk_pairs pairs adjacent heads.*got 1"):
         build_optimizers(get_model({**TINY, "n_head": 1}), OptimConfig(name="muon", muon_qk_pairs=True))
     build_optimizers(get_model({**TINY, "n_head": 1}), OptimConfig(muon_qk_pairs=True))  # AdamW alone: no pairs
+
+
+def test_a_head_that_unties_later_is_its_own_adamw_parameter_in_the_head_group_from_the_start():
+    model = get_model({**TINY, "untie_at": 0.5})
+    adamw, _ = build_optimizers(model, OptimConfig(name="muon"))
+    embed, head, _ = adamw.param_groups  # the embedding (as a shared head) at embed_lr, the head at head_lr after
+    assert embed["params"][0] is model.wte.weight and embed["lr"] == 0.6
+    assert len(head["params"]) == 1 and head["params"][0] is model.lm_head.weight and head["lr"] == 0.008
+
+
+@pytest.mark.parametrize("adam_every, untied_at", [(1, 3), (2, 4), (3, 3)])
+def test_the_untie_comes_at_its_progress_on_the_first_step_that_starts_with_no_adamw_gradients_held(
+        adam_every, untied_at):
+    """untie_at 0.5 of 6 steps: step 3, unless AdamW holds gradients then (adam_every 2: steps 2 and 3 add up
+    for one AdamW step, so the untie waits for step 4)."""
+    model = get_model({**TINY, "untie_at": 0.5})
+    opts = build_optimizers(model, OptimConfig(name="muon", adam_every=adam_every))
+    steps = []
+    for step in range(6):
+        untie_when_due(model, opts, step / 6, step, adam_every)
+        steps.append(model.tied)
+    assert steps.index(False) == untied_at and not any(steps[untied_at:])
+    untie_when_due(get_model(TINY), opts, 1.0, 0)  # a shared head has nothing to untie

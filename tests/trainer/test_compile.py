@@ -26,6 +26,8 @@ SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, 
 # follow the growing window
 NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1], bigram_hash=500, bigram_dim=16, bigram_signs=True,
              xsa=[0], ve_gate=True, skip_gate=True, backout=1, yarn=True)
+# and the loss's other terms with a head that unties from the embedding half way (records 53 and 88)
+LOSS_TERMS = dict(SPEEDRUN, tie_embeddings=True, untie_at=0.5, mtp_weights=[1.0, 0.5, 0.25], prefix_weight=0.25)
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
 # the graphs into code. aot_eager still traces the backward through AOTAutograd and skips inductor's code
 # generation, which took 43 s (train step) and 102 s (flex forward) more here.
@@ -194,3 +196,29 @@ def test_train_step_sets_the_window_of_the_lr_schedules_progress(tmp_path):
     finally:
         run.loader.close()
         run.log.close()
+
+
+@pytest.mark.filterwarnings("ignore:attention='flex'")
+def test_the_loss_weights_and_the_untie_never_recompile_the_train_step(graphs):
+    """train.py's step over the progress of PROGRESS: the loss's weights change every step (values of a buffer),
+    the head unties between 0.3 and 0.7 (which changes nothing in the graph: the same parameters throughout)."""
+    from optim.groups import untie_when_due
+
+    compiled = speedrun(graphs, LOSS_TERMS).module
+    compiled.set_prefix_targets([(i - 1) // 2 if i > 2 else -1 for i in range(257)])
+    optimizers = build_optimizers(compiled, OptimConfig(name="muon"))
+    weights, tied = [], []
+    for step, progress in enumerate(PROGRESS):
+        compiled.set_progress(progress)
+        untie_when_due(compiled, optimizers, progress, step)
+        weights.append(compiled.loss_weights.tolist())
+        tied.append(compiled.tied)
+        x = documents(step)
+        _, loss = compiled(x[:, :-1], x[:, 1:])
+        loss.backward()
+        compiled.tie_grads()
+        step_optimizers(optimizers, step)
+        compiled.tie_weights()
+        assert torch.isfinite(loss)
+    assert tied == [True, True, False, False] and len({tuple(w) for w in weights}) == 3  # 0.7, 1.0: the last
+    assert_one_graph()

@@ -62,3 +62,18 @@ def test_an_eval_tokens_left_at_its_default_fits_a_smaller_val_set_and_a_set_one
         before = cfg.eval.tokens
         resolve_data(cfg)
         assert cfg.eval.tokens == before and capsys.readouterr().err == ""
+
+
+def test_the_prefix_table_comes_from_the_tokenizer_meta_json_names_and_without_one_needs_gpt2s_vocabulary(tmp_path):
+    from trainer.data import prefix_targets
+
+    cfg = parse_args(["--config", TINY, *shards(tmp_path / "bytes", {"tokenizer": "bytes", "vocab_size": 257}),
+                      "--model.vocab_size=257", "--model.prefix_weight=0.25"])
+    assert prefix_targets(cfg, resolve_data(cfg)[2]) == [-1] * 257  # single bytes have no prefix token
+    cfg = parse_args(["--config", TINY, *shards(tmp_path / "none"), "--model.vocab_size=257",
+                      "--model.prefix_weight=0.25"])
+    with pytest.raises(ConfigError, match=r"model.prefix_weight needs the data's tokenizer, which a meta.json .* "
+                                          r"taken as GPT-2's, but model.vocab_size = 257, not 50257: prepare"):
+        prefix_targets(cfg, resolve_data(cfg)[2])
+    with pytest.raises(ConfigError, match=r"model.prefix_weight: unknown tokenizer 'nope'"):
+        prefix_targets(cfg, {"tokenizer": "nope"})

@@ -109,6 +109,17 @@ def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():
     assert gated["parameters"] - plain["parameters"] == 4 * 6 * H * 12
 
 
+def test_a_head_that_unties_later_holds_its_own_weights_gradients_and_adamw_moments_throughout():
+    """model.untie_at: the head is a parameter of its own from the start (its AdamW moments come at the untie, but
+    the estimate is of the run's peak); the loss's other terms keep the plain loss's logits."""
+    tied = hackathon("--model.tie_embeddings=true")
+    later = hackathon("--model.tie_embeddings=true", "--model.untie_at=0.667", "--model.mtp_weights=[1, 0.5, 0.25]")
+    head = later.model.padded_vocab * later.model.n_embd
+    before, after = estimate(tied, 2, cuda=False), estimate(later, 2, cuda=False)
+    more = dict(parameters=4 * head, gradients=4 * head, optimizer=8 * head) | {"DDP buckets": 4 * head}
+    assert {k: after[k] - before[k] for k in before} == dict.fromkeys(before, 0) | more
+
+
 @pytest.mark.parametrize("argv", [
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
