@@ -414,16 +414,21 @@ def test_flops_per_token_counts_the_attended_keys(options, window, T):
 
 @pytest.mark.parametrize("name", ["speedrun_8xh100", "speedrun_1gpu"])
 def test_speedrun_configs_turn_the_records_pieces_on(name):
+    # record 46 (2025-11-29_BatchSizeSchedule), as configs/speedrun_8xh100.toml's comments say
     cfg = parse_args(["--config", f"configs/{name}.toml"])
-    m, t = cfg.model, cfg.train
-    assert (m.window_start, m.window, m.window_pattern) == (128, 1792, "LSSSLSSLSSSL")
-    assert m.attn_scale == 0.12 and m.x0_mix and m.embed_norm and not m.norm_gain
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    assert (m.n_layer, m.no_attention, m.backout) == (11, [6], 8) and m.smear and m.attn_gate
+    assert (m.window_start, m.window, m.window_pattern) == (384, 1408, "SSSLSSSSSSL")
+    assert m.yarn and m.attn_scale == 0.1 and m.x0_mix and m.embed_norm and not m.norm_gain
     assert m.rotary and m.rope_truncate and m.rope_base == 1024
-    # the record's get_lr: flat, then linear over the last 45% of the run down to 0.1
-    assert lr_multiplier(0.55, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == 1.0 and t.lr_decay_frac == 0.45
-    assert lr_multiplier(1.0, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == t.lr_final_frac == 0.1
-    # one long document-masked sequence per rank and micro-step
-    assert (t.batch_size, t.seq_len) == (1, 48 * 1024) and m.block_size >= t.seq_len
+    assert o.normuon and o.muon_cautious_wd and o.ns_coefficients == "polar_express" and o.adam_every == 2
+    # its get_lr: each batch stage's rate, flat, then linear over the last 55% of the run down to 0.1 of the first
+    # stage's rate
+    assert lr_multiplier(0.45, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == pytest.approx(1.0)
+    assert t.lr_decay_frac == 0.55
+    assert t.batch_stage_lr[-1] * t.lr_final_frac == pytest.approx(0.1, abs=1e-3)
+    # 8 document-masked rows of 2,048 tokens per rank and micro-step, x 1, 2, 3 micro-steps by thirds of the run
+    assert (t.batch_size, t.seq_len, t.batch_stages) == (8, 2048, [1, 2, 3]) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"
 
 

@@ -273,22 +273,23 @@ def planned_loads(groups: list[dict], world: int, sharded: bool) -> list[int]:
 
 
 def test_the_plan_balances_the_speedrun_on_8_ranks():
-    # DDP shares out views: the busiest and the idlest rank differ by at most the smallest view, so no view could
-    # move to a better plan. FSDP2 shares out whole parameters, coarser: the busiest within 5% of the mean.
+    # DDP shares out views, FSDP2 whole parameters: the busiest and the idlest rank differ by at most the smallest
+    # such job, so no job could move to a better plan.
     cfg = tomllib.loads((ROOT / "configs" / "speedrun_8xh100.toml").read_text())
-    for pairs, views in ((False, 11 * 4 + 12 * 2), (True, 11 * (6 + 2) + 12 * 2)):  # layer 7 has no attention
+    for pairs, views in ((False, 10 * 4 + 11 * 2), (True, 10 * (6 + 2) + 11 * 2)):  # layer 6 has no attention
         with torch.device("meta"):
             model = get_model(cfg["model"])
             _, muon = build_optimizers(model, OptimConfig(name="muon", muon_qk_pairs=pairs))
-        jobs = [ns_flops(rows, p.shape[1], 5) for g in muon.param_groups for p in g["params"]
-                for rows in view_rows(p.shape, g["split"])]
+        per_param = [[ns_flops(rows, p.shape[1], 5) for rows in view_rows(p.shape, g["split"])]
+                     for g in muon.param_groups for p in g["params"]]
+        jobs = [job for views_of_p in per_param for job in views_of_p]
         assert len(jobs) == views
         loads = planned_loads(muon.param_groups, 8, sharded=False)
         assert max(loads) - min(loads) <= min(jobs), (pairs, loads)
         if not pairs:
             planned = max(loads)
         loads = planned_loads(muon.param_groups, 8, sharded=True)
-        assert max(loads) < 1.05 * sum(loads) / 8, (pairs, loads)
+        assert max(loads) - min(loads) <= min(map(sum, per_param)), (pairs, loads)
     # before: matrix i on rank i % 8, qkv as one [2304, 768] matrix: the MLP's fc and proj fell on a few ranks,
     # and the busiest of them took over 10% longer than the plan's
     before = [0] * 8
