@@ -29,11 +29,12 @@ CONFIG = "configs/speedrun_8xh100.toml"
 GPUS = 8
 ASSUMED_MFU = 0.30  # below the ~42% the record reaches by this count: it has an FP8 head and kernels we lack
 BUDGET_MARGIN = 1.1  # budget_s = the predicted time x this, rounded up to 10 s: room for a slower machine
-# KellerJordan/modded-nanogpt records/track_1_short/2025-08-23_SparseAttnGate, record 28: the record CONFIG follows
-# (12 x 768, 6 heads of 128, layer 7 without attention, attention gates, 8 x 48K tokens a step, BOS-aligned,
-# cooldown 0.45). Its README: 14 runs, mean val loss 3.2787 (p = 0.0059 below 3.28); log
-# 020630eb-2191-4ba2-9ee4-4cdc94316943.txt: 1,695 steps, 168,938 ms.
-RECORD = {"name": "2025-08-23_SparseAttnGate", "steps": 1695, "tokens_per_step": 8 * 48 * 1024, "train_s": 168.938}
+# KellerJordan/modded-nanogpt records/track_1_short/2025-11-29_BatchSizeSchedule, record 46: the record CONFIG follows
+# (11 working layers of 768, 6 heads of 128, YaRN, smear, backout, NorMuon with cautious decay, AdamW every other
+# step, 131,072 -> 262,144 -> 393,216 tokens a step in thirds of its 2,120 scheduled steps, then 40 more at the last;
+# cooldown 0.55). Its README: 8 runs, mean 132.2 s and val loss 3.2782; log 10e8f7c6-7175-4467-bdb0-a5de25d771a6.txt:
+# 2,160 steps (707 x 131,072 + 707 x 262,144 + 746 x 393,216 tokens) in 132,194 ms.
+RECORD = {"name": "2025-11-29_BatchSizeSchedule", "steps": 2160, "tokens": 571_342_848, "train_s": 132.194}
 # The same repository's README, record #89 (2026-07-17, 1.23 minutes): "under 75 seconds", "under 400M tokens".
 CURRENT = "< 75 s, < 400M tokens"
 SHARD_TOKENS = 100_000_000  # a FineWeb train shard (scripts/fetch_fineweb.py)
@@ -49,6 +50,12 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     attention_at_one_key = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_one_key
     return flops, 1 - matmul_only / flops
+
+
+def params(cfg: Config) -> int:
+    """The parameters of cfg's model (built on the meta device)."""
+    with torch.device("meta"):
+        return GPT(cfg.model).num_params()
 
 
 def tokens_per_s(flops: float, assumed_mfu: float) -> float:
@@ -80,10 +87,14 @@ def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     tok_s = tokens_per_s(flops, assumed_mfu)
     model_cfg = cfg.model
     peak = PEAK_BF16_FLOPS["H100"]
-    tokens = RECORD["steps"] * RECORD["tokens_per_step"]
+    tokens = RECORD["tokens"]
     budget = math.ceil(tokens / tok_s * BUDGET_MARGIN / 10) * 10
     got_mfu = got_tok_s = got_time = "not yet"
-    if gpu_check is not None:  # one GPU measured: x 8 for the 8-GPU run, as if the all-reduce cost nothing
+    shape = ((gpu_check or {}).get("probe") or {}).get("shape") or {}
+    if gpu_check is not None and (shape.get("params"), shape.get("seq_len")) != (params(cfg), cfg.train.seq_len):
+        # tokens/s do not carry over to another model or sequence length; its MFU is the best guess there is
+        got_mfu = f"{gpu_check['mfu']:.0%} ({shape.get('params', 0) / 1e6:.0f}M params, seq {shape.get('seq_len')})"
+    elif gpu_check is not None:  # one GPU measured: x 8 for the 8-GPU run, as if the all-reduce cost nothing
         got = GPUS * gpu_check["tok_s"]
         got_mfu, got_tok_s = f"{mfu(flops, got, peak, GPUS):.0%}", f"{got / 1e6:.2f}M"
         got_time = f"{tokens / got:.0f} s"
@@ -94,7 +105,7 @@ def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
          f"{model_cfg.window_start or model_cfg.window} -> {model_cfg.window} (causal; short layers half): "
          f"attention {attention:.0%} of it"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
-         f"record {RECORD['name']}: {RECORD['steps']:,} steps x {RECORD['tokens_per_step']:,} tokens"),
+         f"record {RECORD['name']}: {RECORD['steps']:,} steps, {tokens / RECORD['steps']:,.0f} tokens each on average"),
         ("MFU", f"{assumed_mfu:.0%} (assumed)", got_mfu,
          f"the record: {record_mfu:.0%} by this count ({1000 * RECORD['train_s'] / RECORD['steps']:.2f} ms a step)"),
         ("tokens/s on 8 x H100", f"{tok_s / 1e6:.2f}M", got_tok_s,

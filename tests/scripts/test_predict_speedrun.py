@@ -20,10 +20,18 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
     budgets = [tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())["train"]["budget_s"]
                for name in ("speedrun_8xh100", "speedrun_1gpu")]
     assert budgets == [budget, 8 * budget]
-    # what scripts/gpu_check.sh measured on one GPU fills the measured column
-    (tmp_path / "check.json").write_text(json.dumps({"checks": [{"check": "speedrun", "tok_s": 400_000.0}]}))
+    # what scripts/gpu_check.sh measured on one GPU fills the measured column, for the config's model and shape
+    cfg = parse_args(["--config", predict_speedrun.CONFIG])
+    shape = {"params": predict_speedrun.params(cfg), "seq_len": cfg.train.seq_len}
+    row = {"check": "speedrun", "tok_s": 400_000.0, "mfu": 0.31, "probe": {"shape": shape}}
+    (tmp_path / "check.json").write_text(json.dumps({"checks": [row]}))
     filled, _ = predict_speedrun.table(0.3, predict_speedrun.measured(tmp_path / "check.json"))
     assert "| 3.20M |" in filled and "not yet" not in filled
+    # another shape's tokens/s say nothing of this one's: only its MFU is shown, named as another shape's
+    other = {**row, "probe": {"shape": {**shape, "seq_len": 4096}}}
+    (tmp_path / "check.json").write_text(json.dumps({"checks": [other]}))
+    other_shape, _ = predict_speedrun.table(0.3, predict_speedrun.measured(tmp_path / "check.json"))
+    assert "| 31% (" in other_shape and "seq 4096) |" in other_shape and "3.20M" not in other_shape
     (tmp_path / "check.json").write_text(json.dumps({"checks": [{"check": "speedrun", "status": "FAILED"}]}))
     with pytest.raises(SystemExit, match="no speedrun check with a tokens/s figure"):
         predict_speedrun.measured(tmp_path / "check.json")
