@@ -26,7 +26,7 @@ SPEEDRUN_1GPU = {
               "zero_init_proj": True, "logit_softcap": 15.0, "mtp_weights": [], "prefix_weight": 0.0,
               "value_embeds": 3, "bigram_hash": 0, "bigram_dim": 0, "bigram_signs": False, "ve_gate": False,
               "unet_skips": False, "skip_gate": False, "backout": 8, "no_attention": [6], "no_mlp": [], "xsa": [],
-              "attention": "flex", "window": 1408, "window_start": 384, "window_pattern": "SSSLSSSSSSL",
+              "mudd": [], "mudd_sources": [], "attention": "flex", "window": 1408, "window_start": 384, "window_pattern": "SSSLSSSSSSL",
               "yarn": True, "doc_causal": True, "bos_id": 50256, "init_std": 0.018},
     "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.65, 0.95], "eps": 3e-13,
               "grad_clip": 0.0, "embed_lr": 0.6, "head_lr": 0.008, "scalar_lr": 0.04, "muon_lr": 0.023,
