@@ -94,6 +94,10 @@ class GPTConfig:
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
     xsa: list[int] = field(default_factory=list)  # layers whose heads drop tanh(a) of their output along their value
+    # MUDD connections: after each listed layer, an MLP on its output weighs x0 and the mudd_sources outputs so far
+    # per position; the weighted sums join the residual stream and the next layer's values; [] = off
+    mudd: list[int] = field(default_factory=list)
+    mudd_sources: list[int] = field(default_factory=list)  # the layers whose outputs the MUDD connections read
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
@@ -146,7 +150,7 @@ class GPTConfig:
              f"yarn = true rescales the rotary frequencies as the window grows: it needs rotary = true and "
              f"0 < window_start < window, got rotary = {self.rotary}, window_start = {self.window_start}, "
              f"window = {self.window}")
-        for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1)):
+        for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1), ("mudd", 9), ("mudd_sources", 7)):
             layers = getattr(self, key)
             need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
                  f"{key}={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [{example}]")
@@ -156,6 +160,10 @@ class GPTConfig:
         blind = sorted(set(self.xsa) & set(self.no_attention))
         need(not blind, f"xsa={self.xsa}: layer(s) {blind} have no attention (no_attention={self.no_attention}); "
                         f"remove them from xsa")
+        unread = sorted(j for j in self.mudd_sources if j > max(self.mudd, default=-1))
+        need(not unread, f"mudd_sources={self.mudd_sources}: layer(s) {unread} come after every layer in "
+                         f"mudd={self.mudd}, so no MUDD connection reads them; remove them (or add a later layer to "
+                         f"mudd), e.g. mudd = [9, 10] with mudd_sources = [7, 9] (record 81, of 11 layers)")
         need(self.bigram_hash == 0 or self.bigram_hash >= 2,
              f"bigram_hash={self.bigram_hash} must be 0 (off) or at least 2 rows (the last one is each sequence's "
              f"first token's), e.g. 251520 = 5 x 50304 (the records)")
@@ -196,6 +204,14 @@ class GPTConfig:
         has attention (a block without attention has no values)."""
         k = self.value_embeds
         return [i for i in self.attention_layers if i < k or i >= self.n_layer - k]
+
+    def mudd_reads(self, layer: int) -> list[int]:
+        """The layers whose outputs the MUDD connection after `layer` weighs, besides x0: mudd_sources up to it."""
+        return sorted(j for j in self.mudd_sources if j <= layer)
+
+    def mudd_feeds_values(self, layer: int) -> bool:
+        """Whether the MUDD connection after `layer` also adds to values: the next layer's, if it has attention."""
+        return layer + 1 in self.attention_layers
 
     @property
     def bigram_width(self) -> int:

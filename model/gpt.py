@@ -1,7 +1,7 @@
 """The GPT: GPT-2 by default, with the NanoGPT speedrun's modern options behind config keys.
 
 Classes appear in the order a forward pass meets them: norm -> gate, smear, bigram table -> rotary -> attention
-(XSA) -> MLP -> block -> GPT.
+(XSA) -> MLP -> block -> MUDD connection -> GPT.
 The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied from outside (trainer/parallel.py).
 """
 from __future__ import annotations
@@ -282,8 +282,10 @@ class Attention(nn.Module):
         half = min(GATE_CHANNELS // 2, cfg.n_embd)
         self.ve_gate = Gate(cfg, cfg.n_head, 2 * half) if has_ve and cfg.ve_gate else None
 
-    def forward(self, x: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None) -> Tensor:
-        """x [B, T, C] -> [B, T, C]; `yarn_window` is the long window now (a tensor) under model.yarn, else None."""
+    def forward(self, x: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None,
+                value: Tensor | None = None) -> Tensor:
+        """x [B, T, C] -> [B, T, C]; `yarn_window` is the long window now (a tensor) under model.yarn, else None;
+        `value` [B, T, C], a MUDD connection's, is added to the values (after the value embedding)."""
         cfg, (B, T, C) = self.cfg, x.shape
         q, k, v = self.qkv(x).view(B, T, 3, cfg.n_head, cfg.head_dim).permute(2, 0, 3, 1, 4)
         dtype = q.dtype
@@ -293,6 +295,8 @@ class Attention(nn.Module):
                 gates = 2 * self.ve_gate(torch.cat((x[..., :half], ve[..., :half]), dim=-1))  # [B, T, H]
                 ve = ve.view(B, T, cfg.n_head, cfg.head_dim) * gates.unsqueeze(-1)
             v = self.ve_lambda[0] * v + self.ve_lambda[1] * ve.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        if value is not None:
+            v = v + value.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
         if cfg.qk_norm:
             q, k = F.rms_norm(q, (cfg.head_dim,)), F.rms_norm(k, (cfg.head_dim,))
         if cfg.rotary:
@@ -346,16 +350,70 @@ class Block(nn.Module):
         self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
     def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None,
-                bigram: Tensor | None = None) -> Tensor:
+                bigram: Tensor | None = None, value: Tensor | None = None) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         if self.bigram_lambda is not None:
             x = x + self.bigram_lambda * bigram
         if self.attn is not None:
-            x = x + self.attn(self.norm1(x), ve, mask, yarn_window)
+            x = x + self.attn(self.norm1(x), ve, mask, yarn_window, value)
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return x
+
+
+# The record's MUDD MLP: hidden width the smallest multiple of 64 above its outputs, output (MLP + bias) times
+# 0.2 / sqrt(sources), and the value channel's sum times 1.15 more.
+MUDD_WIDTH_STEP = 64
+MUDD_SCALE = 0.2
+MUDD_VALUE_GAIN = 1.15
+
+
+def mudd_width(outputs: int) -> int:
+    """The hidden width of a MUDD MLP with `outputs` weights."""
+    return MUDD_WIDTH_STEP * (outputs // MUDD_WIDTH_STEP + 1)
+
+
+class Mudd(nn.Module):
+    """A trimmed MUDD connection (record 81; arXiv 2502.12170) after block `layer`: a GELU MLP on its output h gives
+    each position weights a_k (and b_k) over hidden states s_k: x0 and the outputs of the mudd_sources layers up to
+    `layer` (before their own connection). The residual stream goes on as h + sum_k a_k s_k and, if the next block
+    has attention, it adds 1.15 sum_k b_k s_k to its values. The MLP's output matrix and bias start at zero: every
+    weight is 0, the model as without it."""
+
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        sources = 1 + len(cfg.mudd_reads(layer))
+        self.channels = 1 + cfg.mudd_feeds_values(layer)  # residual, then values
+        outputs = self.channels * sources
+        self.fc = nn.Parameter(torch.empty(mudd_width(outputs), cfg.n_embd))
+        self.proj = nn.Parameter(torch.empty(outputs, mudd_width(outputs)))
+        self.bias = nn.Parameter(torch.empty(outputs))
+        self.scale = MUDD_SCALE / math.sqrt(sources)
+
+    def reset_parameters(self) -> None:
+        """fc as nn.Linear's default (the record's kaiming_uniform_, a = sqrt(5)); proj and bias zero."""
+        bound = 1 / math.sqrt(self.fc.size(1))
+        nn.init.uniform_(self.fc, -bound, bound)
+        nn.init.zeros_(self.proj)
+        nn.init.zeros_(self.bias)
+
+    def weights(self, h: Tensor) -> Tensor:
+        """h [B, T, C] -> each position's weights [B, T, channels, sources]."""
+        w = F.linear(F.gelu(F.linear(h, self.fc)), self.proj, self.bias) * self.scale
+        return w.unflatten(-1, (self.channels, -1))
+
+    def forward(self, h: Tensor, sources: list[Tensor]) -> tuple[Tensor, Tensor | None]:
+        """(h + the residual channel's sum, the value channel's sum or None) for block output h [B, T, C]."""
+        w = self.weights(h)
+        sums = []
+        for c in range(self.channels):
+            # one source at a time: a stack of the sources would be a copy of them all
+            total = w[..., c, :1] * sources[0]
+            for k in range(1, len(sources)):
+                total = total + w[..., c, k:k + 1] * sources[k]
+            sums.append(total)
+        return h + sums[0], MUDD_VALUE_GAIN * sums[1] if self.channels == 2 else None
 
 
 class GPT(nn.Module):
@@ -378,6 +436,8 @@ class GPT(nn.Module):
         # backout: a learned share of an early residual is taken back before the head, so that what the early layers
         # wrote for the later ones alone need not reach the prediction
         self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout else None
+        # mudd: a connection after each layer listed, over x0 and the mudd_sources outputs up to it
+        self.mudd = nn.ModuleList(Mudd(cfg, i) for i in cfg.mudd)
         self.norm_f = Norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, V, bias=False)
         if cfg.tie_embeddings and not cfg.untie_at:
@@ -409,9 +469,10 @@ class GPT(nn.Module):
 
         Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero);
         gains and skip weights 1, biases 0, value/value-embedding mix 0.5 each, x0 mix (1, 0), gates' weights,
-        the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1, backout's lambda 0.5 (as
-        modded-nanogpt starts them); under untie_at the head tied, and the embedding its copy, the value a shared
-        matrix ends with; the window and the loss's weights the final ones (set_progress(1)).
+        the smear's lambda and XSA's alphas 0, the bigram table 0 and its lambdas 0.1, backout's lambda 0.5, the MUDD
+        MLPs' output matrices and biases 0 (as modded-nanogpt starts them); under untie_at the head tied, and the
+        embedding its copy, the value a shared matrix ends with; the window and the loss's weights the final ones
+        (set_progress(1)).
         """
         cfg = self.cfg
         for m in self.modules():
@@ -448,6 +509,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(w)
             else:
                 nn.init.normal_(w, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+        for m in self.mudd:  # last: the other parameters draw as without them
+            m.reset_parameters()
         if cfg.untie_at:
             with torch.no_grad():
                 self.wte.weight.copy_(self.lm_head.weight)
@@ -572,12 +635,18 @@ class GPT(nn.Module):
         skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
         # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
         yarn_window = self.windows[0] if cfg.yarn else None
+        mudd, outputs, value = dict(zip(cfg.mudd, self.mudd)), {}, None
         for i, block in enumerate(self.blocks):
             if self.skip_weights is not None and i >= cfg.n_layer - half:
                 j = i - (cfg.n_layer - half)
                 weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
                 x = x + weight * skips.pop()
-            x = block(x, x0, ves[i], masks[i], yarn_window, bigram)
+            x = block(x, x0, ves[i], masks[i], yarn_window, bigram, value)
+            if i in cfg.mudd_sources:
+                outputs[i] = x
+            value = None
+            if i in mudd:
+                x, value = mudd[i](x, [x0, *(outputs[j] for j in cfg.mudd_reads(i))])
             if self.skip_weights is not None and i < half:
                 skips.append(x)
             if i == cfg.backout - 1:
@@ -624,7 +693,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int, window: int | None = None) -> float:
         """Training FLOPs per token of a seq_len-token sequence: 6 per matmul weight, plus 12 x n_embd per layer
         with attention for each key a query attends to (QK^T and AV, forward and backward; PaLM's count, made
-        causal).
+        causal), plus 6 x n_embd per weight a MUDD connection gives a source (its weighted sums).
 
         A token at position p attends to min(p + 1, w) keys, w being its layer's window at `window` (default:
         the current one; S layers half of it). Document boundaries are ignored: with doc_causal it is an
@@ -635,7 +704,8 @@ class GPT(nn.Module):
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
         layers = [long if kind == "L" else short_window(long) for kind in kinds]
         keys = sum(mean_keys(seq_len, w) for w in layers)
-        return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys
+        mixed = sum(m.proj.size(0) for m in self.mudd)
+        return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed
 
     @functools.cached_property
     def matmul_weights(self) -> int:

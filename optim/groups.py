@@ -15,26 +15,35 @@ import torch
 import torch.nn as nn
 
 from model.config import GPTConfig
-from model.gpt import GPT, Attention, Gate
+from model.gpt import GPT, Attention, Gate, Mudd
 from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.views import Split
 
 
+# Record 81's MUDD parameters: Adam at a quarter of its base rate, a twentieth of what its scalars get (our
+# scalar_lr), with a slower second moment than its other Adam groups.
+MUDD_LR_SCALE = 0.05
+MUDD_BETAS = (0.9, 0.99)
+
+
 def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied) and "scalar".
+    """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied), "mudd" and "scalar".
 
     The gates' weights (attn_gate, smear, ve_gate, skip_gate) are 2-D but "scalar": AdamW's, as the records' (since
-    2025-12-31)."""
+    2025-12-31). The MUDD connections' MLPs are AdamW's too, at a rate of their own (MUDD_LR_SCALE)."""
     gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
     if gpt is None:
         raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")
     embeds = {id(m.weight) for m in gpt.modules() if isinstance(m, nn.Embedding)}
     gates = {id(m.weight) for m in gpt.modules() if isinstance(m, Gate)}
     hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2 and id(p) not in gates}
-    roles = {"matrix": [], "embed": [], "head": [], "scalar": []}
+    mudd = {id(p) for m in gpt.modules() if isinstance(m, Mudd) for p in m.parameters()}
+    roles = {"matrix": [], "embed": [], "head": [], "mudd": [], "scalar": []}
     for p in gpt.parameters():
-        if id(p) in embeds:
+        if id(p) in mudd:
+            roles["mudd"].append(p)
+        elif id(p) in embeds:
             roles["embed"].append(p)
         elif p is gpt.lm_head.weight:
             roles["head"].append(p)
@@ -58,12 +67,13 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
     if cfg.name == "adamw":
         return [_adamw([
             {"params": roles["matrix"] + roles["head"], "lr": cfg.lr, "weight_decay": cfg.weight_decay},
-            {"params": roles["embed"] + roles["scalar"], "lr": cfg.lr, "weight_decay": 0.0},
+            {"params": roles["embed"] + roles["scalar"] + roles["mudd"], "lr": cfg.lr, "weight_decay": 0.0},
         ], cfg)]
     adam = _adamw([
         {"params": roles["embed"], "lr": cfg.embed_lr, "weight_decay": 0.0},
         {"params": roles["head"], "lr": cfg.head_lr, "weight_decay": 0.0},
         {"params": roles["scalar"], "lr": cfg.scalar_lr, "weight_decay": 0.0},
+        {"params": roles["mudd"], "lr": cfg.scalar_lr * MUDD_LR_SCALE, "betas": MUDD_BETAS, "weight_decay": 0.0},
     ], cfg)
     attention = [m for m in model.modules() if isinstance(m, Attention)]
     fused = {id(m.qkv.weight) for m in attention}

@@ -1,6 +1,6 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
-the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every), and before
-and after the head unties from the embedding (model.untie_at)."""
+the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every), before
+and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd)."""
 from tests.helpers import growing_window_run, ten_second_steps
 
 
@@ -149,3 +149,33 @@ def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie
         assert (status, run.progress.step) == ("completed", 8)
         assert losses == straight_losses, at
         assert all(torch.equal(resumed[k], w) for k, w in straight.items()), at
+
+
+def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
+    """model.mudd on both layers under the muon recipe: a run stopped after step 3 and resumed ends with the weights
+    and losses of the run that went straight through (the MUDD MLPs' AdamW group has betas of its own)."""
+    import signal
+
+    import torch
+
+    import train
+
+    args = ("--optim.name=muon", "--optim.embed_lr=0.05", "--train.max_steps=6", "--model.mudd=[0, 1]",
+            "--model.mudd_sources=[0]")
+    _, _, straight, straight_losses = trained(tmp_path, "straight", *args)
+    assert straight["mudd.0.proj"].any() and straight["mudd.1.bias"].any()  # off their zero init
+    real = train.train_step
+
+    def stop_after_step_3(run, batches):
+        out = real(run, batches)
+        if run.progress.step == 2:
+            run.stop_requested.append(signal.SIGTERM)
+        return out
+    monkeypatch.setattr(train, "train_step", stop_after_step_3)
+    run, status, _, _ = trained(tmp_path, "stopped", *args)
+    assert (status, run.progress.step) == ("sigterm", 3)
+    monkeypatch.setattr(train, "train_step", real)
+    run, status, resumed, losses = trained(tmp_path, "stopped", *args)
+    assert (status, run.progress.step) == ("completed", 6)
+    assert losses == straight_losses
+    assert all(torch.equal(resumed[k], w) for k, w in straight.items())

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from model.config import GPTConfig
-from model.gpt import GPT
+from model.gpt import GPT, mudd_width
 from optim.groups import param_roles
 from trainer import distributed
 from trainer.config import Config, ConfigError
@@ -49,6 +49,14 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
     bigram = (C + model_cfg.bigram_signs * model_cfg.bigram_width) if model_cfg.bigram_hash else 0
     per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * ve_mix
                  + model_cfg.value_embeds * C + model_cfg.smear * C + len(model_cfg.xsa) * xsa + bigram)
+    for i in model_cfg.mudd:
+        # a MUDD connection: the block output its MLP reads (the residual goes on from h + sum), the MLP's hidden
+        # before and after GELU, its weights; with the value channel, the values it makes a copy of, unless a value
+        # embedding already did
+        values = model_cfg.mudd_feeds_values(i)
+        outputs = (1 + values) * (1 + len(model_cfg.mudd_reads(i)))
+        copy = values and i + 1 not in model_cfg.value_embed_layers
+        per_token += (1 + copy) * C + 2 * mudd_width(outputs) + outputs
     parts = {"activations": per_token * tokens * dtype_bytes}
     # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
     # output, one more in backward; under bf16 autocast also the head's bf16 output.

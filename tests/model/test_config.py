@@ -36,6 +36,12 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(no_attention=7), "no_attention=7 must be of type list"),
     (dict(no_mlp=[4]), r"no_mlp=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[0\]"),
     (dict(no_mlp=[2], no_attention=[1, 2]), r"layer\(s\) \[2\] are in both no_attention and no_mlp"),
+    (dict(mudd=[4]), r"mudd=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[9\]"),
+    (dict(mudd=[2, 2]), r"mudd=\[2, 2\] must list distinct"),
+    (dict(mudd=[3], mudd_sources=[-1]), r"mudd_sources=\[-1\] must list distinct layer indices in \[0, n_layer=4\)"),
+    (dict(mudd=[1], mudd_sources=[0, 2]), r"mudd_sources=\[0, 2\]: layer\(s\) \[2\] come after every layer in "
+                                          r"mudd=\[1\], so no MUDD connection reads them; remove them"),
+    (dict(mudd_sources=[0]), r"mudd_sources=\[0\]: layer\(s\) \[0\] come after every layer in mudd=\[\]"),
     (dict(ve_gate=True), "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set "
                          "value_embeds > 0 or ve_gate = false"),
     (dict(skip_gate=True), "skip_gate = true gates the U-net skips, and unet_skips = false has none: set "

@@ -22,10 +22,12 @@ SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, 
                 logit_softcap=15.0, value_embeds=1, unet_skips=True, attention="flex", window=160, window_start=40,
                 window_pattern="LS", doc_causal=True, bos_id=0)
 # and the newer records' pieces on top: the attention gate, the smear, a block without attention (the S layer), the
-# bigram table with its sign patterns, XSA, value-embedding and skip gates, backout, and YaRN, whose frequencies
-# follow the growing window
+# bigram table with its sign patterns, XSA, value-embedding and skip gates, backout, YaRN, whose frequencies follow
+# the growing window, and MUDD connections (the residual alone: layer 1 has no attention)
 NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1], bigram_hash=500, bigram_dim=16, bigram_signs=True,
-             xsa=[0], ve_gate=True, skip_gate=True, backout=1, yarn=True)
+             xsa=[0], ve_gate=True, skip_gate=True, backout=1, yarn=True, mudd=[0, 1], mudd_sources=[0])
+# MUDD's value channel, which needs attention in the layer after the connection
+MUDD = dict(SPEEDRUN, mudd=[0, 1], mudd_sources=[0, 1])
 # and the loss's other terms with a head that unties from the embedding half way (records 53 and 88)
 LOSS_TERMS = dict(SPEEDRUN, tie_embeddings=True, untie_at=0.5, mtp_weights=[1.0, 0.5, 0.25], prefix_weight=0.25)
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
@@ -75,7 +77,7 @@ def assert_one_graph() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:attention='flex'")
-@pytest.mark.parametrize("config", [SPEEDRUN, NEWER], ids=["speedrun", "newer_records"])
+@pytest.mark.parametrize("config", [SPEEDRUN, NEWER, MUDD], ids=["speedrun", "newer_records", "mudd"])
 def test_train_step_compiles_once_without_graph_breaks(graphs, config):
     # CPU has no FlexAttention backward: this is the SDPA path with the same mask, which CPU trains on
     compiled = speedrun(graphs, config).module

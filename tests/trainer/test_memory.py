@@ -99,6 +99,23 @@ def test_the_bigram_table_and_xsa_keep_for_backward_what_the_estimate_counts(pie
     assert counted <= measured <= counted + 2 * 8 * tokens + 64, (counted, measured)
 
 
+@pytest.mark.parametrize("piece, base", [
+    (dict(mudd=[1, 3], mudd_sources=[0, 1]), {}),
+    (dict(mudd=[2], mudd_sources=[2]), {}),
+    (dict(mudd=[1, 2], mudd_sources=[0], value_embeds=2, rotary=True), dict(value_embeds=2, rotary=True)),
+    (dict(mudd=[0], no_attention=[1]), dict(no_attention=[1])),
+], ids=["residual-and-values", "self-source", "value-embeds", "residual-only"])
+def test_mudd_keeps_for_backward_what_the_estimate_counts(piece, base):
+    # beside its parameters (whose storages the measure also meets), what a connection keeps is the count
+    tokens = 32
+    counted = (activation_bytes(GPTConfig(**TINY_GPT, **piece), tokens, 4)["activations"]
+               - activation_bytes(GPTConfig(**TINY_GPT, **base), tokens, 4)["activations"])
+    torch.manual_seed(0)
+    weights = 4 * sum(p.numel() for m in get_model({**TINY_GPT, **piece}).mudd for p in (m.fc, m.proj))
+    measured = saved_bytes(piece, tokens) - saved_bytes(base, tokens) - weights
+    assert counted <= measured <= counted + 64, (counted, measured)
+
+
 def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():
     # the hackathon shape: 3 tables serve 6 layers, each keeping its gated value embedding (C) and n_head gates a
     # token, beside the 6 * 12 gate weights

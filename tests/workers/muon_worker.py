@@ -55,10 +55,12 @@ def newer() -> nn.Module:
     """The newer records' pieces: 4 heads (2 pairs in each of Q and K), the gates (2-D weights that AdamW steps,
     sharded by FSDP2 like the rest: of the attention, the value embedding and the skip), the smear, a block
     without attention, the bigram table (50 rows, which 3 ranks cannot split evenly) with its sign patterns (a
-    buffer), XSA, backout, and YaRN at twice its start window (the blocks' window input)."""
-    return gpt(n_head=4, attn_gate=True, smear=True, no_attention=[1], bigram_hash=50, bigram_dim=12,
+    buffer), XSA, backout, YaRN at twice its start window (the blocks' window input), and MUDD connections on 3
+    layers (their MLPs AdamW's, among the root's parameters under FSDP2; the one after layer 1 feeds layer 2's
+    values, a block input)."""
+    return gpt(n_layer=3, n_head=4, attn_gate=True, smear=True, no_attention=[1], bigram_hash=50, bigram_dim=12,
                bigram_signs=True, xsa=[0], ve_gate=True, skip_gate=True, backout=1, window=8, window_start=4,
-               yarn=True)
+               yarn=True, mudd=[1, 2], mudd_sources=[0, 1])
 
 
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
