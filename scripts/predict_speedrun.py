@@ -27,7 +27,8 @@ from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
 CONFIG = "configs/speedrun_8xh100.toml"
 GPUS = 8
-ASSUMED_MFU = 0.30  # below the ~42% the record reaches by this count: it has an FP8 head and kernels we lack
+ASSUMED_MFU = 0.30  # below the ~40% the record reaches by this count (FP8 head, kernels we lack); one H200 measured
+# 30.5% for the config of record 28's shape (records/gpu_check/)
 BUDGET_MARGIN = 1.1  # budget_s = the predicted time x this, rounded up to 10 s: room for a slower machine
 # KellerJordan/modded-nanogpt records/track_1_short/2025-11-29_BatchSizeSchedule, record 46: the record CONFIG follows
 # (11 working layers of 768, 6 heads of 128, YaRN, smear, backout, NorMuon with cautious decay, AdamW every other
