@@ -61,9 +61,10 @@ from scripts.gpu_check.verdicts import compile_cell, first_given, fmt, judged
 from trainer import ROOT
 from trainer.atomic import atomic_path, write_json
 from trainer.config import parse_args as parse_train_args
+from trainer.data import GPT2_VOCAB
 from trainer.mfu import gpu_peak_flops
 
-GPT2_VOCAB, GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50257, 50256, 32000, 256
+GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50256, 32000, 256
 MEAN_DOC_TOKENS = 1000  # FineWeb documents average about this many GPT-2 tokens
 # after SIGTERM, before SIGKILL: train.py stops after the step in flight and writes its summary (it saves nothing
 # here); a compile in flight does not stop for it, so a longer grace would buy nothing
@@ -148,11 +149,11 @@ CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
                        "--model.block_size=128", "--train.seq_len=128", "--train.batch_size=2",
                        "--eval.batch_size=0", "--eval.seq_len=0",  # not the speedrun's 262,144-token sequences
                        "--train.compile=false", "--train.warmup_steps=2", "--log.every_steps=1"],
-            # a rehearsal on a GPU machine still runs on the CPU; one thread, as the CPU track runs (run.sh):
-            # spinning intra-op threads on a busy machine slow a step many times over
             # the speedrun backs out the stream after 8 of its 11 blocks (model.backout): here after 2 of 3; the
             # hackathon's bigram table is 192 channels wide, more than these 64
             recipe_overrides={"speedrun": ["--model.backout=2"], "hackathon": ["--model.bigram_dim=16"]},
+            # a rehearsal on a GPU machine still runs on the CPU; one thread, as the CPU track runs (run.sh):
+            # spinning intra-op threads on a busy machine slow a step many times over
             env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
 
 
@@ -168,7 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"run only these, in the usual order (default: {','.join(CHECKS)}); e.g. one check again "
                         "after a fix, in less device time (the text check reuses the speedrun's compiled graphs)")
     args = p.parse_args(argv)
-    unknown = set(args.checks.split(",")) - set(CHECKS)
+    args.checks = args.checks.split(",")
+    unknown = set(args.checks) - set(CHECKS)
     if unknown:
         p.error(f"--checks: no check {', '.join(sorted(unknown))}; the checks are {', '.join(CHECKS)}")
     return args
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     broken = build_data(work, sizes)
     res = {"env": env, "cpu_rehearsal": args.cpu, "deadline_s": sizes.deadline_s, "timeouts_s": sizes.timeout_s,
            "checks": [], "verdicts": []}
-    for name in (n for n in CHECKS if n in args.checks.split(",")):
+    for name in (n for n in CHECKS if n in args.checks):
         if name in broken:
             row = {"check": name, "status": f"skipped: {broken[name]}", "init_loss": None}
         elif name == "kernels":
