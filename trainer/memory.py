@@ -26,8 +26,8 @@ from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
 GB = 1e9
-# Warn well below the limit: the estimate counts live tensors only, while the peak also holds allocator slack and
-# backward's temporaries (tests/trainer/test_memory.py measures the gap).
+# Warn well below the limit: the estimate counts tensors only, while a process's resident memory also holds the
+# allocator's slack and the libraries' pages.
 NEAR = 0.6
 
 

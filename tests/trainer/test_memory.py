@@ -141,11 +141,14 @@ def test_a_head_that_unties_later_holds_its_own_weights_gradients_and_adamw_mome
     ["--config", "configs/cpu.toml", "--model.vocab_size=257", "--train.batch_size=16"],  # activations dominate
     ["--config", "configs/baseline_cpu.toml", "--model.vocab_size=50257", "--train.batch_size=4"],  # logits do
 ], ids=["modern-activations", "gpt2-logits"])
-def test_estimate_is_a_lower_bound_close_to_a_real_step(argv):
+def test_estimate_holds_the_live_tensors_of_a_real_step_and_not_much_more(argv):
+    """The estimate against the peak of the tensors two real steps hold at once (the profiler's count, the same on
+    any machine): never under it, and within 25% over it (0.84 and 0.90 of it measured). It counts gradients and
+    activations as if alive together, which backward overlaps only in part; the resident memory a run needs on
+    top of the tensors (allocator slack, libraries) is what check_memory's margin NEAR is for."""
     out = run([sys.executable, str(ROOT / "tests" / "workers" / "memory_worker.py"), *argv], env={"PYTHONPATH": str(ROOT)})
     r = json.loads(out.stdout)
-    # Measured here: 1.2x (logits: large buffers the allocator returns) to 1.5x (many mid-size activations).
-    assert r["estimate"] <= r["measured"] <= r["estimate"] / NEAR * 1.1, r
+    assert r["peak"] <= r["estimate"] <= r["peak"] * 1.25, r
 
 
 def test_verdict_refuses_warns_or_passes():

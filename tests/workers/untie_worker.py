@@ -1,11 +1,12 @@
 """torchrun worker: train.py's loop under DDP and then FSDP2, on gloo, with a head that unties from the embedding
 (model.untie_at), the later tokens' and the prefix token's loss terms (model.mtp_weights, model.prefix_weight) and
-AdamW every second step: a run straight through, and runs stopped before and after the untie, then resumed.
+AdamW every second step: a run straight through, and runs stopped before and after the untie, then resumed; then
+a run straight through again under each, in float64.
 
 usage: torchrun --nproc_per_node=2 tests/workers/untie_worker.py DATA_DIR OUT.pt
 Rank 0 saves {parallel: {run: {"status", "losses", "state" (the full weights), "prefix_targets" (the table setup
 filled), "tied" (each step, every rank's), "checkpoint_tied" (load_checkpoint's model of a stopped run: tied, and its
-head equal to the embedding)}}}.
+head equal to the embedding)}}}, the float64 runs as the runs "float64".
 """
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def main(data: str, out: str) -> None:
         for stop in STOPS:
             runs[f"stopped{stop}"] = trained(Path(data), parallel, f"stop{stop}", dist, stop)
             runs[f"resumed{stop}"] = trained(Path(data), parallel, f"stop{stop}", dist)
+    # The float64 runs tell the two parallel paths' arithmetic from their float32 rounding (the test says why)
+    torch.set_default_dtype(torch.float64)
+    for parallel in ("ddp", "fsdp"):
+        results[parallel]["float64"] = trained(Path(data), parallel, "float64", dist)
     save_on_rank_0(results, out, dist.rank)
     distributed.close()
 
