@@ -89,13 +89,13 @@ from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-from trainer.atomic import DiskFullError, write_text  # noqa: E402
+from util.atomic import DiskFullError, write_text  # noqa: E402
 from data.loader import TokenLoader  # noqa: E402
 from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from optim.groups import build_optimizers, step_optimizers, untie_when_due, warmup_momentum  # noqa: E402
-from data.plural import plural  # noqa: E402
+from util.plural import plural  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (done_path, load_resume, restore, save_checkpoint, save_resume,  # noqa: E402
                                 save_space, training_state)

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from data.plural import plural
+from util.plural import plural
 from data.regions import check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files, split_tail
 from data.streams import START, Sequential, Shuffled, Window
 

@@ -36,12 +36,12 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from trainer.atomic import DiskFullError, write_json
+from util.atomic import DiskFullError, write_json
 from data import sources
 from data.meta import META, MetaError, read_meta
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
-from data.plural import plural
+from util.plural import plural
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
 # More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data

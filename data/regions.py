@@ -13,7 +13,7 @@ import numpy as np
 
 from data.meta import MetaError, read_meta, vouches
 from data.shards import ShardError, open_shard
-from data.plural import plural
+from util.plural import plural
 
 BOS_SCAN = 1 << 12  # tokens searched for the next BOS at a time: bounded memory, few calls per document
 READ_AHEAD = 128 << 10  # bytes per WILLNEED request: the kernel reads at most read_ahead_kb of one (Linux's default)

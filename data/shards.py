@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.atomic import atomic_path
+from util.atomic import atomic_path
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from trainer.optional import import_optional
-from data.plural import plural
+from util.optional import import_optional
+from util.plural import plural
 
 # file suffix -> the `datasets` builder that reads it (None: read here, one document per file)
 BUILDERS = {".txt": None, ".jsonl": "json", ".json": "json", ".parquet": "parquet"}

@@ -7,7 +7,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from data.plural import plural
+from util.plural import plural
 from data.regions import Region, check_vocabulary, meta_vouches, names, open_regions, resolve_files, split_tail
 from data.shards import ShardError
 

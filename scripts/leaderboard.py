@@ -31,7 +31,7 @@ from typing import Any
 
 from trainer import ROOT
 from trainer.config import Config, ConfigError, apply_file, config_chain, keys_in
-from trainer.optional import import_optional
+from util.optional import import_optional
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
 NEEDED_KEYS = ("run_id", "config_name", "track", "final_val_loss", "target_loss", "time_to_target_s",

@@ -21,11 +21,12 @@ import pytest
 import torch
 
 from data.shards import write_shard
-from trainer.atomic import atomic_path
+from util.atomic import atomic_path
 from trainer.checkpoint import done_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train.py")
+PACKAGES = ("util", "data", "model", "optim", "trainer", "scripts")  # the project's code, train.py aside
 VOCAB = 257  # tiny_data's ids are below it: the bytes tokenizer's size
 # A GPT that builds and steps in milliseconds, and the modern pieces on top of it (the model and optimizer tests')
 TINY_GPT = dict(vocab_size=257, block_size=32, n_layer=4, n_head=2, n_embd=32)

@@ -13,9 +13,7 @@ import ast
 
 import pytest
 
-from tests.helpers import ROOT
-
-PACKAGES = ("data", "model", "optim", "trainer", "scripts")
+from tests.helpers import PACKAGES, ROOT
 
 
 def _defines_something(path) -> bool:

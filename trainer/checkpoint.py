@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
-from trainer.atomic import atomic_path, existing_folder, write_json
+from util.atomic import atomic_path, existing_folder, write_json
 from data.loader import TokenLoader
 from model import get_model
 from trainer import distributed

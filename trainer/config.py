@@ -27,7 +27,7 @@ from typing import Any, Literal, NamedTuple
 from model.config import GPTConfig, choices, field_value, value_type
 from optim.config import OptimConfig
 from trainer import ROOT, starter
-from trainer.optional import import_optional
+from util.optional import import_optional
 
 # What a key is to a resume and to a run's result, declared on its field (`grouped`); a key with no group decides
 # the model, the data stream, the optimizer state or the schedule, so a resume refuses to change it:

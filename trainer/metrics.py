@@ -18,11 +18,11 @@ from typing import Any, TextIO
 import torch
 
 from trainer import ROOT
-from trainer.atomic import reporting_full_disk, write_json
+from util.atomic import reporting_full_disk, write_json
 from trainer.config import ConfigError
 from trainer.distributed import Dist
 from trainer.mfu import peak_flops
-from trainer.optional import import_optional
+from util.optional import import_optional
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.atomic import atomic_path
-from trainer.optional import import_optional
+from util.atomic import atomic_path
+from util.optional import import_optional
 
 X_AXES = {"time": "training time (s)", "tokens": "tokens", "steps": "step"}
 SIZE_IN, DPI = (10.0, 6.0), 100  # 1000 x 600 pixels per panel row: readable in a README at full width

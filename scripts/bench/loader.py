@@ -43,7 +43,7 @@ import data.loader
 from data.regions import resolve_files
 from data.shards import open_shard, write_shard
 from trainer import ROOT
-from trainer.atomic import write_json
+from util.atomic import write_json
 
 BEFORE = "f4d8184"  # the last commit of the two-thread loader
 B, T = 16, 1024
@@ -61,7 +61,7 @@ def before_module() -> types.ModuleType:
     """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.;
     plural.py has moved into data/ since)."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:data/loader.py"], capture_output=True,
-                            text=True, check=True).stdout.replace("from plural import", "from data.plural import")
+                            text=True, check=True).stdout.replace("from plural import", "from util.plural import")
     path = Path(tempfile.mkdtemp(prefix="shardrun-bench-")) / "loader_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("loader_before", path)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 
-from trainer.atomic import write_json
+from util.atomic import write_json
 from data.loader import TokenLoader
 from data.shards import open_shard
 from scripts.bench.loader import B, T, evict, make_data, rss_anon_mb

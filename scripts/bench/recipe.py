@@ -32,7 +32,7 @@ from pathlib import Path
 
 from model.gpt import GPT
 from trainer import ROOT
-from trainer.atomic import write_json
+from util.atomic import write_json
 from trainer.config import parse_args as parse_train_args
 from trainer.data import resolve_data
 from trainer.plots import plot_runs, read_run

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from data.loader import TokenLoader
 from model.gpt import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
 from trainer import ROOT
-from trainer.atomic import write_json
+from util.atomic import write_json
 from trainer.config import parse_args as parse_train_args
 
 RING_BATCHES = 200

@@ -43,7 +43,7 @@ import torch
 
 
 import train as trainpy
-from trainer.atomic import write_json
+from util.atomic import write_json
 from data.shards import ShardError
 from trainer.config import ConfigError
 from trainer.metrics import peak_mem_gb

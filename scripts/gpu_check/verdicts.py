@@ -3,10 +3,9 @@ n/a line (n/a where a CPU rehearsal cannot say)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-if TYPE_CHECKING:
-    from scripts.gpu_check.runner import Sizes
+from scripts.gpu_check.sizes import Sizes
 
 LEAK_FLOOR = 0.3  # nats per byte: a causal byte model cannot get this low in seconds; one that sees targets can
 MFU_FLOOR = 0.30  # the MFU the speedrun's budget assumes (scripts/predict_speedrun.py)

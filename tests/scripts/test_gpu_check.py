@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from data.val import PAD_TARGET
 from scripts.gpu_check import kernels as kernel_check, probe as train_probe, runner as gpu_check, verdicts
+from scripts.gpu_check import sizes as check_sizes
 from data.meta import read_meta
 from data.shards import open_shard
 from tests.helpers import ROOT, demo_data, make_shards, run, stock_node
@@ -35,7 +36,7 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     assert "from " + str(tmp_path / "node" / "wheels") + ", no index" in proc.stdout  # set up from the folder
     res = json.loads(out.read_text())
     checks = {r["check"]: r for r in res["checks"]}
-    assert list(checks) == list(gpu_check.CHECKS)
+    assert list(checks) == list(check_sizes.CHECKS)
     assert all(r["status"] == "ok" for r in checks.values()), {n: r.get("output_tail") for n, r in checks.items()}
     assert [v for v in res["verdicts"] if v["verdict"] == "FAIL"] == []
     for name in gpu_check.TRAINING:
@@ -90,25 +91,25 @@ def test_checks_runs_only_the_checks_named(tmp_path):
         gpu_check.parse_args(["--checks", "hackathon,nosuch"])
 
 
-@pytest.mark.parametrize("sizes", [gpu_check.GPU, gpu_check.CPU], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("sizes", [check_sizes.GPU, check_sizes.CPU], ids=["gpu", "cpu"])
 def test_budgets_add_up_within_the_deadline_and_the_shell_bound(sizes):
-    parts = sum(sizes.timeout_s.values()) + len(sizes.timeout_s) * gpu_check.KILL_GRACE_S
+    parts = sum(sizes.timeout_s.values()) + len(sizes.timeout_s) * check_sizes.KILL_GRACE_S
     assert parts == sizes.planned_s() <= sizes.deadline_s
     # gpu_check.sh runs `bash run.sh gpu-check`, which bounds the Python body
     term, kill = map(int, re.search(r"gpu-check\) exec timeout --kill-after=(\d+) (\d+)",
                                     (ROOT / "run.sh").read_text()).groups()[::-1])
     # the outer TERM comes after the deadline and leaves the script its kill grace, and all ends within 540 s
-    assert term > sizes.deadline_s and kill > gpu_check.KILL_GRACE_S and term + kill <= gpu_check.CALL_S == 540
+    assert term > sizes.deadline_s and kill > check_sizes.KILL_GRACE_S and term + kill <= check_sizes.CALL_S == 540
     with pytest.raises(AssertionError):
         dataclasses.replace(sizes, timeout_s={**sizes.timeout_s, "speedrun": sizes.deadline_s})
 
 
 def test_the_gpu_plan_runs_the_speedrun_first_with_room_for_its_cold_compile():
-    assert gpu_check.CHECKS[0] == "speedrun" and list(gpu_check.GPU.timeout_s) == ["data", *gpu_check.CHECKS]
-    assert gpu_check.GPU.timeout_s["speedrun"] >= gpu_check.SPEEDRUN_MIN_S == 230
+    assert check_sizes.CHECKS[0] == "speedrun" and list(check_sizes.GPU.timeout_s) == ["data", *check_sizes.CHECKS]
+    assert check_sizes.GPU.timeout_s["speedrun"] >= gpu_check.SPEEDRUN_MIN_S == 230
     # and no check saves a checkpoint; the speedrun row (and the text row, for its graphs) runs under DDP
     for name in gpu_check.TRAINING:
-        cfg = parse_train_args(gpu_check.check_args(name, Path("/w"), gpu_check.GPU)[0])
+        cfg = parse_train_args(gpu_check.check_args(name, Path("/w"), check_sizes.GPU)[0])
         assert not cfg.train.save_checkpoint and cfg.train.resume == "never"
         assert cfg.train.ddp_always == (name != "hackathon")
 
@@ -147,7 +148,7 @@ def probe_result(**changes) -> dict:
 def verdicts_of(probe: dict, cpu: bool = False) -> dict[str, str]:
     row = {"check": "speedrun", "status": "ok", "timeout_s": 165, "init_loss": math.log(50257), "probe": probe,
            **gpu_check.figures({"final_val_loss": 10.83}, probe, None, None)}
-    return {v["what"]: v["verdict"] for v in verdicts.training_verdicts(row, gpu_check.GPU, cpu)}
+    return {v["what"]: v["verdict"] for v in verdicts.training_verdicts(row, check_sizes.GPU, cpu)}
 
 
 def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
@@ -176,7 +177,7 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
         assert {k: v for k, v in got.items() if k != what} == {k: v for k, v in clean.items() if k != what}
     assert "s0" in {v["what"]: v for v in verdicts.training_verdicts(
         {"check": "speedrun", "status": "ok", "init_loss": 10.8, "probe": broken["no graph marked dynamic"]},
-        gpu_check.GPU, False)}["no graph marked dynamic"]["measured"]
+        check_sizes.GPU, False)}["no graph marked dynamic"]["measured"]
     # a stage that never came, or a torch that does not record graph sizes: said, not passed
     no_resume = probe_result()
     del no_resume["after_eval"]
@@ -188,7 +189,7 @@ def test_training_verdicts_pass_a_clean_run_and_name_what_is_wrong():
     assert verdicts_of(probe_result(eval_oom="CUDA out of memory", eval_oom_shape=[1, 262144])
                        )["eval at its configured shape fits"] == "FAIL"
     # a result the verdicts did not foresee is a FAIL line, not a crash that loses the single GPU run's JSON
-    [odd] = verdicts.judged({"check": "speedrun", "status": "ok", "probe": {"warm_up": 3}}, gpu_check.GPU, False)
+    [odd] = verdicts.judged({"check": "speedrun", "status": "ok", "probe": {"warm_up": 3}}, check_sizes.GPU, False)
     assert odd["verdict"] == "FAIL" and odd["what"] == "verdicts"
 
 
@@ -196,7 +197,7 @@ def test_a_hackathon_compile_over_its_share_of_the_clock_is_slow():
     probe = probe_result(**{"warm_up.seconds": 90.0})
     row = {"check": "hackathon", "status": "ok", "init_loss": math.log(32000), "probe": probe,
            **gpu_check.figures({"final_val_loss": 10.4}, probe, None, None)}
-    got = {v["what"]: v for v in verdicts.training_verdicts(row, gpu_check.GPU, False)}
+    got = {v["what"]: v for v in verdicts.training_verdicts(row, check_sizes.GPU, False)}
     assert got["compile seconds (training; eval)"]["verdict"] == "SLOW"
     assert got["compile seconds (training; eval)"]["measured"].startswith("89.4")  # 90 s less 5 steps of 120 ms
 
@@ -298,11 +299,11 @@ def test_the_text_check_is_judged_on_reusing_the_speedruns_graphs():
     # judged with the rows before it; a skipped speedrun leaves nothing to compare
     text = {"check": "text", "status": "ok", "init_loss": math.log(50257), "probe": probe_result(),
             **gpu_check.figures({"final_val_loss": 1.5}, probe_result(), None, None)}
-    whats = [v["what"] for v in verdicts.judged(text, gpu_check.GPU, False, [{"status": "ok", **speedrun}])]
+    whats = [v["what"] for v in verdicts.judged(text, check_sizes.GPU, False, [{"status": "ok", **speedrun}])]
     assert whats[-1] == "reuses the speedrun's compiled graphs"
     skipped = {"check": "speedrun", "status": "skipped: out of time"}
     assert "reuses the speedrun's compiled graphs" not in [v["what"] for v in verdicts.judged(
-        text, gpu_check.GPU, False, [skipped])]
+        text, check_sizes.GPU, False, [skipped])]
 
 
 def test_a_compile_cut_short_by_the_timeout_reports_how_long_it_had_run():
@@ -403,8 +404,8 @@ def test_record_folder_is_named_by_date_and_gpu_and_never_taken_by_a_rehearsal()
         gpu_check.record_dir("auto", env, cpu=True)
 
 
-@pytest.mark.parametrize("name, sizes, batch", [("speedrun", gpu_check.CPU, (2, 128)),
-                                               ("hackathon", gpu_check.GPU, (32, 1024))])
+@pytest.mark.parametrize("name, sizes, batch", [("speedrun", check_sizes.CPU, (2, 128)),
+                                               ("hackathon", check_sizes.GPU, (32, 1024))])
 def test_eval_tokens_give_whole_batches_of_the_eval_shape(tmp_path, name, sizes, batch):
     argv = gpu_check.check_args(name, Path("/w"), sizes)[0]
     tokens = gpu_check.eval_tokens(argv, 3)
@@ -416,7 +417,7 @@ def test_eval_tokens_give_whole_batches_of_the_eval_shape(tmp_path, name, sizes,
     assert len(got) == 3 and all(y.shape == batch and (y != PAD_TARGET).all() for y in got)
 
 
-@pytest.mark.parametrize("sizes", [gpu_check.CPU, gpu_check.GPU])
+@pytest.mark.parametrize("sizes", [check_sizes.CPU, check_sizes.GPU])
 def test_each_checks_val_data_holds_its_eval(sizes):
     # eval_tokens targets need one token more (the first is an input only); the hackathon's holdout needs its
     # chunk to keep one token for training
@@ -441,7 +442,7 @@ def test_the_demo_corpus_is_renumbered_to_the_speedruns_vocabulary(tmp_path):
     assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and "tokenizer" not in meta
     assert "settings" not in meta and meta["bytes_per_token"] == src["bytes_per_token"]
     # train.py takes it at the speedrun's vocabulary and document token, as the text check runs it
-    argv = gpu_check.check_args("text", work, gpu_check.CPU)[0]
+    argv = gpu_check.check_args("text", work, check_sizes.CPU)[0]
     cfg = parse_train_args(argv)
     files, val_files, got = resolve_data(cfg)
     assert cfg.model.vocab_size == 50257 and cfg.model.bos_id == 50256 and got == meta and len(val_files) == 1
@@ -458,7 +459,7 @@ def test_a_check_past_its_timeout_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "child.pid"
     t0 = time.time()
     rc, _ = gpu_check.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path / "out.log", 3,
-                                  gpu_check.CPU, tmp_path)  # 3 s: time for bash to start and write the pid
+                                  check_sizes.CPU, tmp_path)  # 3 s: time for bash to start and write the pid
     assert rc == "timeout" and time.time() - t0 < 12
     assert gone(int(pid_file.read_text()))
 
@@ -471,7 +472,7 @@ def test_a_check_in_flight_is_killed_when_the_script_is_stopped(tmp_path):
     try:
         with pytest.raises(SystemExit):
             gpu_check.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], tmp_path / "out.log", 50,
-                                  gpu_check.CPU, tmp_path)
+                                  check_sizes.CPU, tmp_path)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

@@ -6,7 +6,7 @@ import sys
 import pytest
 from matplotlib.image import imread
 
-from trainer.atomic import write_json
+from util.atomic import write_json
 from scripts.leaderboard import (COLUMNS, RESULT_NEUTRAL, RUN_SPECIFIC, SummaryError, find_summaries, format_table,
                                  group_rows, load_summary, mean_std, moves_result, t_test_below)
 from tests.helpers import run

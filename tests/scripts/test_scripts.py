@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import PACKAGES, ROOT
 
 SCRIPTS = sorted(p for p in (ROOT / "scripts").rglob("*.py") if 'if __name__ == "__main__":' in p.read_text())
 
@@ -33,7 +33,7 @@ def test_every_script_starts_by_path_and_as_a_module(how, tmp_path):
 
 
 def test_no_file_outside_tests_edits_sys_path():
-    code = [ROOT / "train.py", *(p for d in ("data", "model", "optim", "trainer", "scripts") for p in (ROOT / d).rglob("*.py"))]
+    code = [ROOT / "train.py", *(p for d in PACKAGES for p in (ROOT / d).rglob("*.py"))]
     edits = [str(p.relative_to(ROOT)) for p in code if "sys.path" in p.read_text()]
     assert not edits, f"{edits}: import the project as a package (run.sh puts it on the venv's path)"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainer import metrics
-from trainer.atomic import DiskFullError
+from util.atomic import DiskFullError
 from trainer.distributed import Dist
 from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb
 

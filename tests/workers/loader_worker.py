@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.atomic import atomic_path
+from util.atomic import atomic_path
 from data.loader import TokenLoader
 from data.val import val_batches
 from tests.helpers import exit_skipping_teardown

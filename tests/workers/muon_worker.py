@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from trainer.atomic import atomic_path
+from util.atomic import atomic_path
 from model import get_model
 from optim import muon
 from optim.config import OptimConfig

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.atomic import DiskFullError, atomic_path, existing_folder, write_json, write_text
+from util.atomic import DiskFullError, atomic_path, existing_folder, write_json, write_text
 from model import get_model
 from tests.workers.fault_writer import CONFIG
 from tests.helpers import run, tiny_args, tiny_data
@@ -146,7 +146,7 @@ def on_small_disk(disk: Path, argv: list[str], *, size: str, free: int | None = 
 
 
 def disk_full_line(path: str, error: str) -> str:
-    """The pattern of trainer/atomic.py's DiskFullError message for a file that `path` (a pattern) matches, after `error`
+    """The pattern of util/atomic.py's DiskFullError message for a file that `path` (a pattern) matches, after `error`
     (the program's prefix)."""
     return (rf"{re.escape(error)}{path}: no space left on device while writing it: it needs about ([\d,]+) bytes, "
             r"([\d,]+) bytes are free there; free some space or write to another filesystem")

@@ -1,5 +1,5 @@
 """plural: counts in the words a person would write."""
-from data.plural import plural
+from util.plural import plural
 
 
 def test_plural():

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from trainer.optional import import_optional
+from util.optional import import_optional
 
 
 def test_a_present_package_is_imported():
