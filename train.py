@@ -17,49 +17,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
-from typing import NoReturn
 
-from trainer.config import Config, ConfigError, parse_args, to_toml
-
-
-def fail(message: str, first: bool) -> None:
-    """Exit 1; `message` goes to stderr only where `first` (the rank that reports it), so an error that every
-    rank hits prints once."""
-    if first:
-        print(message, file=sys.stderr, flush=True)
-    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        # torchrun stops every rank once one exits: leave the first exit to the rank that prints, which may not
-        # have got that far yet
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        time.sleep(10)
-    sys.exit(1)
-
-
-def interrupted(message: str) -> NoReturn:
-    """Exit at once with 130, the shell's status for Ctrl-C; `message` on rank 0 only (every rank gets the
-    signal). Raised from a signal handler, SystemExit still runs the `finally` blocks and atomic writes' cleanup."""
-    if os.environ.get("RANK", "0") == "0":
-        os.write(2, f"{message}\n".encode())  # not print(): the signal may have come while print held stdout
-    raise SystemExit(130)
-
-
-def watch_stop_signals(requested: list[int]) -> None:
-    """From now on SIGTERM and a first Ctrl-C (SIGINT) append their number to `requested`: the loop stops after
-    the step and saves. A signal after a Ctrl-C exits at once: a second Ctrl-C, or the SIGTERM that torchrun's
-    agent sends its workers when Ctrl-C interrupts its own wait for them (it forwards the first as SIGINT)."""
-    def on_signal(signum: int, _frame) -> None:
-        if signal.SIGINT in requested:
-            interrupted("train.py: interrupted again: stopped at once, without saving (the last save stays, and "
-                        "the same command resumes from it)")
-        requested.append(signum)
-        if signum == signal.SIGINT and os.environ.get("RANK", "0") == "0":
-            os.write(2, b"train.py: Ctrl-C: stopping after this step to save the run (Ctrl-C again stops at once, "
-                        b"without saving)\n")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-
+from trainer.config import Config, ConfigError, parse_args
+from trainer.exits import (exiting_without_teardown, fail, ignore_stop_signals, interrupted, report,
+                           watch_stop_signals)
 
 if __name__ == "__main__":
     # Read when torch starts, so set here, in each process torchrun starts too. Expandable segments let the eval's
@@ -77,122 +38,36 @@ if __name__ == "__main__":
     except ConfigError as e:
         fail(f"train.py: config error: {e}", first=os.environ.get("RANK", "0") == "0")
 
-import contextlib  # noqa: E402  (the imports after the early parse above)
-import copy  # noqa: E402
+
+import copy  # noqa: E402  (the imports after the early parse above)
 import gc  # noqa: E402
-import math  # noqa: E402
-import shutil  # noqa: E402
+import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
-from enum import StrEnum  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-from util.atomic import DiskFullError, write_text  # noqa: E402
-from data.loader import TokenLoader  # noqa: E402
-from data.val import PAD_TARGET  # noqa: E402
 from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from optim.groups import build_optimizers, step_optimizers, untie_when_due, warmup_momentum  # noqa: E402
-from util.plural import plural  # noqa: E402
+from optim.groups import build_optimizers, set_lr, step_optimizers, untie_when_due  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (done_path, load_resume, restore, save_checkpoint, save_resume,  # noqa: E402
-                                save_space, training_state)
-from trainer.clock import Clock  # noqa: E402
+from trainer.checkpoint import (load_resume, restore, save_checkpoint, save_resume, training_state,  # noqa: E402
+                                warn_if_the_saves_do_not_fit)
+from trainer.clock import Clock, next_multiple  # noqa: E402
 from trainer.data import prefix_targets, resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist  # noqa: E402
-from trainer.flags import FlagExchange, Flags  # noqa: E402
+from trainer.evaluate import eval_and_record  # noqa: E402
+from trainer.flags import Flags  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
-from trainer.metrics import RunLog, Summary, git_commit, hardware, peak_mem_gb  # noqa: E402
-from trainer.mfu import mfu_of  # noqa: E402
-from trainer.parallel import ParallelModel, autocast, parallelize  # noqa: E402
+from trainer.metrics import open_log  # noqa: E402
+from trainer.parallel import autocast, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
-from trainer.resume import RunFinished, change_lines, default_run_id, open_run_folder, resume_command  # noqa: E402
-from trainer.runs import STOPPED_BY_SIGNAL, checkpoint_path  # noqa: E402
-
-
-@dataclass
-class Progress:
-    """The run's counters; saved with the resume state."""
-    step: int = 0
-    tokens: int = 0
-    flops: float = 0.0           # the training FLOPs of those tokens, each step's at its own attention window
-    best_val: float | None = None
-    last_val: float | None = None
-    last_val_step: int = -1
-    time_to_target: float | None = None
-    data_wait: float = 0.0
-    wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
-                                                    checkpoint_s=0.0))
-    # every key a resume changed, {"step", "key", "saved", "now"}: config.toml shows only the last values, and
-    # the leaderboard keeps a run whose result a change can move apart from runs given those values from the start
-    resume_changes: list = field(default_factory=list)
-
-
-@dataclass
-class Run:
-    """Everything one training run holds, so the steps below read as plain functions of it."""
-    cfg: Config
-    dist: Dist
-    run_dir: Path
-    val_files: list[str]         # [] = no evals
-    meta: dict
-    log: RunLog
-    model: ParallelModel         # what we call (DDP / FSDP2 / compiled) and its plain GPT, `model.module`
-    optimizers: list[torch.optim.Optimizer]
-    loader: TokenLoader
-    clock: Clock
-    progress: Progress = field(default_factory=Progress)
-    stop_requested: list = field(default_factory=list)   # the stop signals received (watch_stop_signals)
-    saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
-    flags: FlagExchange = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late)
-    hooks: Hooks = field(default_factory=lambda: Hooks())
-
-    def __post_init__(self) -> None:
-        self.flags = FlagExchange(self.dist.device)
-
-    @property
-    def tokens_per_micro_step(self) -> int:
-        """Training tokens of one micro-step, over all ranks."""
-        return self.cfg.train.batch_size * self.cfg.train.seq_len * self.dist.world_size
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Training tokens of the step about to run, over all ranks: its batch stage's micro-steps."""
-        return self.tokens_per_micro_step * self.clock.micro_steps(self.progress.step)
-
-    @property
-    def checkpoint_path(self) -> Path:
-        """Where checkpoint.pt goes: train.checkpoint_path, else the run folder."""
-        return checkpoint_path(self.run_dir, self.cfg.train.checkpoint_path)
-
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token of a step at the attention window the model has now."""
-        return self.model.module.flops_per_token(self.cfg.train.seq_len)
-
-    def mfu(self, tok_s: float) -> float | None:
-        """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only), at the
-        attention window the model has now."""
-        return mfu_of(self.flops_per_token(), tok_s, self.dist)
-
-
-class Hooks:
-    """How an observer from outside (scripts/gpu_check/probe.py) joins a run: each stage of the run is called
-    through the method of its name, given the stage and its arguments, and by default just runs. An override may
-    time the stage, look at what it returns, or run it again; train.py knows nothing of what it does."""
-
-    def setup(self, stage: Callable[[Config, Dist], Run], cfg: Config, dist: Dist) -> Run:
-        return stage(cfg, dist)
-
-    def warm_up(self, stage: Callable[[Run], None], run: Run) -> None:
-        stage(run)
-
-    def train(self, stage: Callable[[Run], StopReason], run: Run) -> StopReason:
-        return stage(run)
-
-    def evaluate(self, stage: Callable[[Run], float], run: Run) -> float:
-        return stage(run)
+from trainer.report import done_line, log_step, summarize  # noqa: E402
+from trainer.resume import RunFinished, default_run_id, open_run_folder, restore_run, resume_command  # noqa: E402
+from trainer.state import Diverged, Hooks, Run, StopReason, diverged  # noqa: E402
+from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
+from util.atomic import DiskFullError  # noqa: E402
+from util.plural import plural  # noqa: E402
 
 
 def main(cfg: Config, hooks: Hooks | None = None) -> None:
@@ -207,6 +82,7 @@ def main(cfg: Config, hooks: Hooks | None = None) -> None:
         hooks.warm_up(warm_up, run)
         status = hooks.train(train, run)
         finish(run, status)
+        ignore_stop_signals()
         if status == StopReason.INTERRUPTED:
             raise SystemExit(130)  # saved, but a script that ran train.py stops as if Ctrl-C had ended it
     finally:
@@ -226,16 +102,8 @@ def setup(cfg: Config, dist: Dist) -> Run:
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
     marker, changes = open_run_folder(cfg, dist, run_dir)
     resumed = load_resume(run_dir, dist, marker) if marker else None
-    config = cfg.to_dict()
-    wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
-                     dir=str(run_dir)) if cfg.log.wandb else None
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
-    log = RunLog(run_dir, dist, metrics_bytes=resumed["metrics_bytes"] if resumed else 0, wandb_cfg=wandb_cfg)
-    if dist.master:
-        write_text(run_dir / "config.toml", to_toml(config))
-    log.environment(dist)
-    if cfg.starter:
-        log.print(cfg.starter)
+    log = open_log(cfg, dist, run_dir, resumed["metrics_bytes"] if resumed else 0)
 
     torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     gpt = GPT(cfg.model)
@@ -245,13 +113,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
     if resumed:
-        restore(run.model.module, run.optimizers, run.loader, resumed)
-        run.clock.load_state_dict(resumed["clock"])
-        run.progress = Progress(**resumed["progress"])
-        run.saved_step = run.progress.step
-        run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
-        for line in change_lines(cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):
-            log.print(line)
+        restore_run(run, resumed, marker, changes)
     per_step = " -> ".join(f"{run.tokens_per_micro_step * n:,}" for n in run.clock.micro_steps_by_stage())
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {per_step} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
@@ -260,43 +122,6 @@ def setup(cfg: Config, dist: Dist) -> Run:
     warn_if_the_saves_do_not_fit(run)
     run.progress.wall["init_s"] += time.perf_counter() - t0
     return run
-
-
-def warn_if_the_saves_do_not_fit(run: Run) -> None:
-    """Rank 0 warns before the first step where the free space is short of what the run's saves will hold at
-    their peak: checkpoint.pt holds the model's state dict, the resume state that and at most two optimizer
-    moments per parameter (AdamW's), and each file's old copy stays until its new one is complete."""
-    if not (run.dist.master and run.cfg.train.save_checkpoint):
-        return
-    # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
-    model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
-    moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
-    # in the order save() writes them; the resume state is on disk where its done.json is
-    files = [(run.checkpoint_path, model), (done_path(run.run_dir), model + moments)]
-    every, budget = run.cfg.train.checkpoint_every_s, run.cfg.train.budget_s
-    # periodic saves, then the final one; a time budget that ends before the first periodic save leaves only the
-    # final one (evals off the clock can stretch the wall time that periodic saves follow: then one more comes)
-    saves = 2 if every > 0 and not 0 < budget <= every else 1
-    first = save_space(files, 1)
-    for folder, need in save_space(files, saves).items():
-        free = shutil.disk_usage(folder).free
-        if free < need:
-            which = "first" if free < first[folder] else "second"
-            run.log.print(f"warning: {folder} has {free:,} bytes free, but the run's saves need about {need:,} "
-                          f"there (checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
-                          f"{moments:,} of optimizer moments; each file's old copy stays until its new one is "
-                          f"complete); its {which} save will fail: free space or move log.dir / "
-                          f"train.checkpoint_path")
-
-
-def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
-    """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
-    (optim/__init__.py's contract)."""
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = group["initial_lr"] * mult
-            if "momentum_warmup_steps" in group:
-                group["momentum"] = warmup_momentum(group, step)
 
 
 def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -347,84 +172,6 @@ def warm_up(run: Run) -> None:
                   f"state restored")
 
 
-EVAL_PROGRESS_S = 5.0  # an eval prints how far it has got this often, so a long one is not silent
-
-
-@torch.no_grad()
-def evaluate(run: Run) -> float:
-    """Mean loss over the eval.tokens scored val targets (val_batches says which): sum of losses / their count.
-    Rank 0 says when it starts and, every EVAL_PROGRESS_S, how many batches are done."""
-    cfg, dist = run.cfg, run.dist
-    # Every rank makes the same forward calls on batches of one shape (val_batches pads with ignored targets), as
-    # FSDP2's all-gathers need, and a compiled model compiles one eval shape.
-    model = run.model.eval_module
-    model.eval()
-    sums = torch.zeros(2, device=dist.device, dtype=torch.float64)  # the scored targets' summed loss, their count
-    batches = val_loader(cfg, dist, run.val_files)
-    run.log.print(f"step {run.progress.step} | eval of {cfg.eval.tokens:,} tokens: "
-                  f"{plural(len(batches), 'batch', 'batches')} per rank")
-    t0 = shown = time.perf_counter()
-    for done, (x, y) in enumerate(batches, 1):
-        with autocast(dist, cfg.train.dtype):
-            _, loss = model(x, y)
-        count = (y != PAD_TARGET).sum()
-        sums[0] += torch.where(count > 0, loss.double() * count, 0.0)  # a padding-only batch's mean is NaN
-        sums[1] += count
-        # counted on the host, with no sync: on a GPU it is ahead by at most the work queued behind it
-        if time.perf_counter() - shown >= EVAL_PROGRESS_S:
-            shown = time.perf_counter()
-            run.log.print(f"eval: {done}/{len(batches)} batches, {shown - t0:.0f}s")
-    distributed.all_reduce(sums)
-    model.train()
-    return (sums[0] / sums[1]).item()
-
-
-def eval_and_record(run: Run, on_clock: bool) -> float:
-    """Evaluate, log it, track best and time-to-target; the clock keeps running only if `on_clock`."""
-    t0, progress, target = time.perf_counter(), run.progress, run.cfg.eval.target_loss
-    with contextlib.nullcontext() if on_clock else run.clock.paused():
-        gc.collect()
-        val = run.hooks.evaluate(evaluate, run)
-    progress.best_val = val if progress.best_val is None else min(progress.best_val, val)
-    progress.last_val, progress.last_val_step = val, progress.step
-    if target and val <= target and progress.time_to_target is None:
-        progress.time_to_target = run.clock.elapsed()
-    progress.wall["eval_s"] += time.perf_counter() - t0
-    run.log.metric({"type": "eval", "step": progress.step, "tokens": progress.tokens, "val_loss": val,
-                    "elapsed_s": run.clock.elapsed()})
-    run.log.print(f"step {progress.step} | val loss {val:.4f} | best {progress.best_val:.4f} | "
-                  f"{run.clock.elapsed():.1f}s")
-    return val
-
-
-def mean_over_ranks(run: Run, *values: torch.Tensor) -> list[float]:
-    """Each 0-dim tensor's mean over the ranks, on the host: one all-reduce, and a wait for the GPU."""
-    return (distributed.all_reduce(torch.stack([v.detach().double() for v in values])) / run.dist.world_size).tolist()
-
-
-def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int, float, int]) -> None:
-    """Console line + metrics.jsonl record for the step just done (loss averaged over ranks, gradient norm
-    before clipping: the same on every rank); its step time and tokens/s average the steps since `since`
-    ((step, elapsed, tokens) at the last line)."""
-    progress, clock, train_cfg = run.progress, run.clock, run.cfg.train
-    loss, norm = mean_over_ranks(run, loss, norm)
-    steps, seconds, tokens = progress.step - since[0], clock.elapsed() - since[1], progress.tokens - since[2]
-    step_s = seconds / max(steps, 1)
-    tok_s = tokens / seconds if seconds > 0 else 0.0
-    mfu = run.mfu(tok_s)
-    # never below 0: the step that spends the budget ends past it (and on GPU one more step runs)
-    left = (f"{max(train_cfg.budget_s - clock.elapsed(), 0.0):.1f}s" if train_cfg.budget_s
-            else plural(max(train_cfg.max_steps - progress.step, 0), "step"))
-    group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used, its batch stage's included
-    run.log.metric({"type": "train", "step": progress.step, "tokens": progress.tokens, "loss": loss,
-                    "grad_norm": norm, "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s,
-                    "tok_s": tok_s, "mfu": mfu, "elapsed_s": clock.elapsed()})
-    run.log.print(f"step {progress.step} | loss {loss:.4f} | grad norm {norm:.3f} | {1000 * step_s:.1f} ms | "
-                  f"{tok_s:,.0f} tok/s"
-                  + (f" | MFU {100 * mfu:.1f}%" if mfu is not None else "")
-                  + f" | {clock.elapsed():.1f}s elapsed, {left} left")
-
-
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock. Nothing with
     train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here."""
@@ -439,31 +186,6 @@ def save(run: Run) -> None:
     save_resume(run.run_dir, dist, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0
-
-
-class StopReason(StrEnum):
-    """Why the timed loop stopped: summary.json's "status" and the last line's "done: <status>"."""
-    COMPLETED = "completed"      # the end of a step schedule (train.schedule = "step")
-    BUDGET = "budget"            # train.budget_s spent
-    MAX_STEPS = "max_steps"      # train.max_steps reached under a time schedule
-    TARGET = "target"            # eval.stop_at_target, and an eval reached eval.target_loss
-    SIGTERM = "sigterm"          # the job is being stopped (a scheduler's time limit, a preemption)
-    INTERRUPTED = "interrupted"  # Ctrl-C (SIGINT)
-
-
-class Diverged(RuntimeError):
-    """A step's loss or gradient norm was not finite: the run stopped without saving."""
-
-
-def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
-    """Stop the run at the non-finite step `step` (its loss and gradient norm given), saving nothing."""
-    loss, norm = mean_over_ranks(run, loss, norm)
-    kept = f"the checkpoint of step {run.saved_step} is untouched" if run.saved_step >= 0 else "no checkpoint exists"
-    msg = (f"step {step}: loss {loss:.4g}, gradient norm {norm:.4g}: not finite, so training stopped without saving "
-           f"({kept}). Try a lower learning rate (optim.lr, or optim.muon_lr and the other *_lr keys for muon), "
-           f"gradient clipping (optim.grad_clip = 1.0), and check the data (data.vocab_check)")
-    run.log.print(f"train.py: {msg}")
-    raise Diverged(msg)
 
 
 @dataclass
@@ -486,7 +208,7 @@ def train(run: Run) -> StopReason:
     the loop (clip_grads and optim/muon.py read nothing on the host).
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
-    loop = Loop(_next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
+    loop = Loop(next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
                 (progress.step, clock.elapsed(), progress.tokens), progress.step + 1)
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
@@ -554,7 +276,7 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
         if on_clock:  # the eval may have spent the rest of the budget: start no step after it
             [time_up] = distributed.any_rank([clock.time_up()], run.dist.device)
             flags = flags._replace(time_up=time_up)
-        loop.next_eval_s = _next_multiple(clock.elapsed(), cfg.eval.every_s)
+        loop.next_eval_s = next_multiple(clock.elapsed(), cfg.eval.every_s)
         if cfg.eval.stop_at_target and run.progress.time_to_target is not None:
             status = StopReason.TARGET
     if flags.save_due and status is None:
@@ -564,11 +286,6 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
     if flags.time_up and status is None:
         status = StopReason.BUDGET
     return status
-
-
-def _next_multiple(elapsed: float, every: float) -> float:
-    """The first multiple of `every` after `elapsed` (inf when periodic evals are off)."""
-    return (math.floor(elapsed / every) + 1) * every if every > 0 else math.inf
 
 
 def finish(run: Run, status: StopReason) -> None:
@@ -587,58 +304,24 @@ def finish(run: Run, status: StopReason) -> None:
     summary = summarize(run, status, final_val)
     run.log.summary(summary)
     curves = plot_or_warn(run.run_dir, run.log.print) if run.dist.master else None  # off the clock, which has stopped
-    val = f"final val loss {final_val:.4f}" if final_val is not None else "no final eval"
-    if summary.final_val_bpb is not None:
-        val += f" ({summary.final_val_bpb:.3f} bits/byte)"
-    speed = f" at {summary.tokens_per_s:,.0f} tok/s" if summary.tokens_per_s else ""
-    run.log.print(f"done: {status} | step {progress.step} | {summary.train_time_s:.1f}s | {val} | {progress.tokens:,} "
-                  f"tokens{speed} | {run.run_dir}" + (f" | curves {curves}" if curves else ""))
+    run.log.print(done_line(summary, run.run_dir, curves))
     if status in STOPPED_BY_SIGNAL and run.cfg.train.save_checkpoint:  # else nothing was saved to resume from
         run.log.print(f"resume: {resume_command(run.cfg)}")
     run.log.close()
 
 
-def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
-    """summary.json's values for the run that stopped for `status` with final val loss `final_val`."""
-    cfg, progress, dist = run.cfg, run.progress, run.dist
-    # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
-    bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
-    # at least the time all ranks agreed on, which stopped the run: this rank's own clock may have started later
-    train_time = max(run.clock.elapsed(), run.clock.synced)
-    tok_s = progress.tokens / train_time if train_time > 0 else None
-    # at the FLOPs spent, each step's at its own window: the final window's count would overstate a growing one
-    mfu = mfu_of(progress.flops / progress.tokens, tok_s, dist) if tok_s else None
-    return Summary(
-        run_id=cfg.log.run_id, config_name=cfg.name, track=cfg.log.track, status=status,
-        final_val_loss=final_val, best_val_loss=progress.best_val,
-        final_val_bpb=final_val / math.log(2) / bytes_per_token if final_val and bytes_per_token else None,
-        target_loss=cfg.eval.target_loss or None, time_to_target_s=progress.time_to_target, steps=progress.step,
-        tokens_seen=progress.tokens, tokens_per_s=tok_s, train_time_s=train_time,
-        budget_s=cfg.train.budget_s or None, mfu=mfu,
-        peak_mem_gb=peak_mem_gb(dist), data_wait_frac=progress.data_wait / train_time if train_time > 0 else None,
-        world_size=dist.world_size, hardware=hardware(dist), torch_version=torch.__version__,
-        git_commit=git_commit(), checkpoint_path=str(run.checkpoint_path), wall=progress.wall,
-        resume_changes=progress.resume_changes)
-
-
-def report(kind: str, error: Exception) -> None:
-    """fail() with "train.py: <kind>: <error>", printed by the first rank to report an error of that kind: after
-    the early parse an error may be one rank's own, or every rank's in its own words (each rank reads other
-    windows of the data, and may find another bad token first)."""
-    fail(f"train.py: {kind}: {error}", distributed.first_to_report(kind))
-
-
 if __name__ == "__main__":
-    try:
-        main(CONFIG)
-    except RunFinished as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(e, flush=True)
-    except ConfigError as e:
-        report("config error", e)
-    except ShardError as e:
-        report("data error", e)
-    except Diverged:
-        sys.exit(1)  # rank 0 has printed why
-    except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
-        report("disk full", e)
+    with exiting_without_teardown():
+        try:
+            main(CONFIG)
+        except RunFinished as e:
+            if os.environ.get("RANK", "0") == "0":
+                print(e, flush=True)
+        except ConfigError as e:
+            report("config error", e)
+        except ShardError as e:
+            report("data error", e)
+        except Diverged:
+            sys.exit(1)  # rank 0 has printed why
+        except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
+            report("disk full", e)

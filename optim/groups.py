@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from model.attention import Attention
 from model.config import GPTConfig
-from model.gpt import GPT, Attention, Gate, Mudd
+from model.gpt import GPT
+from model.layers import Gate
+from model.mudd import Mudd
 from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.views import Split
@@ -138,3 +141,13 @@ def warmup_momentum(group: dict, step: int) -> float:
     `momentum_warmup_steps`, then constant (the records: 0.85 -> 0.95 over 300 steps)."""
     frac = min(step / group["momentum_warmup_steps"], 1.0) if group["momentum_warmup_steps"] else 1.0
     return (1 - frac) * group["momentum_start"] + frac * group["initial_momentum"]  # exactly the target at 1
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
+    """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
+    (optim/__init__.py's contract)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * mult
+            if "momentum_warmup_steps" in group:
+                group["momentum"] = warmup_momentum(group, step)

@@ -8,7 +8,7 @@
 FLOPs per token are GPT.flops_per_token (6 per matmul weight, plus the causal, windowed attention; with doc_causal
 an upper bound, since no document boundary is assumed inside a window), averaged over the run as its window grows.
 The tokens to reach 3.28 are those of the modded-nanogpt record of this shape; ours may need more (its recipe
-differs in details: model/gpt.py says where).
+differs in details: docs/PERFORMANCE.md lists where).
 """
 from __future__ import annotations
 

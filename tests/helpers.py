@@ -12,17 +12,16 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
-from typing import NoReturn
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from data.shards import write_shard
-from util.atomic import atomic_path
 from trainer.checkpoint import done_path
+from util.atomic import atomic_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "train.py")
@@ -144,15 +143,6 @@ def save_on_rank_0(results: object, out: str, rank: int) -> None:
     if rank == 0:
         with atomic_path(out) as tmp:
             torch.save(results, tmp)
-
-
-def exit_skipping_teardown() -> NoReturn:
-    """End a torchrun test worker whose results are saved and whose group is destroyed, without the C++
-    teardown: on a loaded machine 1 run in 24 aborted there after main returned ("terminate called without an
-    active exception", no Python frame, always rank 1), a thread of the DDP/FSDP2 runs still joinable at exit."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def resume_state_files(run_dir: Path) -> list[Path]:

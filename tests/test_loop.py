@@ -1,5 +1,5 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
-the console shows of steps and evals; a stop and resume while AdamW holds gradients (optim.adam_every), before
+the console shows of its steps; a stop and resume while AdamW holds gradients (optim.adam_every), before
 and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd)."""
 from tests.helpers import growing_window_run, ten_second_steps
 
@@ -43,23 +43,6 @@ def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, monkeypatc
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split(" |")[0] for line in lines] == ["step 1", "step 3"]
     assert lines[0].endswith("10.0s elapsed, 15.0s left") and lines[1].endswith("30.0s elapsed, 0.0s left")
-
-
-def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, capsys):
-    import train
-    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048")
-    monkeypatch.setattr(train, "EVAL_PROGRESS_S", 0.0)  # a progress line after every batch
-    try:
-        val = train.eval_and_record(run, on_clock=False)
-    finally:
-        run.loader.close()
-        run.log.close()
-    # 2,048 targets in sequences of 64, 4 rows a batch: 8 batches
-    lines = capsys.readouterr().out.splitlines()
-    start = lines.index("step 0 | eval of 2,048 tokens: 8 batches per rank")
-    progress = [line.split(",")[0] for line in lines[start + 1:] if line.startswith("eval: ")]
-    assert progress == [f"eval: {k}/8 batches" for k in range(1, 9)]
-    assert f"step 0 | val loss {val:.4f}" in lines[-1]
 
 
 def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_gradients(tmp_path, monkeypatch):

@@ -17,19 +17,22 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor  # imported also to register it: weights_only loads of FSDP2 shards
 
-from util.atomic import atomic_path, existing_folder, write_json
 from data.loader import TokenLoader
 from model import get_model
 from trainer import distributed
 from trainer.config import ConfigError
 from trainer.distributed import Dist
 from trainer.runs import RUN_FILES, done_path, read_marker
+from util.atomic import atomic_path, existing_folder, write_json
+
+if TYPE_CHECKING:
+    from trainer.state import Run
 
 
 # what every rank holds alike under DDP, so that only rank 0 saves it
@@ -224,3 +227,30 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
         shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=dist.device)
         state.update({k: v for k, v in shared.items() if k in REPLICATED})
     return state
+
+
+def warn_if_the_saves_do_not_fit(run: Run) -> None:
+    """Rank 0 warns before the first step where the free space is short of what the run's saves will hold at
+    their peak: checkpoint.pt holds the model's state dict, the resume state that and at most two optimizer
+    moments per parameter (AdamW's), and each file's old copy stays until its new one is complete."""
+    if not (run.dist.master and run.cfg.train.save_checkpoint):
+        return
+    # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
+    model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
+    moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
+    # in the order save() writes them; the resume state is on disk where its done.json is
+    files = [(run.checkpoint_path, model), (done_path(run.run_dir), model + moments)]
+    every, budget = run.cfg.train.checkpoint_every_s, run.cfg.train.budget_s
+    # periodic saves, then the final one; a time budget that ends before the first periodic save leaves only the
+    # final one (evals off the clock can stretch the wall time that periodic saves follow: then one more comes)
+    saves = 2 if every > 0 and not 0 < budget <= every else 1
+    first = save_space(files, 1)
+    for folder, need in save_space(files, saves).items():
+        free = shutil.disk_usage(folder).free
+        if free < need:
+            which = "first" if free < first[folder] else "second"
+            run.log.print(f"warning: {folder} has {free:,} bytes free, but the run's saves need about {need:,} "
+                          f"there (checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
+                          f"{moments:,} of optimizer moments; each file's old copy stays until its new one is "
+                          f"complete); its {which} save will fail: free space or move log.dir / "
+                          f"train.checkpoint_path")

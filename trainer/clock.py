@@ -11,6 +11,7 @@ rank runs the same micro-steps.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Iterator
 
@@ -110,3 +111,8 @@ class Clock:
         """Continue from a saved charged time (the clock stays stopped until start())."""
         self.charged, self.started_at = float(state["elapsed"]), None
         self.synced = float(state["synced"])
+
+
+def next_multiple(elapsed: float, every: float) -> float:
+    """The first multiple of `every` after `elapsed` (inf when periodic evals are off)."""
+    return (math.floor(elapsed / every) + 1) * every if every > 0 else math.inf

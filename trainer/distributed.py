@@ -103,6 +103,12 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def mean_over_ranks(*values: torch.Tensor) -> list[float]:
+    """Each 0-dim tensor's mean over the ranks, on the host: one all-reduce, and a wait for the GPU."""
+    total = all_reduce(torch.stack([v.detach().double() for v in values]))
+    return (total / (dist.get_world_size() if dist.is_initialized() else 1)).tolist()
+
+
 def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     """Each value's maximum over all ranks (one MAX all-reduce, in float64)."""
     return all_reduce(torch.tensor(values, dtype=torch.float64, device=device), "max").tolist()

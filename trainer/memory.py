@@ -2,7 +2,7 @@
 
 Counted per process: parameters, gradients and optimizer state (a 1/world shard of each under FSDP2, plus
 the blocks it gathers at a time), DDP's gradient buckets, and the activations backward keeps for one
-micro-batch of train.batch_size x train.seq_len tokens: the tensors model/gpt.py saves in eager mode, counted
+micro-batch of train.batch_size x train.seq_len tokens: the tensors the model (model/) saves in eager mode, counted
 one by one below, and the logits. torch.compile fuses some of them away, so a compiled run needs less.
 The limit: MemAvailable divided by the node's processes on CPU (page cache counts as available: the shards'
 pages are reclaimable), the device's free memory on CUDA. An estimate above the limit is refused with the
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from model.config import GPTConfig
-from model.gpt import GPT, mudd_width
+from model.gpt import GPT
+from model.mudd import mudd_width
 from optim.groups import param_roles
 from trainer import distributed
 from trainer.config import Config, ConfigError

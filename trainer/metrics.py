@@ -18,10 +18,10 @@ from typing import Any, TextIO
 import torch
 
 from trainer import ROOT
-from util.atomic import reporting_full_disk, write_json
-from trainer.config import ConfigError
+from trainer.config import Config, ConfigError, to_toml
 from trainer.distributed import Dist
 from trainer.mfu import peak_flops
+from util.atomic import reporting_full_disk, write_json, write_text
 from util.optional import import_optional
 
 
@@ -147,3 +147,18 @@ class RunLog:
             self.metrics_file.close()
             if self.wandb is not None:
                 self.wandb.finish()
+
+
+def open_log(cfg: Config, dist: Dist, run_dir: Path, metrics_bytes: int) -> RunLog:
+    """The run's RunLog (metrics.jsonl cut to `metrics_bytes`, wandb if asked), its config.toml written, and the
+    log's first lines: the environment and which starter flags were applied."""
+    config = cfg.to_dict()
+    wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
+                     dir=str(run_dir)) if cfg.log.wandb else None
+    log = RunLog(run_dir, dist, metrics_bytes=metrics_bytes, wandb_cfg=wandb_cfg)
+    if dist.master:
+        write_text(run_dir / "config.toml", to_toml(config))
+    log.environment(dist)
+    if cfg.starter:
+        log.print(cfg.starter)
+    return log

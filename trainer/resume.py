@@ -9,10 +9,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from trainer.checkpoint import remove_run, resume_marker, run_files
+from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
+from trainer.state import Progress, Run
 
 
 class RunFinished(Exception):
@@ -83,3 +84,15 @@ def resume_command(cfg: Config) -> str:
     if world == local:
         return f"torchrun --standalone --nproc_per_node={local} {command}"
     return f"the same torchrun command on each node, launching {command}"
+
+
+def restore_run(run: Run, resumed: dict, marker: dict, changes: list[Change]) -> None:
+    """Put load_resume's state `resumed` into the freshly built `run` (weights, optimizers, loader, clock, counters)
+    and log what this launch changed of the saved config (`marker`'s), as open_run_folder found it."""
+    restore(run.model.module, run.optimizers, run.loader, resumed)
+    run.clock.load_state_dict(resumed["clock"])
+    run.progress = Progress(**resumed["progress"])
+    run.saved_step = run.progress.step
+    run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
+    for line in change_lines(run.cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):
+        run.log.print(line)

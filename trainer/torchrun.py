@@ -6,11 +6,12 @@ A failed run then leaves the user train.py's one message instead of it followed 
 ~30-line ChildFailedError report (and a stopped one without its SignalException traceback). That text goes to
 <log.dir>/<run_id>/torchrun.log once train.py has made the run folder, else to a temporary file. A rank that died
 without a word (killed by a signal: -9 from the OOM killer) gets one line naming it and the file. The exit status is
-torchrun's: 0, or 1 for a failed or stopped run.
+torchrun's: 0, or 1 for a failed or stopped run (0 for a run that had finished when a signal stopped torchrun).
 """
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from trainer.runs import STOPPED_BY_SIGNAL
+
 
 def main(argv: list[str]) -> int:
     """Run torchrun with `argv` (its own command line), keep its text in a file; its exit status."""
@@ -34,7 +37,7 @@ def main(argv: list[str]) -> int:
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger) and logger.handlers:
             logger.handlers = [handler]
-    status, note = 0, ""
+    status, note, started = 0, "", time.time()
     try:
         torchrun.run(args)
     except ChildFailedError as e:
@@ -45,7 +48,8 @@ def main(argv: list[str]) -> int:
             oom = " (out of memory? see trainer/memory.py)" if failure.signal_name() == "SIGKILL" else ""
             note = f"rank {rank} was killed by {failure.signal_name()}{oom}"
     except SignalException:  # torchrun was stopped and passed the signal on: the ranks say what they did
-        status = 1
+        # a signal that came after the run had finished (a Ctrl-C as it ended) stopped no training
+        status = 0 if finished_since(args, started) else 1
         text.write(traceback.format_exc())
     finally:
         path = keep(text.getvalue(), args, argv)
@@ -67,6 +71,15 @@ def keep(text: str, args: Namespace, argv: list[str]) -> Path:
         f.write(entry)
     return path
 
+
+
+def finished_since(args: Namespace, started: float) -> bool:
+    """True when train.py under torchrun's `args` wrote a finished run's summary.json after `started` (time.time())."""
+    folder = run_folder(args)
+    summary = folder / "summary.json" if folder else None
+    if summary is None or not summary.is_file() or summary.stat().st_mtime < started:
+        return False
+    return json.loads(summary.read_text())["status"] not in STOPPED_BY_SIGNAL
 
 def run_folder(args: Namespace) -> Path | None:
     """The run folder train.py made under torchrun's `args`, or None (another script, a refused config)."""

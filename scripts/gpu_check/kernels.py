@@ -4,7 +4,7 @@
     python -m scripts.gpu_check.kernels --out OUT.json --data DIR --cpu    # tiny sizes, as far as a CPU goes
 
 flex  FlexAttention with the speedrun's mask (causal, its window, the document mask), compiled as the compiled
-      model runs it, against SDPA given the same mask as a dense boolean tensor (model/gpt.py's attention_mask),
+      model runs it, against SDPA given the same mask as a dense boolean tensor (model/masks.py's attention_mask),
       in bf16: the output and the q, k and v gradients. An error is the largest deviation from a float64
       reference over the reference's largest magnitude; flex passes where its error is at most twice SDPA's
       own bf16 error plus one bf16 step (2^-8). Also: the seconds to compile flex's forward and backward (head
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from data.loader import TokenLoader
-from model.gpt import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
+from model.masks import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
 from trainer import ROOT
 from util.atomic import write_json
 from trainer.config import parse_args as parse_train_args
@@ -99,7 +99,7 @@ def flex_check(cfg, device: torch.device, cpu: bool) -> dict:
     # at most 4,096 tokens: the float64 reference holds [B, H, T, T] scores (1.6 GB at 4,096), and the records'
     # 49,152-token sequences would need 230 GB
     B, T = (1, 256) if cpu else (2, min(cfg.train.seq_len, FLEX_MAX_T))
-    # None for no window: model/gpt.py reads both a window of 0 and None as "none"
+    # None for no window: model/masks.py reads both a window of 0 and None as "none"
     window = (min(model_cfg.window, T // 4) if cpu else model_cfg.window) or None
     H, D = (2 if cpu else model_cfg.n_head), model_cfg.head_dim
     gen = torch.Generator().manual_seed(0)

@@ -47,6 +47,7 @@ from util.atomic import write_json
 from data.shards import ShardError
 from trainer.config import ConfigError
 from trainer.metrics import peak_mem_gb
+from trainer.state import Hooks
 
 PROBE_SKIP = 3     # timed steps left out first: the first ones after warm-up's restore may still allocate
 PROBE_STEPS = 30   # steps timed
@@ -164,7 +165,7 @@ def phase_summary(timeline: list[tuple[int, str, Any, float]], marks: Marks) -> 
             "host_step_ms_mean": ms([sum(host[s].values()) for s in steps]), "window_s": sum(totals)}
 
 
-class Probe(trainpy.Hooks):
+class Probe(Hooks):
     """The marks, snapshots and results of one probed train.py run (see the module docstring)."""
 
     def __init__(self, out: Path, skip: int = PROBE_SKIP, steps: int = PROBE_STEPS):

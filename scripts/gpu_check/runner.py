@@ -49,7 +49,6 @@ import signal
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

@@ -4,7 +4,6 @@ import math
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from model import get_model
 from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run,
                            ten_second_steps, torchrun, train_args)
 from trainer.clock import lr_multiplier
+from trainer.report import summarize
 
 
 @pytest.fixture(scope="session")
@@ -288,27 +288,6 @@ def test_a_diverging_run_stops_at_once_and_keeps_the_last_good_checkpoint(demo, 
     assert json.loads((tmp_path / "nan" / "resume" / "done.json").read_text())["step"] == bad - 1
 
 
-
-def test_the_summarys_mfu_counts_each_steps_flops_at_its_own_window(tmp_path, monkeypatch):
-    import train
-    import trainer.mfu
-
-    monkeypatch.setattr(trainer.mfu, "peak_flops", lambda dist: 1e12)  # CPU has no peak of its own
-    run = growing_window_run(tmp_path, "--train.max_steps=6")
-    try:
-        status = train.train(run)
-    finally:
-        run.loader.close()
-        run.log.close()
-    summary = train.summarize(run, status, None)
-    gpt = run.model.module
-    windows = [gpt.window_at(step / 6) for step in range(6)]  # a step schedule: step s at progress s / 6
-    assert windows == [8, 13, 19, 24, 29, 35] and summary.steps == 6
-    spent = statistics.fmean(gpt.flops_per_token(run.cfg.train.seq_len, w) for w in windows)
-    assert summary.mfu == pytest.approx(trainer.mfu.mfu(spent, summary.tokens_per_s, 1e12, 1), rel=1e-12)
-    assert run.mfu(summary.tokens_per_s) > 1.01 * summary.mfu  # what the last step's window alone read
-
-
 def test_a_batch_schedule_trains_the_tokens_it_says_and_resumes_bit_for_bit(tmp_path, monkeypatch):
     """Stages [1, 2, 3] of tiny.toml's 2 micro-steps over 6 steps of 10 s each (a clock the test moves): 2, 2, 4,
     4, 6, 6 micro-batches of 4 x 64 tokens, 24 in all. The loader gives exactly those, metrics.jsonl counts each
@@ -335,7 +314,7 @@ def test_a_batch_schedule_trains_the_tokens_it_says_and_resumes_bit_for_bit(tmp_
 
     straight, status = trained(tmp_path / "straight")
     assert (status, straight.progress.step, straight.progress.tokens) == ("completed", 6, 24 * 4 * 64)
-    summary = train.summarize(straight, status, None)
+    summary = summarize(straight, status, None)
     assert (summary.tokens_seen, summary.tokens_per_s) == (6144, 6144 / 60)
     # the loader gave 24 micro-batches: a fresh loader moved on 24 batches stands where the run's does
     fresh = growing_window_run(tmp_path / "fresh")

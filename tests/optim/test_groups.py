@@ -3,10 +3,9 @@ Q and K in pairs of heads, and the steps: AdamW every adam_every steps on the su
 import pytest
 import torch
 
-import train as trainer
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers, param_roles, step_optimizers, untie_when_due
+from optim.groups import build_optimizers, param_roles, set_lr, step_optimizers, untie_when_due
 from tests.helpers import MODERN_GPT as MODERN, TINY_GPT as TINY
 from tests.workers.muon_worker import GPT_CONFIG, gpt
 
@@ -49,7 +48,7 @@ def test_adamw_every_second_step_applies_the_sum_of_both_steps_gradients_and_muo
     opts = build_optimizers(model, cfg)
     adam, muon = _adam_and_muon(opts)
     start = [p.detach().clone() for p in adam]
-    trainer.set_lr(opts, 1.0, 0)
+    set_lr(opts, 1.0, 0)
     _loss(model, 0).backward()
     first = [p.grad.clone() for p in adam]
     moved = [p.detach().clone() for p in muon]
@@ -63,7 +62,7 @@ def test_adamw_every_second_step_applies_the_sum_of_both_steps_gradients_and_muo
     copy.load_state_dict(model.state_dict())
     _loss(copy, 1).backward()
     second = [p.grad for p in _adam_and_muon(build_optimizers(copy, cfg))[0]]
-    trainer.set_lr(opts, 0.5, 1)  # the schedule's rate of the step that applies them
+    set_lr(opts, 0.5, 1)  # the schedule's rate of the step that applies them
     _loss(model, 1).backward()
     assert all(torch.equal(p.grad, a + b) for p, a, b in zip(adam, first, second))
     step_optimizers(opts, 1, cfg.adam_every)
@@ -74,7 +73,7 @@ def test_adamw_every_second_step_applies_the_sum_of_both_steps_gradients_and_muo
     reference = build_optimizers(fresh, cfg)
     for p, a, b in zip(_adam_and_muon(reference)[0], first, second):
         p.grad = a + b
-    trainer.set_lr(reference, 0.5, 1)
+    set_lr(reference, 0.5, 1)
     reference[0].step()
     want = _adam_and_muon(reference)[0]
     assert all(torch.equal(p, w) for p, w in zip(adam, want))

@@ -6,11 +6,10 @@ import tomllib
 import pytest
 import torch
 
-import train as trainer
 from model import get_model
 from model.config import GPTConfig
 from optim.config import OptimConfig
-from optim.groups import build_optimizers, qkv_split
+from optim.groups import build_optimizers, qkv_split, set_lr
 from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
 from optim.views import view_rows
 from tests.helpers import ROOT, torchrun
@@ -301,12 +300,12 @@ def test_the_plan_balances_the_speedrun_on_8_ranks():
 def test_momentum_warms_up_with_the_step():
     opts = build_optimizers(gpt(), OptimConfig(name="muon", muon_momentum_warmup_steps=300))
     for step, want in [(0, 0.85), (150, 0.90), (300, 0.95), (400, 0.95)]:
-        trainer.set_lr(opts, 0.5, step)
+        set_lr(opts, 0.5, step)
         assert [g["momentum"] for g in opts[1].param_groups] == [pytest.approx(want, abs=1e-12)] * 2, step
         assert all(g["lr"] == 0.5 * g["initial_lr"] for opt in opts for g in opt.param_groups)
     assert opts[1].param_groups[0]["momentum"] == 0.95  # exactly the target, not 0.95 - 1e-17
     off = build_optimizers(gpt(), OptimConfig(name="muon", muon_momentum=0.9))
-    trainer.set_lr(off, 1.0, 0)
+    set_lr(off, 1.0, 0)
     assert [g["momentum"] for g in off[1].param_groups] == [0.9, 0.9]
     with pytest.raises(ValueError, match=r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"):
         OptimConfig(muon_momentum_warmup_steps=-1)
@@ -317,7 +316,7 @@ def test_momentum_warm_up_resumes_exactly(tmp_path):
 
     def steps(model, opts, start, stop):
         for step in range(start, stop):
-            trainer.set_lr(opts, 1.0, step)
+            set_lr(opts, 1.0, step)
             CASES["gpt"][1](model, 0, 1).backward()
             for opt in opts:
                 opt.step()

@@ -377,7 +377,7 @@ def test_ring_check_catches_batches_overwritten_in_their_buffer(tmp_path):
 def test_flex_tolerance_catches_a_mask_one_token_off():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from model.gpt import attention_mask, flex_mask_mod
+    from model.masks import attention_mask, flex_mask_mod
     gen = torch.Generator().manual_seed(0)
     B, H, T, D, window = 1, 2, 256, 128, 64
     idx = kernel_check.documents(B, T, 50256, 3, gen)

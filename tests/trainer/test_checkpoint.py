@@ -1,6 +1,7 @@
 """checkpoint.pt (the evaluation contract) and the resume state: round trips through real files, and saves
 that fail or are superseded leave a complete state behind."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +39,21 @@ def test_a_checkpoint_loads_as_the_contract_says_and_gives_the_same_logits(tmp_p
     with torch.no_grad():
         torch.testing.assert_close(loaded(x)[0], model.eval()(x)[0], atol=0, rtol=0)
         assert not torch.equal(get_model(CONFIG).eval()(x)[0], model(x)[0])
+
+
+BEFORE_SPLIT = Path(__file__).parents[1] / "model" / "before_split"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "records"])
+def test_checkpoints_written_before_the_model_was_split_into_files_load_and_give_their_logits(name):
+    """tests/model/before_split/: checkpoint.pt files that ed639e4's model/gpt.py wrote (its state-dict keys, the
+    users' contract), GPT-2's shape and one with every record piece on, their weights moved off the init, and
+    each one's logits on a fixed batch at 1/4 of training (the window follows the progress, and is not saved)."""
+    want = torch.load(BEFORE_SPLIT / "logits.pt", weights_only=True)
+    model, _ = load_checkpoint(BEFORE_SPLIT / f"{name}.pt")
+    model.set_progress(0.25)
+    with torch.no_grad():
+        torch.testing.assert_close(model(want["idx"])[0], want["logits"][name])
 
 
 def test_files_that_are_no_checkpoint_say_why(tmp_path):

@@ -7,7 +7,7 @@ import torch
 from torch._dynamo.backends.registry import lookup_backend
 from torch._dynamo.utils import counters
 
-import model.gpt
+import model.masks
 from model import get_model
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, step_optimizers
@@ -153,7 +153,7 @@ def test_an_eval_shape_compiles_a_static_graph_of_its_own_and_training_resumes_w
 def flex_forwards(compiled, monkeypatch, steps: list[float]) -> None:
     """The CUDA path on CPU: a compiled forward per progress in `steps`, building its BlockMasks inside, each
     checked against SDPA. Forward only, as CPU has no flex backward."""
-    monkeypatch.setattr(model.gpt, "flex_available", lambda device: True)
+    monkeypatch.setattr(model.masks, "flex_available", lambda device: True)
     sdpa = get_model({**SPEEDRUN, "attention": "sdpa"})
     sdpa.load_state_dict(compiled.state_dict())
     with torch.no_grad():
@@ -172,12 +172,12 @@ def test_flex_forward_compiles_once_without_graph_breaks(compiled, monkeypatch):
 @pytest.mark.filterwarnings("ignore:mask built")
 def test_the_check_fails_on_a_mask_that_breaks_the_graph(compiled, monkeypatch):
     # What create_block_mask(_compile=True) does from torch 2.10 on: a warnings.warn, which dynamo cannot trace
-    build = model.gpt.flex_block_mask
+    build = model.masks.flex_block_mask
 
     def warning_build(*args):
         warnings.warn("mask built")
         return build(*args)
-    monkeypatch.setattr(model.gpt, "flex_block_mask", warning_build)
+    monkeypatch.setattr(model.masks, "flex_block_mask", warning_build)
     flex_forwards(compiled, monkeypatch, PROGRESS[:1])
     with pytest.raises(AssertionError, match="graph breaks: .*warn"):
         assert_one_graph()

@@ -11,9 +11,10 @@ import sys
 import torch
 import torch.distributed as tdist
 
-from tests.helpers import exit_skipping_teardown, save_on_rank_0
+from tests.helpers import save_on_rank_0
 from trainer import distributed
 from trainer.distributed import Dist, LateMax
+from trainer.exits import exiting_without_teardown
 
 
 def late(dist: Dist) -> list:
@@ -53,5 +54,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()
+    with exiting_without_teardown():
+        main(*sys.argv[1:])

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from util.atomic import atomic_path
 from data.loader import TokenLoader
 from data.val import val_batches
-from tests.helpers import exit_skipping_teardown
+from trainer.exits import exiting_without_teardown
+from util.atomic import atomic_path
 
 
 def main(pattern: str, out: str, steps: int, batch: int, seq_len: int) -> None:
@@ -54,5 +54,5 @@ def main(pattern: str, out: str, steps: int, batch: int, seq_len: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]))
-    exit_skipping_teardown()
+    with exiting_without_teardown():
+        main(sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]))

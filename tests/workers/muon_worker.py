@@ -17,13 +17,13 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from util.atomic import atomic_path
 from model import get_model
 from optim import muon
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, step_optimizers
 from optim.muon import Muon, ns_flops
-from tests.helpers import exit_skipping_teardown
+from trainer.exits import exiting_without_teardown
+from util.atomic import atomic_path
 
 STEPS = 2  # the second step also checks the momentum buffers
 GPT_CONFIG = dict(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=24, bias=False, norm="rmsnorm",
@@ -180,5 +180,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()
+    with exiting_without_teardown():
+        main(*sys.argv[1:])

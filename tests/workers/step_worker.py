@@ -13,11 +13,13 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from model import get_model
-from model.gpt import GPT, Block
+from model.block import Block
+from model.gpt import GPT
+from tests.helpers import save_on_rank_0
 from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
-from tests.helpers import exit_skipping_teardown, save_on_rank_0
+from trainer.exits import exiting_without_teardown
 from trainer.parallel import parallelize
 
 # with the later tokens' loss term (model.mtp_weights) at its first weights, which the compiled tail computes too
@@ -58,5 +60,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()
+    with exiting_without_teardown():
+        main(*sys.argv[1:])

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 import train
-from tests.helpers import ROOT, exit_skipping_teardown, save_on_rank_0
+from tests.helpers import ROOT, save_on_rank_0
 from trainer import distributed
 from trainer.checkpoint import load_checkpoint
 from trainer.config import parse_args
+from trainer.exits import exiting_without_teardown
 
 # 8 steps: the untie is due at 0.35 (step 3), which holds step 2's AdamW gradients, so it comes at step 4
 ARGS = ("--optim.name=muon", "--optim.adam_every=2", "--optim.embed_lr=0.05", "--optim.head_lr=0.02",
@@ -83,5 +84,5 @@ def main(data: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
-    exit_skipping_teardown()
+    with exiting_without_teardown():
+        main(*sys.argv[1:])

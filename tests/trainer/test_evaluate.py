@@ -1,5 +1,6 @@
 """The val loss counts what the speedrun records count: every target once, each seeing only its document's
-prefix inside its eval sequence, up to the attention window; the same number under 1 and 2 ranks."""
+prefix inside its eval sequence, up to the attention window; the same number under 1 and 2 ranks; and what an
+eval says while it runs."""
 import json
 import sys
 
@@ -8,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import trainer.evaluate
 from data.shards import write_shard
 from model import get_model
-from tests.helpers import VOCAB, run, tiny_args, tiny_data, torchrun
+from tests.helpers import VOCAB, growing_window_run, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, parse_args
 
 BOS, WINDOW, EVAL_LEN = 256, 6, 48
@@ -112,3 +114,19 @@ def test_speedrun_configs_cut_the_val_set_as_the_records_do():
         # 40 sequences of 4 x 64K, one a forward: 5 per rank on 8 GPUs, with no padding
         assert (e.tokens, e.seq_len, e.batch_size) == (10_485_760, 4 * 64 * 1024, 1) and e.tokens % e.seq_len == 0
         assert m.rotary and m.doc_causal and m.window and e.target_loss == 3.28
+
+
+def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, capsys):
+    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048")
+    monkeypatch.setattr(trainer.evaluate, "EVAL_PROGRESS_S", 0.0)  # a progress line after every batch
+    try:
+        val = trainer.evaluate.eval_and_record(run, on_clock=False)
+    finally:
+        run.loader.close()
+        run.log.close()
+    # 2,048 targets in sequences of 64, 4 rows a batch: 8 batches
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("step 0 | eval of 2,048 tokens: 8 batches per rank")
+    progress = [line.split(",")[0] for line in lines[start + 1:] if line.startswith("eval: ")]
+    assert progress == [f"eval: {k}/8 batches" for k in range(1, 9)]
+    assert f"step 0 | val loss {val:.4f}" in lines[-1]

@@ -1,0 +1,63 @@
+"""How a train.py process ends: an error every rank hits is said once, by the rank that reports it; Ctrl-C and
+SIGTERM ask the loop to stop after its step, and a Ctrl-C after that stops at once with 130."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+from trainer.exits import fail, interrupted, watch_stop_signals
+
+
+def test_the_reporting_rank_says_the_error_and_every_rank_exits_1(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as stopped:
+        fail("train.py: config error: no such key", first=True)
+    assert stopped.value.code == 1 and capsys.readouterr().err == "train.py: config error: no such key\n"
+    monkeypatch.setenv("WORLD_SIZE", "1")  # alone, a silent rank has no other rank to wait for
+    with pytest.raises(SystemExit) as stopped:
+        fail("train.py: config error: no such key", first=False)
+    assert stopped.value.code == 1 and capsys.readouterr().err == ""
+
+
+def test_a_silent_rank_leaves_the_first_exit_to_the_rank_that_prints():
+    """Under torchrun the first rank to exit stops the others: a rank that does not print waits, with the
+    default SIGTERM, so that torchrun's stop cannot cut the printing rank short."""
+    code = ("import os, sys, time; from trainer.exits import fail; t = time.monotonic(); os.environ['WORLD_SIZE'] = "
+            "'2'\ntry:\n    fail('x', first=False)\nexcept SystemExit as e:\n    print(e.code, round(time.monotonic() - t))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = proc.communicate(timeout=1)
+    except subprocess.TimeoutExpired:  # still waiting: the SIGTERM torchrun would send ends it at once
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM and out == ""
+
+
+def test_a_stop_signal_asks_for_a_stop_and_a_ctrl_c_after_it_exits_at_once(monkeypatch, capfd):
+    # written with os.write, as a signal handler must (print() may hold stdout's lock): capfd sees file descriptors
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setenv("RANK", "0")
+    requested: list[int] = []
+    try:
+        watch_stop_signals(requested)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert requested == [signal.SIGTERM] and capfd.readouterr().err == ""
+        os.kill(os.getpid(), signal.SIGINT)
+        assert requested == [signal.SIGTERM, signal.SIGINT]
+        assert capfd.readouterr().err.startswith("train.py: Ctrl-C: stopping after this step to save the run")
+        with pytest.raises(SystemExit) as stopped:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stopped.value.code == 130 and "stopped at once, without saving" in capfd.readouterr().err
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_an_interruption_is_said_by_rank_0_alone(monkeypatch, capfd):
+    for rank, said in (("0", "train.py: interrupted\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stopped:
+            interrupted("train.py: interrupted")
+        assert stopped.value.code == 130 and capfd.readouterr().err == said

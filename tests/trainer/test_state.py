@@ -1,0 +1,56 @@
+"""What a run holds, on a real one set up in this process (configs/tiny.toml): its tokens per step through the batch
+stages, its FLOPs at the window it has now, where its checkpoint goes; a non-finite step's stop, said with the
+values and what to try; the hooks an observer from outside gets, which by default only run each stage."""
+import pytest
+import torch
+
+from tests.helpers import growing_window_run
+from trainer.state import Diverged, Hooks, StopReason, diverged
+
+
+@pytest.fixture
+def run(tmp_path):
+    run = growing_window_run(tmp_path, "--train.batch_stages=[1, 2, 3]", "--train.checkpoint_path=out/c.pt")
+    yield run
+    run.loader.close()
+    run.log.close()
+
+
+def test_tokens_per_step_follow_the_batch_stage_of_the_step_about_to_run(run):
+    # tiny.toml: 4 rows of 64 tokens a micro-step, one process, grad_accum 2 (which the stages multiply); the
+    # stages are thirds of the 30 steps
+    assert run.tokens_per_micro_step == 4 * 64
+    for step, micro_steps in ((0, 2), (9, 2), (10, 4), (19, 4), (20, 6), (29, 6)):
+        run.progress.step = step
+        assert run.tokens_per_step == micro_steps * 4 * 64, step
+
+
+def test_flops_per_token_are_the_models_at_the_window_it_has_now(run):
+    gpt = run.model.module
+    for progress in (0.0, 0.5, 1.0):
+        gpt.set_progress(progress)
+        assert run.flops_per_token() == gpt.flops_per_token(64, gpt.window_at(progress))
+    assert run.mfu(1e6) is None  # a CPU has no peak FLOP/s to measure against
+
+
+def test_the_checkpoint_goes_where_the_config_says(run):
+    assert str(run.checkpoint_path) == "out/c.pt"
+
+
+def test_a_non_finite_step_stops_the_run_and_says_what_to_try(run, capsys):
+    with pytest.raises(Diverged, match=r"step 7: loss nan, gradient norm inf: not finite.*no checkpoint exists"):
+        diverged(run, 7, torch.tensor(float("nan")), torch.tensor(float("inf")))
+    said = capsys.readouterr().out
+    assert "Try a lower learning rate" in said and "optim.grad_clip = 1.0" in said
+    run.saved_step = 5
+    with pytest.raises(Diverged, match="the checkpoint of step 5 is untouched"):
+        diverged(run, 7, torch.tensor(1.0), torch.tensor(float("nan")))
+
+
+def test_hooks_run_each_stage_as_given_by_default(run):
+    hooks, seen = Hooks(), []
+    assert hooks.setup(lambda cfg, dist: seen.append((cfg, dist)) or run, run.cfg, run.dist) is run
+    hooks.warm_up(seen.append, run)
+    assert hooks.train(lambda r: seen.append(r) or StopReason.BUDGET, run) == "budget"
+    assert hooks.evaluate(lambda r: 2.5, run) == 2.5
+    assert seen == [(run.cfg, run.dist), run, run]

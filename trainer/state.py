@@ -1,0 +1,130 @@
+"""What one training run holds (`Run`), its counters (`Progress`), why its loop stopped (`StopReason`), and the
+`Hooks` through which an observer from outside joins it: train.py's steps read as plain functions of a Run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from data.loader import TokenLoader
+from trainer import distributed
+from trainer.clock import Clock
+from trainer.config import Config
+from trainer.distributed import Dist
+from trainer.flags import FlagExchange
+from trainer.metrics import RunLog
+from trainer.mfu import mfu_of
+from trainer.parallel import ParallelModel
+from trainer.runs import checkpoint_path
+
+
+@dataclass
+class Progress:
+    """The run's counters; saved with the resume state."""
+    step: int = 0
+    tokens: int = 0
+    flops: float = 0.0           # the training FLOPs of those tokens, each step's at its own attention window
+    best_val: float | None = None
+    last_val: float | None = None
+    last_val_step: int = -1
+    time_to_target: float | None = None
+    data_wait: float = 0.0
+    wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
+                                                    checkpoint_s=0.0))
+    # every key a resume changed, {"step", "key", "saved", "now"}: config.toml shows only the last values, and
+    # the leaderboard keeps a run whose result a change can move apart from runs given those values from the start
+    resume_changes: list = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    """Everything one training run holds, so the steps below read as plain functions of it."""
+    cfg: Config
+    dist: Dist
+    run_dir: Path
+    val_files: list[str]         # [] = no evals
+    meta: dict
+    log: RunLog
+    model: ParallelModel         # what we call (DDP / FSDP2 / compiled) and its plain GPT, `model.module`
+    optimizers: list[torch.optim.Optimizer]
+    loader: TokenLoader
+    clock: Clock
+    progress: Progress = field(default_factory=Progress)
+    stop_requested: list = field(default_factory=list)   # the stop signals received (watch_stop_signals)
+    saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
+    flags: FlagExchange = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late)
+    hooks: Hooks = field(default_factory=lambda: Hooks())
+
+    def __post_init__(self) -> None:
+        self.flags = FlagExchange(self.dist.device)
+
+    @property
+    def tokens_per_micro_step(self) -> int:
+        """Training tokens of one micro-step, over all ranks."""
+        return self.cfg.train.batch_size * self.cfg.train.seq_len * self.dist.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens of the step about to run, over all ranks: its batch stage's micro-steps."""
+        return self.tokens_per_micro_step * self.clock.micro_steps(self.progress.step)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where checkpoint.pt goes: train.checkpoint_path, else the run folder."""
+        return checkpoint_path(self.run_dir, self.cfg.train.checkpoint_path)
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token of a step at the attention window the model has now."""
+        return self.model.module.flops_per_token(self.cfg.train.seq_len)
+
+    def mfu(self, tok_s: float) -> float | None:
+        """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only), at the
+        attention window the model has now."""
+        return mfu_of(self.flops_per_token(), tok_s, self.dist)
+
+
+
+class StopReason(StrEnum):
+    """Why the timed loop stopped: summary.json's "status" and the last line's "done: <status>"."""
+    COMPLETED = "completed"      # the end of a step schedule (train.schedule = "step")
+    BUDGET = "budget"            # train.budget_s spent
+    MAX_STEPS = "max_steps"      # train.max_steps reached under a time schedule
+    TARGET = "target"            # eval.stop_at_target, and an eval reached eval.target_loss
+    SIGTERM = "sigterm"          # the job is being stopped (a scheduler's time limit, a preemption)
+    INTERRUPTED = "interrupted"  # Ctrl-C (SIGINT)
+
+
+class Diverged(RuntimeError):
+    """A step's loss or gradient norm was not finite: the run stopped without saving."""
+
+
+class Hooks:
+    """How an observer from outside (scripts/gpu_check/probe.py) joins a run: each stage of the run is called
+    through the method of its name, given the stage and its arguments, and by default just runs. An override may
+    time the stage, look at what it returns, or run it again; train.py knows nothing of what it does."""
+
+    def setup(self, stage: Callable[[Config, Dist], Run], cfg: Config, dist: Dist) -> Run:
+        return stage(cfg, dist)
+
+    def warm_up(self, stage: Callable[[Run], None], run: Run) -> None:
+        stage(run)
+
+    def train(self, stage: Callable[[Run], StopReason], run: Run) -> StopReason:
+        return stage(run)
+
+    def evaluate(self, stage: Callable[[Run], float], run: Run) -> float:
+        return stage(run)
+
+
+def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
+    """Stop the run at the non-finite step `step` (its loss and gradient norm given), saving nothing."""
+    loss, norm = distributed.mean_over_ranks(loss, norm)
+    kept = f"the checkpoint of step {run.saved_step} is untouched" if run.saved_step >= 0 else "no checkpoint exists"
+    msg = (f"step {step}: loss {loss:.4g}, gradient norm {norm:.4g}: not finite, so training stopped without saving "
+           f"({kept}). Try a lower learning rate (optim.lr, or optim.muon_lr and the other *_lr keys for muon), "
+           f"gradient clipping (optim.grad_clip = 1.0), and check the data (data.vocab_check)")
+    run.log.print(f"train.py: {msg}")
+    raise Diverged(msg)
