@@ -82,7 +82,6 @@ def main(cfg: Config, hooks: Hooks | None = None) -> None:
         hooks.warm_up(warm_up, run)
         status = hooks.train(train, run)
         finish(run, status)
-        ignore_stop_signals()
         if status == StopReason.INTERRUPTED:
             raise SystemExit(130)  # saved, but a script that ran train.py stops as if Ctrl-C had ended it
     finally:
@@ -304,6 +303,7 @@ def finish(run: Run, status: StopReason) -> None:
     summary = summarize(run, status, final_val)
     run.log.summary(summary)
     curves = plot_or_warn(run.run_dir, run.log.print) if run.dist.master else None  # off the clock, which has stopped
+    ignore_stop_signals()  # saved and summarised: a Ctrl-C from the last line on changes nothing
     run.log.print(done_line(summary, run.run_dir, curves))
     if status in STOPPED_BY_SIGNAL and run.cfg.train.save_checkpoint:  # else nothing was saved to resume from
         run.log.print(f"resume: {resume_command(run.cfg)}")

@@ -4,6 +4,7 @@ Precedence, lowest first:
     dataclass defaults
     < the starter's shape flags  (--seq_len, --batch_size, --grad_accum_steps)
     < the config file            (--config configs/X.toml, after the files its `base` chain names)
+    < its [[plan]] row for the run's budget (trainer/plans.py)
     < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
     < --section.key=value overrides
 
@@ -26,7 +27,7 @@ from typing import Any, Literal, NamedTuple
 
 from model.config import GPTConfig, choices, field_value, value_type
 from optim.config import OptimConfig
-from trainer import ROOT, starter
+from trainer import ROOT, plans, starter
 from util.optional import import_optional
 
 # What a key is to a resume and to a run's result, declared on its field (`grouped`); a key with no group decides
@@ -163,6 +164,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     name: str = "default"        # the config file's stem; not a section, not saved in config.toml
     starter: str = ""            # which starter flags were applied and which overridden ("" = none given)
+    plan: str = ""               # which [[plan]] row the budget picked, and its keys ("" = none applied)
     extend_budget: bool = False  # --extend-budget: a resume may change RESUME_BUDGET keys; not saved either
     # "section.key" of every key a config file, a starter flag or an override set: the others hold their defaults
     given: frozenset[str] = frozenset()
@@ -211,10 +213,27 @@ def apply_file(cfg: Config, path: str | Path) -> set[str]:
     keys = set()
     for file, doc in config_chain(Path(path)):
         for section, table in doc.items():
+            if section == "plan":  # rows for shorter budgets (trainer/plans.py), applied by parse_args
+                continue
             for key, value in table.items():
                 _apply(cfg, section, key, value, str(file))
                 keys.add(f"{section}.{key}")
     return keys
+
+
+def file_plans(path: str | Path) -> list[dict[str, Any]]:
+    """The [[plan]] rows of a config file, or of the nearest base that has them, each key checked as a file's is."""
+    for file, doc in reversed(config_chain(Path(path))):
+        if "plan" in doc:
+            try:
+                rows = plans.read_plans(file, doc["plan"])
+            except plans.PlanError as e:
+                raise ConfigError(str(e)) from None
+            for i, row in enumerate(rows, 1):
+                for dotted, value in row["keys"].items():
+                    _apply(Config(), *dotted.split(".", 1), value, f"{file}: [[plan]] up to {row['up_to_s']:g} s")
+            return rows
+    return []
 
 
 def config_chain(path: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -253,9 +272,9 @@ def _read_config(path: Path, named_by: Path | None) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     for section, table in doc.items():
-        if not isinstance(table, dict) and section != "base":
-            raise ConfigError(f"{path}: top-level key {section!r} must be a [section] (or base = \"file.toml\"); "
-                              f"valid sections: {', '.join(SECTIONS)}")
+        if not isinstance(table, dict) and section not in ("base", "plan"):
+            raise ConfigError(f"{path}: top-level key {section!r} must be a [section] (or base = \"file.toml\", or "
+                              f"[[plan]] rows); valid sections: {', '.join(SECTIONS)}")
     return doc
 
 
@@ -361,7 +380,16 @@ def parse_args(argv: list[str]) -> Config:
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
-    cfg.given = frozenset({*from_file, *(key for key, _ in overrides), *(k for keys in flags.values() for k in keys)})
+    run_flags = {key for flag, keys in flags.items() if flag not in starter.SHAPE for key in keys}
+    command_line = {key for key, _ in overrides} | run_flags
+    plan = plans.pick(file_plans(path), cfg.train.budget_s) if path is not None else None
+    if plan:  # over the file's keys, under the command line's
+        for dotted, value in plan["keys"].items():
+            if dotted not in command_line:
+                _apply(cfg, *dotted.split(".", 1), value, f"{path}: [[plan]] up to {plan['up_to_s']:g} s")
+        cfg.plan = plans.describe(plan, cfg.train.budget_s, command_line)
+    cfg.given = frozenset({*from_file, *(key for key, _ in overrides), *(k for keys in flags.values() for k in keys),
+                           *(plan["keys"] if plan else ())})
     validate(cfg)
     if flags:
         cfg.starter = starter.report(cfg, args, flags, path, from_file, {key for key, _ in overrides})

@@ -151,7 +151,7 @@ class RunLog:
 
 def open_log(cfg: Config, dist: Dist, run_dir: Path, metrics_bytes: int) -> RunLog:
     """The run's RunLog (metrics.jsonl cut to `metrics_bytes`, wandb if asked), its config.toml written, and the
-    log's first lines: the environment and which starter flags were applied."""
+    log's first lines: the environment, which starter flags were applied and the budget's plan."""
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,
                      dir=str(run_dir)) if cfg.log.wandb else None
@@ -159,6 +159,7 @@ def open_log(cfg: Config, dist: Dist, run_dir: Path, metrics_bytes: int) -> RunL
     if dist.master:
         write_text(run_dir / "config.toml", to_toml(config))
     log.environment(dist)
-    if cfg.starter:
-        log.print(cfg.starter)
+    for line in (cfg.starter, cfg.plan):
+        if line:
+            log.print(line)
     return log

@@ -3,8 +3,9 @@
 plot_runs draws the val loss (points and line) and smoothed train loss of one or more run folders from their
 metrics.jsonl and, once a run has finished, its summary.json: a run that is still going, or was killed, plots
 what it has logged. train.py draws runs/<run_id>/loss.png with plot_or_warn at the end of every run;
-scripts/plot.py is the command line, and scripts/bench/recipe.py and `scripts/leaderboard.py --plot` draw
-theirs with this module too. matplotlib is imported only to draw, so importing this module costs nothing.
+scripts/plot.py is the command line, and scripts/bench/recipe.py, scripts/bench/budgets.py and
+`scripts/leaderboard.py --plot` draw theirs with this module too. matplotlib is imported only to draw, so importing
+this module costs nothing.
 """
 from __future__ import annotations
 
@@ -207,6 +208,35 @@ def plot_or_warn(folder: Path, warn: Callable[[str], None]) -> Path | None:
     except Exception as e:  # whatever went wrong, the run itself succeeded
         warn(f"warning: could not draw {folder / 'loss.png'} ({type(e).__name__}: {e})")
         return None
+
+
+def plot_budgets(res: dict, out: str | Path) -> Any:
+    """scripts/bench/budgets.py's figure: each planned run's final val loss against its budget (a fraction of the
+    baseline's time; the median joined by a line, every repeat a point) and the baseline's final loss as a line."""
+    fig, (ax,) = _figure(1)
+    table = res["table"]
+    fractions = [row["fraction"] for row in table]
+    for row in table:
+        ax.plot([row["fraction"]] * len(row["losses"]), row["losses"], "o", color="C0", alpha=0.4, ms=4)
+    ax.plot(fractions, [row["final_val_loss"] for row in table], "-o", color="C0", gid="planned",
+            label=f"configs/cpu.toml, each run planned for its budget (median of {res['repeats']})")
+    ax.axhline(res["baseline_final_val_loss"], color="0.3", ls="--", lw=1.2, gid="baseline",
+               label=f"nanoGPT's recipe after {res['baseline_steps']:,} steps ({res['baseline_time_s']:.0f} s)")
+    if res["crossing"] is not None:
+        ax.axvline(res["crossing"], color="C3", ls=":", lw=1.2, label=f"crossing: {res['crossing']:.2f} x")
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_xticks(fractions, [f"{f:g}" for f in fractions])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("budget, as a fraction of the baseline's training time")
+    ax.set_ylabel("final val loss (same val tokens)")
+    ax.set_title("the run you get at each budget")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    _save(fig, out)
+    return fig
 
 
 def _spread(center: int, n: int) -> list[float]:

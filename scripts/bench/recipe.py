@@ -79,15 +79,16 @@ def ensure_data(folder: Path) -> None:
                          f"or point --data at a folder of shards")
 
 
-def train_args(args: argparse.Namespace, recipe: str, run_id: str) -> list[str]:
-    """train.py's arguments for one recipe: its config on the benchmark's data and eval cadence; the budget for
-    the modern recipe (the baseline's config sets its length in steps) or, with --ab, for both."""
-    budget = [f"--train.budget_s={args.budget}"]
+def train_args(args: argparse.Namespace, recipe: str, run_id: str, budget_s: float, eval_every: float) -> list[str]:
+    """train.py's arguments for one recipe: its config on the benchmark's data, evals every `eval_every` s of
+    training (0: the final one only); `budget_s` for the modern recipe (the baseline's config sets its length in
+    steps) or, with --ab, for both."""
+    budget = [f"--train.budget_s={budget_s}"]
     if recipe == "baseline" and not args.ab:
         budget = [f"--train.max_steps={args.baseline_steps}"] if args.baseline_steps else []
     return ["--config", RECIPES["modern"] if args.ab else RECIPES[recipe], f"--data.train={args.data}/*_train_*.bin",
             f"--data.val={args.data}/*_val_*.bin", *budget, "--train.timing=exclude_warmup",
-            "--train.warmup_steps=1", f"--eval.every_s={args.eval_every}", f"--log.dir={args.runs}",
+            "--train.warmup_steps=1", f"--eval.every_s={eval_every}", f"--log.dir={args.runs}",
             f"--log.run_id={run_id}", *(f"--{o}" for o in args.override + (args.ab if recipe == "modern" else []))]
 
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ensure_data(args.data)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_ids = {r: f"bench-{r}-{stamp}" for r in RECIPES}
-    argvs = {r: train_args(args, r, run_ids[r]) for r in RECIPES}
+    argvs = {r: train_args(args, r, run_ids[r], args.budget, args.eval_every) for r in RECIPES}
     params = check_comparable(argvs)
     length = f"both for {args.budget:g} s" if args.ab else \
         f"the baseline for its steps, then the modern recipe for {args.budget:g} s"
