@@ -29,6 +29,10 @@ from model.masks import layer_masks, short_window
 from model.mudd import Mudd
 
 
+# Tokens an eval scores at a time: 3.3 GB of fp32 logits at GPT-2's vocabulary, whatever the eval sequence's length
+LOSS_CHUNK = 16_384
+
+
 class GPT(nn.Module):
     """Token (+ position) embeddings -> blocks -> final norm -> head over the padded vocabulary."""
 
@@ -173,9 +177,9 @@ class GPT(nn.Module):
 
         A method of its own so that trainer/parallel.py can compile it where the whole forward is not (FSDP2)."""
         cfg = self.cfg
-        logits = self.lm_head(self.norm_f(x))[..., :cfg.vocab_size].float()
-        if cfg.logit_softcap:
-            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+        if targets is not None and not torch.is_grad_enabled():
+            return None, self.scored_loss(x, targets)
+        logits = self.logits(x)
         if targets is None:
             return logits, None
         if self.loss_weights is not None and self.training:  # in this order: no training guard without the terms
@@ -183,6 +187,22 @@ class GPT(nn.Module):
             return None, weighted_loss(logits, targets, self.loss_weights, cfg.tokens_ahead, prefixes)
         # targets of -100 (padding) are skipped: the mean is over the others, NaN if there are none
         return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=-100)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The blocks' output [..., C] -> fp32 logits [..., vocab_size]: final norm, head, softcap."""
+        logits = self.lm_head(self.norm_f(x))[..., :self.cfg.vocab_size].float()
+        cap = self.cfg.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+    def scored_loss(self, x: Tensor, targets: Tensor) -> Tensor:
+        """The mean cross-entropy of an eval (no gradients), the head and loss LOSS_CHUNK tokens at a time: a
+        262,144-token eval sequence's whole logits would be 50 GB of fp32 at GPT-2's vocabulary."""
+        x, targets = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+        total = x.new_zeros((), dtype=torch.float32)
+        for start in range(0, targets.numel(), LOSS_CHUNK):
+            chunk = slice(start, start + LOSS_CHUNK)
+            total += F.cross_entropy(self.logits(x[chunk]), targets[chunk], ignore_index=-100, reduction="sum")
+        return total / (targets != -100).sum()  # NaN for padding alone, as the mean over no target is
 
     def window_at(self, progress: float) -> int:
         """The window of the L layers at `progress` in [0, 1] of training: window_start growing linearly to

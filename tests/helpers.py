@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -198,3 +199,15 @@ def stock_node(folder: Path) -> dict[str, str]:
          f"--have={','.join(STOCK_IMAGE)}", "--without=wandb,datasets", f"--out={folder / 'wheels'}"],
         env={"PYTHON": sys.executable}, timeout=300)
     return {"PYTHON": str(python), "SHARDRUN_WHEELS": str(folder / "wheels"), "SHARDRUN_VENV": str(folder / "venv")}
+
+
+def live_peak(work: Callable[[], object]) -> int:
+    """The most bytes of tensors alive at once during `work()`, beyond those alive before it: the largest sum of
+    the profiler's allocation and free events, replayed in order (a count of torch's own tensors, the same on any
+    machine and under any load, where a process's resident memory also holds allocator slack and libraries)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        work()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    return max(accumulate(n for _, n in events), default=0)

@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import model.gpt
 import model.masks
 from model import GPTConfig, get_model
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, param_roles
 from tests.helpers import MODERN_GPT as MODERN
 from tests.helpers import TINY_GPT as TINY
+from tests.helpers import live_peak
 from tests.model.tiny import RECORDS, batch, gates, sigmoid_of, tiny
 from trainer.clock import lr_multiplier
 from trainer.config import parse_args
@@ -459,3 +461,23 @@ def test_a_head_that_unties_built_on_the_meta_device_resets_tied():
     lazy.reset_parameters()
     assert lazy.tied and int(lazy.head_tied) == 1 and torch.equal(lazy.lm_head.weight, lazy.wte.weight)
     assert lazy.loss_weights.tolist() == [1.0, 0.0]
+
+
+def test_an_eval_scores_its_targets_a_chunk_at_a_time_so_its_memory_does_not_grow_with_the_sequence():
+    """A 262,144-token eval sequence's whole logits would be 50 GB of fp32 at GPT-2's vocabulary: without gradients
+    the head and loss run LOSS_CHUNK tokens at a time, so the peak is a few chunks' logits however long the
+    sequence (measured: 3.5 chunks' worth, the softcap's and log-softmax's copies; the whole sequence's at once
+    would be 3.5 times its logits), and the mean is the whole sequence's."""
+    m = tiny(rotary=True, logit_softcap=15.0).eval()
+    chunk_logits = model.gpt.LOSS_CHUNK * 257 * 4
+    for chunks in (2, 4):
+        T = chunks * model.gpt.LOSS_CHUNK - 5  # the last chunk a short one
+        x = torch.randn(1, T, 32, generator=torch.Generator().manual_seed(chunks))
+        targets = torch.randint(0, 257, (1, T), generator=torch.Generator().manual_seed(chunks))
+        targets[0, :7] = -100  # padding is left out of the sum and the count
+        with torch.no_grad():
+            peak = live_peak(lambda: m.head_loss(x, targets))
+            _, loss = m.head_loss(x, targets)
+            whole = F.cross_entropy(m.logits(x).reshape(-1, 257), targets.reshape(-1), ignore_index=-100)
+        assert peak <= 4 * chunk_logits, (chunks, peak / chunk_logits)
+        torch.testing.assert_close(loss, whole)

@@ -1,21 +1,19 @@
 """One process: two real training steps of a config, then print the peak of its live tensors and the estimate as JSON.
 
 usage: python tests/workers/memory_worker.py --config configs/X.toml [--section.key=value ...]
-The peak is the largest sum of the bytes torch's CPU allocator holds for tensors, replayed from the profiler's
-allocation and free events in order: a count of the step's own tensors, the same on any machine and under any
-load, where the process's resident memory also holds the allocator's slack and the libraries' pages.
+The peak is tests/helpers.py's live_peak: a count of the steps' own tensors, the same on any machine and under any
+load.
 """
 from __future__ import annotations
 
 import json
 import sys
-from itertools import accumulate
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from model import get_model
 from optim.groups import build_optimizers
+from tests.helpers import live_peak
 from trainer.config import Config, parse_args
 from trainer.memory import estimate
 
@@ -33,18 +31,10 @@ def steps(cfg: Config) -> None:
         model.zero_grad(set_to_none=True)
 
 
-def live_peak(cfg: Config) -> int:
-    """The most bytes of tensors alive at once during `steps(cfg)`."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        steps(cfg)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    return max(accumulate(n for _, n in events))
-
-
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     cfg = parse_args(["--data.train=unused", *argv])
-    print(json.dumps({"peak": live_peak(cfg), "estimate": sum(estimate(cfg, 1, False).values())}))
+    print(json.dumps({"peak": live_peak(lambda: steps(cfg)), "estimate": sum(estimate(cfg, 1, False).values())}))
 
 
 if __name__ == "__main__":
