@@ -138,6 +138,8 @@ def write(out: Path, work: Path, hp: dict, plan_lines: list[str], status: dict[s
                      f"{mask['s']:.2f} s of the record's {speed['record']['s']:.2f} s over those steps "
                      f"({_fmt(mask['share'], '.1%')}; per step: "
                      + ", ".join(f"{ms:.1f} ms at {n:,}-token rows" for n, ms in mask["ms_per_step"].items()) + ").")
+    if standin.get("error"):
+        lines.append(f"The stand-in's GPU check failed: {standin['error']}")
     if standin.get("check"):
         lines.append("The stand-in on this GPU against float64 (output and gradients, largest error): "
                      + ", ".join(f"{k} {v:.2e}" for k, v in standin["check"].items()) + ".")

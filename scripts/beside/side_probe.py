@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 import runpy
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     watch = StepWatch(args.profile_from, args.profile_steps)
+    # a script that sets no handler of its own (train.py does) ends at a SIGTERM through `finally` below
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     register_optimizer_step_post_hook(watch.after_step)
     sys.argv = [str(args.script), *args.args]  # the script reads its own arguments, and the record its own code
     t0, error = time.perf_counter(), None

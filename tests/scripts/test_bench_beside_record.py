@@ -103,3 +103,15 @@ def test_on_cpu_the_record_side_is_refused_and_ours_runs_and_the_report_reads_bo
     assert "Hyperparameters" not in kept and kept.startswith("(the record's code, ")
     assert "step:8/8 val_loss:8.0000" in kept and (tmp / "out" / "ours_log.txt").is_file()
     assert (tmp / "out" / "loss.png").stat().st_size > 10_000
+
+
+def test_a_side_past_its_timeout_is_stopped_and_its_probe_still_writes(tmp_path):
+    from tests.scripts.test_beside_side_probe import SCRIPT
+
+    script = tmp_path / "train_like.py"
+    script.write_text(SCRIPT)
+    cmd = beside_record.probe_cmd(tmp_path / "probe.json", 0, 0, script, str(tmp_path / "argv.txt"), "hang")
+    console = tmp_path / "side" / "console.txt"
+    assert beside_record.run_side(cmd, ROOT, {"PYTHONPATH": str(ROOT)}, console, timeout=20) == "timeout"
+    res = json.loads((tmp_path / "probe.json").read_text())
+    assert res["error"] == "exit 143" and res["muon_steps"] == 6 and "steps done" in console.read_text()

@@ -24,7 +24,10 @@ for step in range(6):
     muon.step()
     adam.step()
     model.zero_grad()
-if len(sys.argv) > 2:
+if sys.argv[2:] == ["hang"]:
+    print("steps done", flush=True)
+    __import__("time").sleep(600)
+if sys.argv[2:] == ["fail"]:
     raise RuntimeError("the script failed after its steps")
 '''
 
