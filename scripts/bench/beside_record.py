@@ -26,8 +26,6 @@ import dataclasses
 import datetime
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,6 +37,7 @@ from scripts.beside.record_data import record_coverage
 from scripts.beside.record_script import RecordError, eval_steps, hyperparameters, record_code, rewrite, step_tokens
 from trainer.config import Config, ConfigError, parse_args as parse_config
 from util.atomic import write_json, write_text
+from util.process import run_group
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "scripts" / "beside" / "standin"
@@ -164,7 +163,8 @@ def say_plan(args: argparse.Namespace, p: Plan) -> list[str]:
               f"the {args.steps} steps; evals after steps {eval_steps(p.hp)} (ours from {args.eval_every} on) on "
               f"{p.hp['val_tokens']:,} val tokens",
               f"both: schedules cut alike to {args.steps} steps (the record without its extension steps, ours under "
-              f"train.schedule = 'step'); Muon's momentum warm-up stays 300 steps on both",
+              f"train.schedule = 'step'); Muon's momentum warm-up stays the record's 300 steps, ours "
+              f"{p.cfg.optim.muon_momentum_warmup_steps}",
               f"record: {RECORD_GRAD_ACCUM} micro-batches a step of a growing row (1/8 of the step's tokens); ours "
               f"{p.cfg.train.grad_accum} x batch_stages micro-batches of {p.cfg.train.batch_size} x "
               f"{p.cfg.train.seq_len} tokens"]
@@ -188,21 +188,8 @@ def coverage_line(args: argparse.Namespace, p: Plan) -> str:
 def run_side(cmd: list[str], cwd: Path, env: dict, console: Path, timeout: float) -> str:
     """Run one side to its end or its timeout; 'ok', 'exit N' or 'timeout'. At the timeout its process group gets
     SIGTERM, so that the probe writes what it measured, and SIGKILL TERM_GRACE_S later."""
-    console.parent.mkdir(parents=True, exist_ok=True)
-    with open(console, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=TERM_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return "timeout"
-    return "ok" if code == 0 else f"exit {code}"
+    code = run_group(cmd, cwd=cwd, env={**os.environ, **env}, log=console, timeout=timeout, grace=TERM_GRACE_S)
+    return "ok" if code == 0 else code if code == "timeout" else f"exit {code}"
 
 
 def probe_cmd(json_path: Path, profile_from: int, profile_steps: int, script: Path, *script_args: str) -> list[str]:
