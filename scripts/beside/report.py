@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from scripts.beside.record_script import SEPARATOR, RecordRun, parse_log, step_tokens
+from scripts.beside.side_probe import ORDER
 from trainer.plots import _figure, _save, read_run
 from util.atomic import write_json, write_text
 
@@ -98,29 +99,30 @@ def loss_png(out: Path, rec: RecordRun, ours: dict[int, dict]) -> Path:
     return _save(fig, out / "loss.png")
 
 
-def write(out: Path, work: Path, hp: dict, plan_lines: list[str], status: dict[str, str]) -> str:
-    """Write the report into `out`; its table as text."""
+def results(work: Path, hp: dict, plan_lines: list[str], status: dict[str, str]) -> tuple[dict, RecordRun, dict]:
+    """beside.json's values from both sides' folders, with the record's parsed log and our evals by step."""
     log = record_log(work)
     rec = parse_log(log.read_text(errors="replace")) if log else RecordRun()
-    if log:
-        write_text(out / "record_log.txt", without_code(log.read_text(errors="replace")))
     ours_dir = work / "ours" / "run"
     ours = {r["step"]: r for r in read_run(ours_dir).evals} if (ours_dir / "metrics.jsonl").is_file() else {}
-    if (ours_dir / "log.txt").is_file():
-        write_text(out / "ours_log.txt", (ours_dir / "log.txt").read_text(errors="replace"))
     rec_val = {step: loss for step, loss, _ in rec.evals}
     shared = sorted(set(rec_val) & set(ours))
     span = window(shared)
     speed = speeds(hp, rec, ours, span) if span else None
-    probes = {side: _json(work / side / "probe.json") for side in ("record", "ours")}
     standin = _json(work / "record" / "standin.json")
-    mask = mask_cost(hp, standin, span, speed["record"]["s"] if speed else None)
     res = {"status": status, "plan": plan_lines, "shared_evals": [
         {"step": s, "record": rec_val[s], "ours": ours[s]["val_loss"], "delta": ours[s]["val_loss"] - rec_val[s]}
-        for s in shared], "speed": speed, "probes": probes, "standin": standin, "mask": mask,
-        "fa3_speedup": FA3_SPEEDUP}
-    lines = [*plan_lines, "", f"status: {', '.join(f'{k} {v}' for k, v in status.items()) or 'report only'}", "",
-             "| step | record val loss | ours | Δ (ours − record) |", "|---:|---:|---:|---:|"]
+        for s in shared], "span": span, "speed": speed,
+        "probes": {side: _json(work / side / "probe.json") for side in ("record", "ours")}, "standin": standin,
+        "mask": mask_cost(hp, standin, span, speed["record"]["s"] if speed else None), "fa3_speedup": FA3_SPEEDUP}
+    return res, rec, ours
+
+
+def table_text(res: dict) -> str:
+    """table.md: the plan, the shared evals, the measures and their ratios, the stand-in's figures, the kernels."""
+    speed, span, probes, mask, standin = res["speed"], res["span"], res["probes"], res["mask"], res["standin"]
+    lines = [*res["plan"], "", f"status: {', '.join(f'{k} {v}' for k, v in res['status'].items()) or 'report only'}",
+             "", "| step | record val loss | ours | Δ (ours − record) |", "|---:|---:|---:|---:|"]
     lines += [f"| {r['step']} | {r['record']:.4f} | {r['ours']:.4f} | {r['delta']:+.4f} |" for r in res["shared_evals"]]
     rec_tok, our_tok = (speed["record"]["tok_s"], speed["ours"]["tok_s"]) if speed else (None, None)
     rows = [("tokens/s" + (f" (steps {span[0]}–{span[1]})" if span else ""), rec_tok, our_tok, ",.0f"),
@@ -146,13 +148,23 @@ def write(out: Path, work: Path, hp: dict, plan_lines: list[str], status: dict[s
     lines += ["", "| kernels per step | record ms | share | ours ms | share |", "|---|---:|---:|---:|---:|"]
     tables = {side: {r["category"]: r for r in (probes[side].get("profile") or {}).get("rows", [])}
               for side in probes}
-    for cat in ("matmul", "attention", "optimizer", "communication", "elementwise", "other"):
+    for cat in ORDER:
         cells = [(_fmt(t[cat]["ms"], ".1f"), _fmt(t[cat]["share"], ".1%")) if cat in t else ("n/a", "n/a")
                  for t in (tables["record"], tables["ours"])]
         lines.append(f"| {cat} | {cells[0][0]} | {cells[0][1]} | {cells[1][0]} | {cells[1][1]} |")
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, work: Path, hp: dict, plan_lines: list[str], status: dict[str, str]) -> str:
+    """Write the report into `out` (table.md, beside.json, loss.png, both logs); its table as text."""
+    res, rec, ours = results(work, hp, plan_lines, status)
+    text = table_text(res)
     write_text(out / "table.md", text)
     write_json(out / "beside.json", res)
+    if (log := record_log(work)) is not None:
+        write_text(out / "record_log.txt", without_code(log.read_text(errors="replace")))
+    if (work / "ours" / "run" / "log.txt").is_file():
+        write_text(out / "ours_log.txt", (work / "ours" / "run" / "log.txt").read_text(errors="replace"))
     if rec.evals or ours:
         loss_png(out, rec, ours)
     return text
