@@ -33,7 +33,7 @@ import numpy as np
 
 from data.shards import open_shard
 from scripts.beside import report
-from scripts.beside.record_data import record_coverage
+from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage
 from scripts.beside.record_script import RecordError, eval_steps, hyperparameters, record_code, rewrite, step_tokens
 from trainer.config import Config, ConfigError, parse_args as parse_config
 from util.atomic import write_json, write_text
@@ -178,11 +178,14 @@ def coverage_line(args: argparse.Namespace, p: Plan) -> str:
     if cover.short_at is not None:
         raise RecordError(f"{args.data}: the record's loader gets {cover.steps} of the {args.steps} steps from these "
                           f"shards and would then wait for ever: lower --steps or make more shards")
-    if cover.over_limit:
-        raise RecordError(f"{args.data}: {cover.over_limit} of the record's micro-batches hold more documents than "
-                          f"its table takes (most {cover.most_docs}): documents this short make it fail")
+    rows = p.hp["val_batch_size"] // RECORD_GRAD_ACCUM
+    val_docs = most_val_documents(shard_files(args.data, "val")[0], rows, p.hp["val_tokens"] // rows, BOS)
+    if cover.over_limit or val_docs > docs_limit(rows):
+        raise RecordError(f"{args.data}: {cover.over_limit} of the record's training micro-batches hold more "
+                          f"documents than its table takes (most {cover.most_docs}), its val rows {val_docs} of "
+                          f"{docs_limit(rows)}: documents this short make it fail")
     return f"data: the record's loader reads all {args.steps} steps from the shards (at most {cover.most_docs} " \
-           f"documents in a micro-batch)"
+           f"documents in a micro-batch, {val_docs} in a val row)"
 
 
 def run_side(cmd: list[str], cwd: Path, env: dict, console: Path, timeout: float) -> str:

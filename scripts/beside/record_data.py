@@ -6,7 +6,8 @@ the next BOS, at max_seq_len tokens, or where the n + 1 are complete; the rest o
 next micro-batch starting at the next BOS. A micro-batch that would pass a shard's last BOS starts over at the next
 shard. Past the last shard the script does not stop: its loader thread has no file to give and the run waits for
 ever. A micro-batch's document starts go into a table of next_multiple(n // 300, 128) entries, the first being 0,
-so more documents than that minus one fail the run.
+so more documents than that minus one fail the run. Its val set is read otherwise: rows of consecutive tokens from
+the val shard's start, a document starting at each BOS in them, into the same kind of table.
 """
 from __future__ import annotations
 
@@ -60,3 +61,9 @@ def record_coverage(files: list[Path], step_tokens: Callable[[int], int], steps:
                 starts, size, i = np.flatnonzero(tokens == bos), len(tokens), 0
             i, most, over = j, max(most, docs), over + (docs > docs_limit(n))
     return Coverage(steps, None, most, over)
+
+
+def most_val_documents(val_file: Path, rows: int, batches: int, bos: int) -> int:
+    """The most document starts (BOS tokens) in one of the record's `batches` val rows of `rows` tokens."""
+    tokens = open_shard(val_file, fmt="header")
+    return max(int(np.count_nonzero(tokens[k * rows:(k + 1) * rows] == bos)) for k in range(batches))

@@ -1,5 +1,6 @@
 """The record's loader, restated: what shards give its steps, where they run out, documents over its table."""
-from scripts.beside.record_data import docs_limit, record_coverage
+from data.shards import open_shard
+from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage
 from tests.scripts.beside_fixtures import record_shards
 
 
@@ -31,3 +32,11 @@ def test_many_short_documents_overflow_the_table(tmp_path):
     data = record_shards(tmp_path, [[3] * 400], val_tokens=500)
     cover = record_coverage(files(data), lambda s: 400, 2, 1, 2048, 50256)  # 401 tokens: 134 documents of 3
     assert cover.most_docs == 134 and cover.over_limit == 2
+
+
+def test_val_rows_count_the_documents_that_start_in_them(tmp_path):
+    data = record_shards(tmp_path, [[300] * 4], val_tokens=1000)
+    val = data / "data" / "fineweb10B" / "fineweb_val_000000.bin"
+    tokens = open_shard(val, fmt="header")
+    want = max(int((tokens[k * 400:(k + 1) * 400] == 50256).sum()) for k in range(2))
+    assert most_val_documents(val, 400, 2, 50256) == want > 0
