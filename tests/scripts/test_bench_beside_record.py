@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from scripts.beside import report
 from scripts.bench import beside_record
 from tests.helpers import ROOT, run
 from tests.scripts.beside_fixtures import RECORD, record_log, record_script, record_shards
@@ -115,3 +116,50 @@ def test_a_side_past_its_timeout_is_stopped_and_its_probe_still_writes(tmp_path)
     assert beside_record.run_side(cmd, ROOT, {"PYTHONPATH": str(ROOT)}, console, timeout=20) == "timeout"
     res = json.loads((tmp_path / "probe.json").read_text())
     assert res["error"] == "exit 143" and res["muon_steps"] == 6 and "steps done" in console.read_text()
+
+
+# What the record's side gives its script, checked by a script in the record's place: torchrun's variables at world
+# size 1, DATA_PATH, the kernels stand-in on its path, its own folder to write logs/ in, the probe around it
+IN_PLACE = '''import os, sys, uuid
+from pathlib import Path
+import torch
+from kernels import get_kernel
+attend = get_kernel("varunneal/flash-attention-3").flash_attn_interface.flash_attn_varlen_func
+assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("0", "1", "0")
+assert Path(os.environ["DATA_PATH"], "data", "fineweb10B", "fineweb_val_000000.bin").is_file()
+code = open(sys.argv[0]).read()
+class NorMuon(torch.optim.SGD):
+    pass
+w = torch.nn.Parameter(torch.randn(64, 64))
+opt = NorMuon([w], lr=0.01)
+q = torch.randn(128, 2, 32)
+cu = torch.tensor([0, 50, 128, 128], dtype=torch.int32)
+for step in range(40 + 8):  # 40 warm-up steps, then the 8 timed ones
+    with torch.no_grad():
+        attend(q, q, q, cu, cu, 128, 128, causal=True, softmax_scale=0.1, window_size=(16, 0))
+    (w @ w).sum().backward()
+    opt.step()
+    opt.zero_grad()
+os.makedirs("logs", exist_ok=True)
+with open(f"logs/{uuid.uuid4()}.txt", "w") as log:
+    print(code + "=" * 100, file=log)
+    for step, loss in ((0, 10.8), (4, 9.0), (8, 8.0)):
+        print(f"step:{step}/8 val_loss:{loss:.4f} train_time:{step * 100}ms step_avg:100.00ms", file=log)
+'''
+
+
+def test_the_records_side_gives_its_script_what_it_reads(bench, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    tmp, args = bench
+    parsed = beside_record.parse_args([*args, "--work", str(tmp / "in_place")])
+    p = dataclasses.replace(beside_record.plan(parsed), code=IN_PLACE)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the side's own check; the script is CPU-only
+    assert beside_record.run_record(parsed, p) == "ok", (tmp / "in_place" / "record" / "console.txt").read_text()
+    console = (tmp / "in_place" / "record" / "console.txt").read_text()
+    assert "kernels stand-in: varunneal/flash-attention-3 -> FlexAttention" in console
+    probe = json.loads((tmp / "in_place" / "record" / "probe.json").read_text())
+    assert probe["muon_steps"] == 48 and probe["error"] is None and probe["profile"]["step_ms"] > 0
+    assert report.record_log(tmp / "in_place") is not None
