@@ -12,6 +12,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import os
 import threading
 from pathlib import Path
 
@@ -129,15 +130,30 @@ def load_bpe_folder(folder: str | Path, expected: dict[str, str] = GPT2_FILES) -
     """GPT-2's Encoding from a folder holding its vocab.bpe and encoder.json (checked by sha256), no network:
     GPT-2's split pattern, <|endoftext|> after the merges' ranks (50256)."""
     paths = check_bpe_folder(folder, expected)
-    # tiktoken reads local paths as they are and checks the hashes again; its own cache is keyed by the path
     try:
-        ranks = data_gym_to_mergeable_bpe_ranks(str(paths["vocab.bpe"]), str(paths["encoder.json"]),
-                                                expected["vocab.bpe"], expected["encoder.json"])
+        with _without_tiktoken_cache():
+            ranks = data_gym_to_mergeable_bpe_ranks(str(paths["vocab.bpe"]), str(paths["encoder.json"]),
+                                                    expected["vocab.bpe"], expected["encoder.json"])
     except (AssertionError, ValueError, KeyError) as e:  # tiktoken asserts that the two files agree
         raise TokenizerError(f"{folder}: vocab.bpe and encoder.json do not make one vocabulary "
                              f"({type(e).__name__} {str(e)[:100]}); use the two files of one release") from None
     name = "gpt2" if expected == GPT2_FILES else Path(folder).name
     return tiktoken.Encoding(name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: len(ranks)})
+
+
+@contextlib.contextmanager
+def _without_tiktoken_cache():
+    """tiktoken copies even a local file into its cache folder, and fails where that folder is read-only (a cache
+    copied to an offline node); an empty TIKTOKEN_CACHE_DIR makes it read the file and nothing else."""
+    before = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = before
 
 
 def _bytes_encoding() -> tiktoken.Encoding:

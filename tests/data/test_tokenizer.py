@@ -142,9 +142,13 @@ def data_gym_files(folder, merges: list[tuple[str, str]]) -> dict[str, str]:
     return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in ("vocab.bpe", "encoder.json")}
 
 
-def test_a_bpe_folder_loads_with_its_hashes_and_refuses_other_files(tmp_path):
+def test_a_bpe_folder_loads_with_its_hashes_and_refuses_other_files(tmp_path, monkeypatch):
     hashes = data_gym_files(tmp_path, [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w")])
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     enc = tokenizer.load_bpe_folder(tmp_path, hashes)
+    # the files are read where they are: nothing copied into tiktoken's cache, and its setting left as it was
+    assert os.listdir(tmp_path / "cache") == [] and os.environ["TIKTOKEN_CACHE_DIR"] == str(tmp_path / "cache")
     assert (enc.n_vocab, eot_token(enc)) == (262, 261)
     # "Ġ" is how GPT-2 spells a space; a single printable byte's rank counts from "!" (33) on
     assert enc.encode_ordinary("hello world") == [259, 260, *(c - 33 for c in b"orld")]
