@@ -13,7 +13,8 @@ run (each change printed), the copy written to --work; it runs under torchrun's 
 `grad_accum_steps = 8 // world_size` makes one GPU train its 8-GPU batches, with DATA_PATH = --data and, on its
 PYTHONPATH, scripts/beside/standin/kernels.py in place of the kernel hub's FlashAttention 3 (FlexAttention). Ours
 is train.py with --ours-config and the overrides printed. Both run under scripts/beside/side_probe.py, which
-measures them alike; scripts/beside/report.py reads what they left.
+measures them alike; scripts/beside/report.py reads what they left. Ours runs first (its compile time is known),
+then the stand-in's GPU check, then the record with the time left of --timeout-s.
 
 Both schedules are cut to --steps alike: the record's num_scheduled_iterations is --steps with no extension steps
 and ours runs train.max_steps = --steps under train.schedule = "step", so each side's LR, window and batch stages
@@ -27,6 +28,7 @@ import datetime
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the rewritten record script and both sides' run folders (outside git)")
     p.add_argument("--side", choices=["both", "record", "ours", "report"], default="both",
                    help="run both sides, one of them, or only write the report from what --work holds")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="each side's limit; a side cut short reports "
-                                                                  "what it logged")
+    p.add_argument("--timeout-s", type=float, default=520.0,
+                   help="the whole run's limit: ours first, then the stand-in's check and the record's side with the "
+                        "time left; a side cut short reports what it logged")
+    p.add_argument("--ours-timeout-s", type=float, default=200.0, help="our side's own limit within it")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--ours-config", default="configs/speedrun_1gpu.toml")
     p.add_argument("--ours-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -201,13 +205,17 @@ def probe_cmd(json_path: Path, profile_from: int, profile_steps: int, script: Pa
             str(profile_from), "--profile-steps", str(profile_steps), str(script), *script_args]
 
 
-def run_record(args: argparse.Namespace, p: Plan) -> str:
-    """The record's side; refused where there is no GPU."""
+def require_cuda() -> None:
+    """Refuse the record's side where there is no GPU."""
     import torch
 
     if not torch.cuda.is_available():
         raise RecordError("the record's script needs CUDA (NCCL, Triton kernels, torch.cuda at import): run the "
                           "record's side on a GPU machine; on CPU, --side ours rehearses our side and the report")
+
+
+def run_record(args: argparse.Namespace, p: Plan, timeout: float) -> str:
+    """The record's side, for at most `timeout` seconds."""
     work = args.work / "record"
     script = work / "train_gpt.py"
     write_text(script, p.code)
@@ -217,15 +225,15 @@ def run_record(args: argparse.Namespace, p: Plan) -> str:
     print("record: runs on the kernels stand-in (FlexAttention for FlashAttention 3, "
           "scripts/beside/standin/kernels.py)", flush=True)
     cmd = probe_cmd(work / "probe.json", p.record_warmup_steps + PROFILE_SKIP, args.profile_steps, script)
-    return run_side(cmd, work, env, work / "console.txt", args.timeout_s)
+    return run_side(cmd, work, env, work / "console.txt", timeout)
 
 
-def run_ours(args: argparse.Namespace, p: Plan) -> str:
-    """Our side."""
+def run_ours(args: argparse.Namespace, p: Plan, timeout: float) -> str:
+    """Our side, for at most `timeout` seconds."""
     work = args.work / "ours"
     cmd = probe_cmd(work / "probe.json", p.cfg.train.warmup_steps + PROFILE_SKIP, args.profile_steps,
                     ROOT / "train.py", *p.ours)
-    return run_side(cmd, ROOT, {"PYTHONPATH": str(ROOT)}, work / "console.txt", args.timeout_s)
+    return run_side(cmd, ROOT, {"PYTHONPATH": str(ROOT)}, work / "console.txt", timeout)
 
 
 def standin_on_gpu(args: argparse.Namespace, p: Plan) -> dict:
@@ -253,20 +261,23 @@ def default_out() -> Path:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m scripts.bench.beside_record`."""
     args = parse_args(argv)
+    deadline = time.monotonic() + args.timeout_s
     try:
         p = plan(args)
         lines = say_plan(args, p) + [coverage_line(args, p)]
         print("\n".join(lines), flush=True)
-        status = {}
         if args.side in ("both", "record"):
-            status["record"] = run_record(args, p)
+            require_cuda()  # before our side runs: a CPU machine says so at once
+        status = {}
+        if args.side in ("both", "ours"):  # first: its compile time is known, the record's is not
+            status["ours"] = run_ours(args, p, min(args.ours_timeout_s, left(deadline)))
+        if args.side in ("both", "record"):
             try:
                 standin = standin_on_gpu(args, p)
-            except Exception as e:  # noqa: BLE001 - the check's failure is a finding; our side still runs
+            except Exception as e:  # noqa: BLE001 - the check's failure is a finding; the record still runs
                 standin = {"error": f"{type(e).__name__}: {e}"[:1000]}
             write_json(args.work / "record" / "standin.json", standin)
-        if args.side in ("both", "ours"):
-            status["ours"] = run_ours(args, p)
+            status["record"] = run_record(args, p, left(deadline))
         out = args.out or default_out()
         print(report.write(out, args.work, p.hp, lines, status), flush=True)
     except RecordError as e:
@@ -276,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
     if failed:
         sys.exit(f"beside_record: {'; '.join(failed)}; the report holds what it logged")
 
+
+def left(deadline: float) -> float:
+    """Seconds a side may run before `deadline`, its grace to stop kept aside."""
+    return deadline - time.monotonic() - TERM_GRACE_S
 
 if __name__ == "__main__":
     main()
