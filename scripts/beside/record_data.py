@@ -1,0 +1,69 @@
+"""How a record's script reads its training shards, restated to count what shards hold for it before a GPU runs it.
+
+The rule (record 46's BOSFinder, at world size 1): the shards are read in sorted order, each once. A micro-batch of
+n tokens is n + 1 consecutive tokens gathered from documents in order, each starting at a BOS token and cut at
+the next BOS, at max_seq_len tokens, or where the n + 1 are complete; the rest of a cut document is skipped, the
+next micro-batch starting at the next BOS. A micro-batch that would pass a shard's last BOS starts over at the next
+shard. Past the last shard the script does not stop: its loader thread has no file to give and the run waits for
+ever. A micro-batch's document starts go into a table of next_multiple(n // 300, 128) entries, the first being 0,
+so more documents than that minus one fail the run. Its val set is read otherwise: rows of consecutive tokens from
+the val shard's start, a document starting at each BOS in them, into the same kind of table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from data.shards import open_shard
+
+
+@dataclass
+class Coverage:
+    """What the shards give a record's run: complete steps, the first step they cannot give (None: all asked
+    for were given), the most documents in one micro-batch, and the micro-batches holding more than docs_limit."""
+    steps: int
+    short_at: int | None
+    most_docs: int
+    over_limit: int
+
+
+def docs_limit(tokens: int) -> int:
+    """The most documents a micro-batch of `tokens` may hold: its start table's size, next_multiple(tokens // 300,
+    128), less the leading 0."""
+    return -(-(tokens // 300) // 128) * 128 - 1
+
+
+def record_coverage(files: list[Path], step_tokens: Callable[[int], int], steps: int, grad_accum: int,
+                    max_seq_len: int, bos: int) -> Coverage:
+    """How many of `steps` steps (each of step_tokens(step) tokens in grad_accum micro-batches) the record's loader
+    can read from `files` by the rule above."""
+    shards = iter(sorted(files))
+    starts, size, i = np.empty(0, dtype=np.int64), 0, 0
+    most, over = 0, 0
+    for step in range(steps):
+        n = step_tokens(step) // grad_accum
+        for _ in range(grad_accum):
+            while True:
+                taken, docs, j = 0, 0, i
+                while taken < n + 1 and j < len(starts):
+                    end = starts[j + 1] if j + 1 < len(starts) else size
+                    taken += min(end - starts[j], max_seq_len, n + 1 - taken)
+                    docs, j = docs + 1, j + 1
+                if taken == n + 1:
+                    break
+                path = next(shards, None)
+                if path is None:
+                    return Coverage(step, step, most, over)
+                tokens = open_shard(path, fmt="header")
+                starts, size, i = np.flatnonzero(tokens == bos), len(tokens), 0
+            i, most, over = j, max(most, docs), over + (docs > docs_limit(n))
+    return Coverage(steps, None, most, over)
+
+
+def most_val_documents(val_file: Path, rows: int, batches: int, bos: int) -> int:
+    """The most document starts (BOS tokens) in one of the record's `batches` val rows of `rows` tokens."""
+    tokens = open_shard(val_file, fmt="header")
+    return max(int(np.count_nonzero(tokens[k * rows:(k + 1) * rows] == bos)) for k in range(batches))

@@ -1,0 +1,42 @@
+"""The record's loader, restated: what shards give its steps, where they run out, documents over its table."""
+from data.shards import open_shard
+from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage
+from tests.scripts.beside_fixtures import record_shards
+
+
+def files(data):
+    return sorted((data / "data" / "fineweb10B").glob("fineweb_train_*.bin"))
+
+
+def test_steps_are_counted_until_a_micro_batch_finds_no_more_documents(tmp_path):
+    # micro-batches of 400 tokens read 401: documents of 250 tokens give one and 151 of the next each (its rest
+    # skipped), so a shard of 10 documents gives 5 micro-batches, two shards 5 steps of 2
+    data = record_shards(tmp_path, [[250] * 10, [250] * 10], val_tokens=500)
+    cover = record_coverage(files(data), lambda s: 800, 100, 2, 2048, 50256)
+    assert (cover.steps, cover.short_at, cover.most_docs, cover.over_limit) == (5, 5, 2, 0)
+    assert record_coverage(files(data), lambda s: 800, 5, 2, 2048, 50256).short_at is None
+
+
+def test_long_documents_are_cut_at_max_seq_len(tmp_path):
+    data = record_shards(tmp_path, [[1000] * 4], val_tokens=500)
+    # 301 tokens from 1,000-token documents at max_seq_len 100: 100 + 100 + 100 + 1 from four documents
+    cover = record_coverage(files(data), lambda s: 300, 10, 1, 100, 50256)
+    assert (cover.steps, cover.most_docs) == (1, 4)
+
+
+def test_the_table_takes_a_128th_of_the_tokens_over_300_rounded_up_to_128_less_one():
+    assert docs_limit(16384) == 127 and docs_limit(49152) == 255 and docs_limit(299) == -1
+
+
+def test_many_short_documents_overflow_the_table(tmp_path):
+    data = record_shards(tmp_path, [[3] * 400], val_tokens=500)
+    cover = record_coverage(files(data), lambda s: 400, 2, 1, 2048, 50256)  # 401 tokens: 134 documents of 3
+    assert cover.most_docs == 134 and cover.over_limit == 2
+
+
+def test_val_rows_count_the_documents_that_start_in_them(tmp_path):
+    data = record_shards(tmp_path, [[300] * 4], val_tokens=1000)
+    val = data / "data" / "fineweb10B" / "fineweb_val_000000.bin"
+    tokens = open_shard(val, fmt="header")
+    want = max(int((tokens[k * 400:(k + 1) * 400] == 50256).sum()) for k in range(2))
+    assert most_val_documents(val, 400, 2, 50256) == want > 0
