@@ -162,10 +162,11 @@ def warm_up(run: Run) -> None:
         return
     t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader))
     batches = iter(run.loader)
-    for _ in range(train_cfg.warmup_steps):
-        train_step(run, batches)
-    restore(run.model.module, run.optimizers, run.loader, initial)
-    distributed.barrier()
+    with distributed.timeout(train_cfg.warmup_timeout_s, after=train_cfg.dist_timeout_s):  # they compile
+        for _ in range(train_cfg.warmup_steps):
+            train_step(run, batches)
+        restore(run.model.module, run.optimizers, run.loader, initial)
+        distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
     run.log.print(f"warm-up: {plural(train_cfg.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; "
                   f"state restored")

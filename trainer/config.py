@@ -81,6 +81,7 @@ class TrainConfig:
     compile: bool = grouped(False, "speed")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     budget_s: float = grouped(0.0, "budget")  # training-time budget; 0 = none
+    plan: bool = True            # apply the config file's [[plan]] row for budget_s; false: the file's own keys
     timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
     warmup_steps: int = grouped(0, "speed")  # untimed compile warm-up steps (exclude_warmup), state restored after
     max_steps: int = grouped(0, "budget")  # upper bound on steps; 0 = none
@@ -100,6 +101,9 @@ class TrainConfig:
     resume: Literal["auto", "never", "must", "overwrite"] = grouped("auto", "run")
     # a collective stuck this long (lost peer) fails the run instead of hanging
     dist_timeout_s: float = grouped(600.0, "run")
+    # the same during the untimed warm-up steps, which compile (exclude_warmup): a rank still compiling its first
+    # graphs must not time out the ranks that wait for it in the first collective
+    warmup_timeout_s: float = grouped(1800.0, "run")
 
 
 @dataclass
@@ -382,7 +386,7 @@ def parse_args(argv: list[str]) -> Config:
         apply_override(cfg, key, value)
     run_flags = {key for flag, keys in flags.items() if flag not in starter.SHAPE for key in keys}
     command_line = {key for key, _ in overrides} | run_flags
-    plan = plans.pick(file_plans(path), cfg.train.budget_s) if path is not None else None
+    plan = plans.pick(file_plans(path), cfg.train.budget_s) if path is not None and cfg.train.plan else None
     if plan:  # over the file's keys, under the command line's
         for dotted, value in plan["keys"].items():
             if dotted not in command_line:
@@ -422,7 +426,8 @@ def validate(cfg: Config) -> None:
     if train.schedule == "step" and train.max_steps <= 0:
         raise ConfigError("train.schedule = 'step' needs train.max_steps > 0")
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
-    positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s", "eval.tokens"]
+    positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s",
+                "train.warmup_timeout_s", "eval.tokens"]
     not_negative = ["train.max_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
                     "eval.every_steps", "eval.batch_size", "eval.seq_len", "data.shuffle_shards"]
     for dotted in positive + not_negative:

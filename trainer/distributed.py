@@ -6,14 +6,17 @@ through which every collective of a multi-process run then really runs.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout  # torch >= 2.3: a group's timeout changed
 
 
 @dataclass
@@ -88,6 +91,20 @@ def first_to_report(kind: str) -> bool:
         return _store.add("report/" + hashlib.sha256(kind.encode()).hexdigest(), 1) == 1
     except RuntimeError:  # DistStoreError, DistNetworkError: the store's host (rank 0 without torchrun) has exited
         return True
+
+
+@contextlib.contextmanager
+def timeout(seconds: float, after: float) -> Iterator[None]:
+    """Collectives started inside the block wait up to `seconds` for a peer, those after it `after` (the group's
+    own timeout); nothing in a single process."""
+    if not dist.is_initialized():
+        yield
+        return
+    _set_pg_timeout(datetime.timedelta(seconds=seconds))
+    try:
+        yield
+    finally:
+        _set_pg_timeout(datetime.timedelta(seconds=after))
 
 
 def close() -> None:

@@ -51,12 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.fractions = sorted({float(f) for f in args.fractions.split(",")})
     except ValueError:
         p.error(f"--fractions {args.fractions!r}: give fractions of the baseline's time, e.g. 0.1,0.2,1")
+    if any(abs(f * 100 - round(f * 100)) > 1e-9 for f in args.fractions):
+        p.error(f"--fractions {args.fractions}: give hundredths at most (0.15, not 0.125)")
     if args.fractions[0] <= 0 or args.repeats < 1 or args.baseline_steps < 0:
         p.error("--fractions must be > 0, --repeats >= 1, --baseline-steps >= 0")
     if args.baseline_run and (args.repeats > 1 or not (args.baseline_run / "summary.json").is_file()):
         p.error(f"--baseline-run {args.baseline_run}: needs a finished run folder (its summary.json) and --repeats 1")
     args.data, args.runs = args.data.resolve(), args.runs.resolve()  # the runs start in the repository root
-    args.ab, args.recipes = [], RECIPES  # what scripts.bench.recipe's helpers read: one recipe's run at a time
+    # what scripts.bench.recipe's helpers read: one recipe's run at a time, each planned for its budget
+    args.ab, args.recipes, args.planned = [], RECIPES, True
     return args
 
 
@@ -72,12 +75,15 @@ def repeat(args: argparse.Namespace, k: int) -> dict:
     base = (json.loads((args.baseline_run / "summary.json").read_text()) if args.baseline_run else
             run_one(args, "baseline", f"budgets-baseline-{stamp}"))
     t_b, rows = base["train_time_s"], []
-    budgets = [round(f * t_b, 2) for f in args.fractions]
+    # every budget a whole number of one step of time, so that evals every step fall on each shorter budget
+    hundredths = [round(f * 100) for f in args.fractions]
+    unit = math.gcd(*hundredths) / 100 * t_b
+    budgets = [h // math.gcd(*hundredths) * unit for h in hundredths]
     for f, budget in zip(args.fractions, budgets):
         run_id = f"budgets-{f:g}-{stamp}"
         # evals at the shorter budgets, off the clock (train.timing = exclude_warmup): the envelope check
         marks = [b for b in budgets if b < budget]
-        summary = run_one(args, "modern", run_id, budget, _grid(marks) if marks else 0.0)
+        summary = run_one(args, "modern", run_id, budget, unit if marks else 0.0)
         evals = {e["elapsed_s"]: e["val_loss"] for e in read_run(args.runs / run_id).evals}
         plan = next((line for line in (args.runs / run_id / "log.txt").read_text().splitlines()
                      if line.startswith("plan: ")), "plan: none (the config's own keys)")
@@ -88,11 +94,6 @@ def repeat(args: argparse.Namespace, k: int) -> dict:
               f"({plan})", file=sys.stderr)
     return {"baseline": {"train_time_s": t_b, "final_val_loss": base["final_val_loss"], "steps": base["steps"]},
             "runs": rows}
-
-
-def _grid(marks: list[float]) -> float:
-    """The eval period whose multiples include every budget in `marks`: their greatest common step (to 0.01 s)."""
-    return math.gcd(*(round(m * 100) for m in marks)) / 100
 
 
 def _at(evals: dict[float, float], budget: float) -> float | None:
@@ -153,12 +154,17 @@ def report(res: dict) -> str:
         plan = row["plan"].removeprefix("plan: ").split(" -> ", 1)[-1]
         lines.append(f"| {row['fraction']:g} | {row['budget_s']:.1f} | {row['steps']:.0f} | "
                      f"{row['final_val_loss']:.4f} | {row['ratio']:.3f} | {plan} |")
-    cross = res["crossing"]
+    cross, shortest = res["crossing"], res["fractions"][0]
+    if cross is None:
+        crossed = "no budget reached the baseline's loss"
+    elif cross == shortest:
+        crossed = f"at most {cross:g} x the baseline's time: the shortest budget measured already reaches its loss"
+    else:
+        crossed = (f"{cross:.3f} x the baseline's time (interpolated linearly between the two budgets around it; each "
+                   f"run planned for its own budget)")
     lines += ["", f"baseline (nanoGPT's recipe, {RECIPES['baseline']}): {res['baseline_final_val_loss']:.4f} after "
                   f"{res['baseline_time_s']:.1f} s (medians)",
-              "crossing: " + ("no budget reached the baseline's loss" if cross is None else
-                              f"{cross:.3f} x the baseline's time (interpolated linearly between the two budgets "
-                              f"around it; each run planned for its own budget)"),
+              "crossing: " + crossed,
               "lower envelope: " + ("holds at every budget" if not res["envelope_violations"] else
                                     "; ".join(res["envelope_violations"]))]
     return "\n".join(lines) + "\n"

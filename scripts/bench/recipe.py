@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.data, args.runs = args.data.resolve(), args.runs.resolve()  # the runs start in the repository root
     args.recipes = {"baseline": RECIPES["modern"], "modern": f"{RECIPES['modern']} + {' '.join(args.ab)}"} \
         if args.ab else RECIPES
+    args.planned = False  # the recipes at their own shapes, their parameters alike (scripts/bench/budgets.py plans)
     return args
 
 
@@ -87,7 +88,8 @@ def train_args(args: argparse.Namespace, recipe: str, run_id: str, budget_s: flo
     if recipe == "baseline" and not args.ab:
         budget = [f"--train.max_steps={args.baseline_steps}"] if args.baseline_steps else []
     return ["--config", RECIPES["modern"] if args.ab else RECIPES[recipe], f"--data.train={args.data}/*_train_*.bin",
-            f"--data.val={args.data}/*_val_*.bin", *budget, "--train.timing=exclude_warmup",
+            f"--data.val={args.data}/*_val_*.bin", *budget, f"--train.plan={str(args.planned).lower()}",
+            "--train.timing=exclude_warmup",
             "--train.warmup_steps=1", f"--eval.every_s={eval_every}", f"--log.dir={args.runs}",
             f"--log.run_id={run_id}", *(f"--{o}" for o in args.override + (args.ab if recipe == "modern" else []))]
 

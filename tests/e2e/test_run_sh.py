@@ -28,6 +28,7 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     env["BUDGET"] = "8"
     out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
     assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
+    assert "\nplan: budget 8 s -> the row up to 30 s: model.n_layer = 2," in out  # cpu.toml's row for 8 s
     done = [line for line in out.splitlines() if line.startswith("done: budget")]
     assert len(done) == 1 and "bits/byte" in done[0] and "tok/s" in done[0], out[-3000:]
     (run_dir,) = (repo / "runs").iterdir()

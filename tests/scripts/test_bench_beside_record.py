@@ -10,7 +10,7 @@ import pytest
 from scripts.beside import report
 from scripts.bench import beside_record
 from tests.helpers import ROOT, run
-from tests.scripts.beside_fixtures import RECORD, record_log, record_script, record_shards
+from tests.scripts.beside_fixtures import record_log, record_script, record_shards
 
 # A tiny shape of ours that matches the fixture's record: 2 x 160 tokens a micro-step, 8 micro-steps, stages
 # x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon, so that its steps are counted

@@ -20,8 +20,7 @@ def test_the_crossing_is_interpolated_between_the_budgets_around_it():
     assert budgets.crossing([(0.1, 1.3), (0.2, 1.1)]) is None
 
 
-def test_the_evals_fall_on_every_shorter_budget():
-    assert budgets._grid([7.5, 11.25, 15.0]) == 3.75 and budgets._grid([7.49]) == 7.49
+def test_an_eval_after_a_budget_stands_for_it():
     evals = {3.8: 2.0, 7.6: 1.8, 11.3: 1.7}
     assert budgets._at(evals, 7.5) == 1.8 and budgets._at(evals, 11.25) == 1.7 and budgets._at(evals, 12) is None
 
@@ -44,13 +43,18 @@ def test_the_bench_plans_each_run_for_its_budget_for_real(tmp_path):
     [rep] = res["raw"]
     t_b = rep["baseline"]["train_time_s"]
     assert rep["baseline"]["steps"] == 10 and res["baseline_steps"] == 10
-    assert [row["budget_s"] for row in rep["runs"]] == [round(0.5 * t_b, 2), round(t_b, 2)]
+    assert [row["budget_s"] for row in rep["runs"]] == pytest.approx([0.5 * t_b, t_b])
     for row in rep["runs"]:
         summary = json.loads(next((tmp_path / "runs").glob(f"budgets-{row['fraction']:g}-*/summary.json")).read_text())
         assert summary["final_val_loss"] == row["final_val_loss"] and math.isfinite(row["final_val_loss"])
         assert summary["train_time_s"] >= row["budget_s"] and summary["world_size"] >= 1
-    # the full-budget run evaluated at the half budget on its way, for the envelope check
+    # the full-budget run evaluated at the half budget on its way, for the envelope check, and only there
     assert list(rep["runs"][1]["at_shorter_budgets"]) == [str(rep["runs"][0]["budget_s"])]
+    run_dir = next(p for p in (tmp_path / "runs").glob("budgets-1-*") if p.is_dir())
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # at the half budget, and the final one (the same one where the half budget fell on the last step)
+    assert 1 <= sum(e["type"] == "eval" for e in evals) <= 2
+    assert [loss is not None for loss in rep["runs"][1]["at_shorter_budgets"].values()] == [True]
     assert [row["fraction"] for row in res["table"]] == [0.5, 1.0]
     assert res["crossing"] is None or 0.5 <= res["crossing"] <= 1.0
     assert "| budget (x T_b) |" in proc.stdout and "crossing: " in proc.stdout and "lower envelope: " in proc.stdout

@@ -85,12 +85,14 @@ def test_hackathon_recipe_and_the_organizers_flags():
 
 
 def test_cpu_recipes_compare_like_with_like():
-    modern, base = load("cpu"), load("baseline_cpu")
+    """At the shape cpu.toml keeps for budgets beyond its [[plan]] rows (what the recipe bench trains), the two
+    recipes' parameters are alike; both are scored on the same val tokens."""
+    modern, base = load("cpu", "--train.plan=false"), load("baseline_cpu")
     for cfg in (modern, base):
         cfg.model.vocab_size = 257  # what shards/demo/meta.json gives
     assert abs(num_params(modern) / num_params(base) - 1) < bench_recipe.PARAM_TOLERANCE
-    assert (modern.data, modern.eval) == (base.data, base.eval)
-    assert modern.train.budget_s == 180 and modern.train.timing == "from_first_forward"
+    assert (modern.data, modern.eval.tokens) == (base.data, base.eval.tokens)
+    assert modern.train.budget_s == 180 and modern.train.timing == "exclude_warmup"
     assert modern.optim.name == "muon" and base.optim.name == "adamw" and modern.model.attention == "sdpa"
 
 
@@ -107,7 +109,7 @@ def test_cpu_baseline_is_nanogpts_cpu_recipe():
 
 def test_ab_trains_cpu_toml_without_and_with_the_piece():
     args = bench_recipe.parse_args(["--ab", "model.attn_scale=0.12", "--override", "eval.tokens=8192"])
-    base, piece = (bench_recipe.train_args(args, r, r) for r in ("baseline", "modern"))
+    base, piece = (bench_recipe.train_args(args, r, r, args.budget, args.eval_every) for r in ("baseline", "modern"))
     assert base[:2] == piece[:2] == ["--config", "configs/cpu.toml"]
     assert piece == base[:-2] + ["--log.run_id=modern", "--eval.tokens=8192", "--model.attn_scale=0.12"]
     assert args.recipes["modern"] == "configs/cpu.toml + model.attn_scale=0.12"
@@ -115,11 +117,13 @@ def test_ab_trains_cpu_toml_without_and_with_the_piece():
 
 def test_the_baseline_trains_its_steps_and_the_modern_recipe_its_budget_as_run_sh_runs_it():
     args = bench_recipe.parse_args(["--budget", "80"])
-    base, modern = (bench_recipe.train_args(args, r, r) for r in ("baseline", "modern"))
+    base, modern = (bench_recipe.train_args(args, r, r, args.budget, args.eval_every) for r in ("baseline", "modern"))
     assert not any(a.startswith(("--train.budget_s", "--train.max_steps")) for a in base)  # its config's 2,000
     assert "--train.budget_s=80.0" in modern
     assert "--train.max_steps=300" in bench_recipe.train_args(bench_recipe.parse_args(["--baseline-steps", "300"]),
-                                                               "baseline", "b")
+                                                               "baseline", "b", 80.0, 8.0)
+    # the recipes at their own shapes, parameters alike: no [[plan]] row for the budget (scripts/bench/budgets.py's)
+    assert "--train.plan=false" in modern and "--train.plan=false" in base
     (base_cmd, base_env), (modern_cmd, modern_env) = (bench_recipe.command(args, r, []) for r in ("baseline", "modern"))
     assert base_cmd[1:] == ["train.py"] and base_env == {}
     assert modern_cmd[1:3] == ["-m", "torch.distributed.run"] and f"--nproc_per_node={os.cpu_count()}" in modern_cmd
@@ -156,7 +160,7 @@ def test_a_failed_preparation_stops_the_bench_with_the_command(tmp_path, monkeyp
 
 def test_unequal_models_are_refused(small_demo, tmp_path):
     args = bench_recipe.parse_args(["--data", str(small_demo), "--runs", str(tmp_path)])
-    argvs = {r: bench_recipe.train_args(args, r, r) for r in bench_recipe.RECIPES}
+    argvs = {r: bench_recipe.train_args(args, r, r, args.budget, args.eval_every) for r in bench_recipe.RECIPES}
     argvs["modern"].append("--model.n_layer=8")
     with pytest.raises(SystemExit, match="parameter counts .* differ by more than 15%"):
         bench_recipe.check_comparable(argvs)

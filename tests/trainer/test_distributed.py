@@ -4,7 +4,7 @@ and hand the flag exchange's result to every rank one call late."""
 import pytest
 import torch
 
-from tests.helpers import ROOT, torchrun
+from tests.helpers import ROOT, tiny_args, tiny_data, torchrun
 from trainer import distributed
 from trainer.distributed import Dist, LateMax
 
@@ -104,3 +104,22 @@ def test_the_flag_exchange_is_read_one_call_late_and_the_same_on_every_rank(two_
     # at call 1; each collect() returns the previous start()'s result, and None when nothing is pending
     want = [None, [10.0, 0.0, 0.0], [11.0, 0.0, 1.0], [12.0, 1.0, 0.0], [13.0, 0.0, 0.0], None]
     assert [rank["late"] for rank in two_ranks] == [want, want]
+
+
+def test_a_rank_still_compiling_its_warm_up_does_not_time_out_the_ranks_waiting_for_it(tmp_path):
+    """The warm-up compiles (minutes on 8 GPUs, cold): its collectives wait train.warmup_timeout_s, the rest
+    train.dist_timeout_s. Rank 1 here starts its warm-up 6 s late against a 3-s group timeout: with a 30-s
+    warm-up timeout the run ends as usual; with the group's own 3 s rank 0 gives up in the first all-reduce."""
+    data = tiny_data(tmp_path / "data")
+
+    def launched(run_id: str, warmup_timeout_s: float):
+        args = tiny_args(data, tmp_path / "runs", run_id, "--train.timing=exclude_warmup", "--train.warmup_steps=1",
+                         "--train.max_steps=3", "--train.dist_timeout_s=3",
+                         f"--train.warmup_timeout_s={warmup_timeout_s}")
+        return torchrun([ROOT / "tests" / "workers" / "slow_rank_worker.py", "6", *args[1:]],
+                        env={"PYTHONPATH": str(ROOT)}, check=False, timeout=300)
+
+    patient = launched("patient", 30)
+    assert patient.returncode == 0 and "done: completed | step 3 |" in patient.stdout, patient.stderr[-3000:]
+    impatient = launched("impatient", 3)
+    assert impatient.returncode != 0 and "done:" not in impatient.stdout

@@ -146,7 +146,8 @@ def test_estimate_holds_the_live_tensors_of_a_real_step_and_not_much_more(argv):
     any machine): never under it, and within 25% over it (0.84 and 0.90 of it measured). It counts gradients and
     activations as if alive together, which backward overlaps only in part; the resident memory a run needs on
     top of the tensors (allocator slack, libraries) is what check_memory's margin NEAR is for."""
-    out = run([sys.executable, str(ROOT / "tests" / "workers" / "memory_worker.py"), *argv], env={"PYTHONPATH": str(ROOT)})
+    worker = ROOT / "tests" / "workers" / "memory_worker.py"
+    out = run([sys.executable, str(worker), *argv], env={"PYTHONPATH": str(ROOT)})
     r = json.loads(out.stdout)
     assert r["peak"] <= r["estimate"] <= r["peak"] * 1.25, r
 

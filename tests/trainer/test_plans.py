@@ -55,6 +55,8 @@ def test_the_command_line_overrides_a_rows_key_and_the_run_says_so(planned):
     assert cfg.plan == ("plan: budget 20 s -> the row up to 30 s: model.n_embd = 48 (the command line's "
                         "train.batch_size instead)")
     assert cfg_of(planned, "--train.budget_s=31").plan == ""
+    unplanned = cfg_of(planned, "--train.budget_s=5", "--train.plan=false")  # the file's own keys at any budget
+    assert (unplanned.model.n_embd, unplanned.plan) == (64, "")
 
 
 def test_a_file_on_a_planned_base_plans_with_the_bases_rows(tmp_path, planned):
