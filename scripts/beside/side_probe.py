@@ -7,12 +7,13 @@ It counts the training steps by the step calls of the optimizer whose class name
 step on both sides; warm-up steps count too, so --profile-from is the warm-up's steps plus the timed steps to
 skip), profiles --profile-steps steps from there with torch.profiler, and when the script ends (or fails) writes:
 the seconds dynamo and inductor spent compiling (forward and backward graphs), peak memory, and each kernel
-category's time per profiled step. A kernel launched inside an optimizer's step counts as optimizer; the others
-go by name (`CATEGORIES`).
+category's time per profiled step; a script that ends through os._exit (train.py does) writes them first. A kernel
+launched inside an optimizer's step counts as optimizer; the others go by name (`CATEGORIES`).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import runpy
 import signal
@@ -127,7 +128,16 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     register_optimizer_step_post_hook(watch.after_step)
     sys.argv = [str(args.script), *args.args]  # the script reads its own arguments, and the record its own code
-    t0, error = time.perf_counter(), None
+    t0, error, end_now = time.perf_counter(), None, os._exit
+
+    def report(error: str | None) -> None:
+        write_json(args.json, measurements(watch, time.perf_counter() - t0, error))
+
+    def exit_reporting(status: int) -> None:  # train.py ends through os._exit: no `finally` below runs then
+        report(None if status == 0 else f"exit {status}")
+        end_now(status)
+
+    os._exit = exit_reporting
     try:
         runpy.run_path(str(args.script), run_name="__main__")
     except SystemExit as e:
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         error = f"{type(e).__name__}: {e}"[:1000]
         raise
     finally:
-        write_json(args.json, measurements(watch, time.perf_counter() - t0, error))
+        report(error)
 
 
 if __name__ == "__main__":
