@@ -205,7 +205,7 @@ def train(run: Run) -> StopReason:
     The host waits for the GPU only where it must, so that it queues step N+1 while the GPU runs step N: the
     Flags exchange (trainer/flags.py) is read a step late, log_step all-reduces loss and gradient norm every
     log.every_steps steps, and evals, saves and stops sync anyway. No other .item(), .tolist() or .cpu() runs in
-    the loop (clip_grads and optim/muon.py read nothing on the host).
+    the loop (clip_grads and optim/muon.py read nothing on the host: tests/test_loop.py counts the scalar reads).
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
     loop = Loop(next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),

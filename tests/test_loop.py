@@ -1,6 +1,7 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
 the console shows of its steps; a stop and resume while AdamW holds gradients (optim.adam_every), before
-and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd)."""
+and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd); no scalar
+read of a tensor in an ordinary step."""
 from tests.helpers import growing_window_run, ten_second_steps
 
 
@@ -162,3 +163,51 @@ def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
     assert (status, run.progress.step) == ("completed", 6)
     assert losses == straight_losses
     assert all(torch.equal(resumed[k], w) for k, w in straight.items())
+
+
+def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
+    """train()'s docstring: on a GPU an ordinary step waits for nothing but the Flags of the step before. Run on
+    CPU with the GPU's exchange (read a step late), every optimizer piece of the speedrun config on and no log or
+    eval due, no step converts a tensor to a Python number (.item(), float(), bool(), int(): the scalar reads that
+    wait for a GPU). The Flags arrive through a host buffer (LateMax's .tolist(), no scalar read). AdamW's step
+    counters are read here because CPU AdamW keeps them on the host; fused AdamW on a GPU reads none of them."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import torch
+
+    import train
+
+    class ScalarReads(TorchDispatchMode):
+        """Where each scalar read of a tensor happened, other than of AdamW's step counters."""
+        def __init__(self):
+            super().__init__()
+            self.where, self.counters = [], set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default and id(args[0]) not in self.counters:
+                self.where.append("".join(traceback.format_stack(limit=6)[:-1]))
+            return func(*args, **(kwargs or {}))
+
+    reads, real = ScalarReads(), train.timed_step
+
+    def watched(run, loop, batches):
+        if run.progress.step < 2:  # the first step freezes the GC and logs whatever log.every_steps
+            return real(run, loop, batches)
+        reads.counters = {id(state["step"]) for opt in run.optimizers if isinstance(opt, torch.optim.AdamW)
+                          for state in opt.state.values()}
+        with reads:
+            return real(run, loop, batches)
+    monkeypatch.setattr(train, "timed_step", watched)
+    run = growing_window_run(tmp_path, "--optim.name=muon", "--optim.normuon=true", "--optim.adam_every=2",
+                             "--optim.ns_coefficients=polar_express", "--optim.muon_weight_decay=0.01",
+                             "--optim.muon_cautious_wd=true", "--optim.muon_momentum_warmup_steps=4",
+                             "--train.batch_stages=[1,2]", "--train.max_steps=8", "--log.every_steps=100")
+    run.flags.cuda = True  # the GPU's exchange: collected one step late, not at once
+    try:
+        assert train.train(run) == "completed" and run.progress.step == 8
+    finally:
+        run.loader.close()
+        run.log.close()
+    assert reads.where == [], f"{len(reads.where)} scalar reads in ordinary steps; the first:\n{reads.where[0]}"
