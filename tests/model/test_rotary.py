@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import model.attention
 import model.masks
 import model.rotary
 from tests.model.tiny import batch, joined, tiny
