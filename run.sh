@@ -44,7 +44,8 @@ environment:
                          id per job, the same on every node: it names the run folder, so reusing an id
                          resumes that run
   FINEWEB_SHARDS         FineWeb train shards to fetch on GPUs, 100M tokens each (default: the speedrun's
-                         budget at its predicted tokens/s + 25%: python -m scripts.predict_speedrun --shards)
+                         budget at its predicted tokens/s + 25%, in the rows it reads of them:
+                         python -m scripts.predict_speedrun --shards)
   SHARDRUN_VENV          virtualenv to create/reuse (default .venv); PYTHON: the interpreter to build it (one with
                          torch >= 2.6 keeps it and its packages)
   SHARDRUN_WHEELS        wheel folder to install from, with no index, where it exists (default wheels/)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -14,6 +15,7 @@ from util.plural import plural
 from data.regions import check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files, split_tail
 from data.streams import START, Sequential, Shuffled, Window
 
+T = TypeVar("T")
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
 
 
@@ -61,15 +63,25 @@ class TokenLoader:
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
+        out = self._take(self._copy)
+        self.wait_s += time.perf_counter() - t0
+        return out[:, :-1], out[:, 1:]
+
+    def next_places(self) -> list[tuple[Path, int]]:
+        """Where this rank's next batch lies, (file, its first token) per row, the stream moved on as __next__
+        moves it but no token read: for counting which tokens a stream reads (scripts/data_coverage.py)."""
+        return self._take(lambda windows: [(region.path, start) for region, start in windows])
+
+    def _take(self, read: Callable[[list[Window]], T]) -> T:
+        """read(this rank's windows of the next global batch), the cursor moved past it only if read returns."""
         try:
             windows, state = self._stream.next_batch(self.prefetch)
-            out = self._copy(windows)
+            out = read(windows)
         except BaseException:
             self._stream.seek(self._state)  # the next call tries the same batch again
             raise
         self._state = state
-        self.wait_s += time.perf_counter() - t0
-        return out[:, :-1], out[:, 1:]
+        return out
 
     def _copy(self, windows: list[Window]) -> torch.Tensor:
         """The windows as the rows of a new int64 tensor on the device."""

@@ -40,6 +40,9 @@ RECORD = {"name": "2025-11-29_BatchSizeSchedule", "steps": 2160, "tokens": 571_3
 CURRENT = "< 75 s, < 400M tokens"
 SHARD_TOKENS = 100_000_000  # a FineWeb train shard (scripts/fetch_fineweb.py)
 SHARD_MARGIN = 1.25  # a machine faster than predicted still sees no token twice
+# CONFIG's rows (data.sorted_shards) read about this share of a shard's tokens, the rest of each row's last document
+# skipped: scripts/data_coverage.py on shards of FineWeb-like document lengths (docs/PERFORMANCE.md)
+ROWS_READ = 0.75
 
 
 def flops_per_token(cfg: Config) -> tuple[float, float]:
@@ -65,10 +68,10 @@ def tokens_per_s(flops: float, assumed_mfu: float) -> float:
 
 
 def shards_needed(assumed_mfu: float = ASSUMED_MFU) -> int:
-    """FineWeb train shards that hold CONFIG's budget_s at the predicted tokens/s, x SHARD_MARGIN."""
+    """FineWeb train shards whose rows hold CONFIG's budget_s at the predicted tokens/s, x SHARD_MARGIN."""
     cfg = parse_train_args(["--config", CONFIG])
     tok_s = tokens_per_s(flops_per_token(cfg)[0], assumed_mfu)
-    return math.ceil(cfg.train.budget_s * tok_s * SHARD_MARGIN / SHARD_TOKENS)
+    return math.ceil(cfg.train.budget_s * tok_s * SHARD_MARGIN / (SHARD_TOKENS * ROWS_READ))
 
 
 def measured(path: Path | None) -> dict | None:
@@ -125,8 +128,9 @@ def main() -> None:
     p.add_argument("--mfu", type=float, default=ASSUMED_MFU, help="assumed model FLOPs utilisation (0-1)")
     p.add_argument("--measured", type=Path, help="scripts/gpu_check.sh's --json output: fills the measured column")
     p.add_argument("--shards", action="store_true",
-                   help=f"print only the number of FineWeb train shards that hold {CONFIG}'s budget at the "
-                        f"predicted tokens/s, + {round(100 * (SHARD_MARGIN - 1))}%% (run.sh's default)")
+                   help=f"print only the number of FineWeb train shards whose rows (~{round(100 * ROWS_READ)}%% "
+                        f"of a shard) hold {CONFIG}'s budget at the predicted tokens/s, "
+                        f"+ {round(100 * (SHARD_MARGIN - 1))}%% (run.sh's default)")
     args = p.parse_args()
     if args.shards:
         print(shards_needed(args.mfu))

@@ -62,6 +62,22 @@ def demo_data(out: Path, *, tokens: int, val_tokens: int, shard_tokens: int) -> 
     return out
 
 
+def short_docs_data(out: Path, *, tokens: int, val_tokens: int, shard_tokens: int) -> Path:
+    """Documents as short beside tiny.toml's 64-token rows as FineWeb's are beside the speedrun's 2,048 (log-normal
+    lengths, median 20 bytes), of random words, made into shards by data.prepare with the bytes tokenizer (its
+    eot_token, 256, before each document): a val shard of `val_tokens`, train shards of `shard_tokens`."""
+    rng = np.random.default_rng(0)
+    words = ["the", "data", "order", "of", "a", "record", "reads", "each", "shard", "once", "in", "rows"]
+    corpus = out.parent / f"{out.name}_docs.jsonl"
+    with open(corpus, "w") as f:
+        for n in np.maximum(1, rng.lognormal(np.log(4), 0.8, size=tokens // 10).astype(int)):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, size=n))}) + "\n")
+    run([sys.executable, "-m", "data.prepare", "--files", str(corpus), "--tokenizer", "bytes", "--out", str(out),
+         "--max-tokens", str(tokens), "--val-tokens", str(val_tokens), "--shard-tokens", str(shard_tokens),
+         "--workers", "1"])
+    return out
+
+
 def tiny_data(folder: Path, train_sizes: tuple[int, ...] = (20000, 20000), val_tokens: int = 3000) -> Path:
     """Train and val shards of random ids < VOCAB, without meta.json (so the loader checks every id)."""
     make_shards(folder, list(train_sizes), vocab=VOCAB)

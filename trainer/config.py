@@ -55,6 +55,9 @@ class DataConfig:
     bos_aligned: bool = False    # start every sequence at a document boundary
     shuffle: bool = True         # windows in a seeded random order over all shards; false: each shard front to back
     shuffle_shards: int = 0      # shuffle within this many shards at a time, each set read ahead whole; 0 = all
+    # with shuffle = false: every epoch reads the shards in their sorted order, as modded-nanogpt does; false: in
+    # an order seeded by data.seed and the epoch
+    sorted_shards: bool = False
     seed: int = 0                # seeds the order of the shards and of the windows, per epoch
     vocab_check: bool = grouped(True, "neutral")  # refuse token ids >= model.vocab_size
 
@@ -418,6 +421,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(str(e)) from None
     if not cfg.data.train:
         raise ConfigError("data.train is empty: set it to a glob of token shards (or pass --data_dir)")
+    if cfg.data.sorted_shards and cfg.data.shuffle:
+        raise ConfigError("data.sorted_shards reads each shard front to back in sorted order, but data.shuffle = "
+                          "true shuffles the windows over all shards; set data.shuffle = false or data.sorted_shards "
+                          "= false")
     if train.budget_s < 0:
         raise ConfigError(f"train.budget_s = {train.budget_s} is negative; give seconds > 0 (or 0 for no budget "
                           f"with train.schedule = 'step')")

@@ -114,8 +114,9 @@ def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> Toke
     train, data = cfg.train, cfg.data
     bos_id = meta.get("eot_token", cfg.model.bos_id) if data.bos_aligned else None
     check = data.vocab_check and not _vouched(files, meta, cfg.model.vocab_size)  # meta.json read once
+    seed = None if data.sorted_shards else data.seed  # TokenLoader's sequential stream takes no seed in sorted order
     return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
-                       seed=data.seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
+                       seed=seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
                        vocab_size=cfg.model.vocab_size if check else None, holdout_tokens=cfg.holdout_tokens,
                        shuffle=data.shuffle, shuffle_shards=data.shuffle_shards)
 

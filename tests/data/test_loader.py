@@ -114,3 +114,15 @@ def test_a_batch_stays_intact_for_as_long_as_its_holder_keeps_it(tmp_path, kw):
             clones.append([t.clone() for t in batch])
     assert all(torch.equal(a, b) for h, c in zip(held, clones) for a, b in zip(h, c))
     assert len({tuple(windows(*h)) for h in held}) > 20  # the batches differ: a reused buffer would show
+
+
+@pytest.mark.parametrize("kw", [{"shuffle": False, "bos_id": BOS}, {"bos_id": BOS}, {"seed": None}])
+def test_next_places_are_where_the_batches_come_from_and_move_the_stream_alike(tmp_path, kw):
+    coded_shards(tmp_path, [120 * L, 7 * L + 3, 80 * L], bos_seed=0)
+    paths = sorted(tmp_path.glob("*.bin"))
+    with TokenLoader(paths, B, T, rank=1, world_size=2, **kw) as read, \
+            TokenLoader(paths, B, T, rank=1, world_size=2, **kw) as placed:
+        for _ in range(60):  # past an epoch's end
+            places = [(paths.index(f), start) for f, start in placed.next_places()]
+            assert places == windows(*next(read)) and placed.state_dict() == read.state_dict()
+        assert read.state_dict()["epoch"] >= 1

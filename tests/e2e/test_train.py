@@ -19,7 +19,7 @@ from data.loader import TokenLoader
 from data.val import PAD_TARGET, val_batches
 from model import get_model
 from tests.helpers import (ROOT, TRAIN, demo_data, free_port, growing_window_run, make_shards, run,
-                           ten_second_steps, torchrun, train_args)
+                           short_docs_data, ten_second_steps, torchrun, train_args)
 from trainer.clock import lr_multiplier
 from trainer.report import summarize
 
@@ -144,6 +144,28 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tm
     steps = [r["step"] for r in records(tmp_path / "crash")]
     assert steps == list(range(1, 31))  # nothing logged twice after the cut
     assert [r["loss"] for r in records(tmp_path / "crash")] == [r["loss"] for r in records(ddp_run)]
+
+
+def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batch_stages(tmp_path):
+    """data.sorted_shards (record 46's order) on 2 ranks, tiny.toml's 2 micro-steps in stages [1, 2, 3]: every rank
+    SIGKILLed right after the resume state of step 15 (mid second stage) is saved, then relaunched, trains the rows
+    the uninterrupted run trains: the same losses, step by step, and the same loader state at the end."""
+    data = short_docs_data(tmp_path / "docs", tokens=200_000, val_tokens=20_000, shard_tokens=70_000)
+    order = ["--data.bos_aligned=true", "--data.shuffle=false", "--data.sorted_shards=true",
+             "--train.batch_stages=[1, 2, 3]"]
+    torchrun(train_args(data, tmp_path, "straight", *order))
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=15"]
+    proc = torchrun([*die, *train_args(data, tmp_path, "crash", *order, "--train.checkpoint_every_s=1e-9")],
+                    check=False, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode != 0 and "exitcode: -9" in proc.stderr, proc.stderr[-5000:]
+    torchrun(train_args(data, tmp_path, "crash", *order))
+    assert "resumed at step 15" in (tmp_path / "crash" / "log.txt").read_text()
+    straight, crash = records(tmp_path / "straight"), records(tmp_path / "crash")
+    assert [r["step"] for r in crash] == list(range(1, 31))
+    assert crash[-1]["tokens"] == (10 * 2 + 10 * 4 + 10 * 6) * 512  # micro-steps by stage x 2 ranks x 4 x 64 tokens
+    assert [r["loss"] for r in crash] == [r["loss"] for r in straight]
+    loaders = [[state["loader"] for state in rank_states(tmp_path / run)] for run in ("straight", "crash")]
+    assert loaders[0] == loaders[1] and loaders[0][0]["seed"] is None and loaders[0][0]["epoch"] == 0
 
 
 def test_starter_flags_run_end_to_end_on_raw_chunks(tmp_path):

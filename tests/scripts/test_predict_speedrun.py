@@ -41,7 +41,8 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
 def test_run_sh_fetches_the_shards_the_budget_trains_on_with_a_margin(monkeypatch):
     cfg = parse_args(["--config", predict_speedrun.CONFIG])
     tok_s = predict_speedrun.tokens_per_s(predict_speedrun.flops_per_token(cfg)[0], predict_speedrun.ASSUMED_MFU)
-    need = cfg.train.budget_s * tok_s * 1.25  # 25% more than the budget trains on at the predicted speed
+    # 25% more than the budget trains on at the predicted speed, in the rows that read 3/4 of a shard
+    need = cfg.train.budget_s * tok_s * 1.25 / 0.75
     # gpu_track's own line, run as run.sh runs it
     line = next(line.strip() for line in (ROOT / "run.sh").read_text().splitlines()
                 if line.strip().startswith("shards="))

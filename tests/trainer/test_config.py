@@ -17,8 +17,8 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 # configs/speedrun_1gpu.toml resolved as it was when it was a full copy of speedrun_8xh100.toml (before `base`)
 SPEEDRUN_1GPU = {
     "data": {"train": "shards/fineweb10B/fineweb_train_*.bin", "val": "shards/fineweb10B/fineweb_val_*.bin",
-             "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": True, "shuffle_shards": 0,
-             "seed": 0, "vocab_check": True},
+             "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": False, "shuffle_shards": 0,
+             "sorted_shards": True, "seed": 0, "vocab_check": True},
     "model": {"vocab_size": 50257, "block_size": 2048, "n_layer": 11, "n_head": 6, "n_embd": 768, "mlp_ratio": 4,
               "bias": False, "norm": "rmsnorm", "activation": "relu2", "rotary": True, "rope_base": 1024.0,
               "rope_truncate": True, "qk_norm": True, "attn_scale": 0.1, "attn_gate": True, "norm_gain": False,

@@ -1,11 +1,14 @@
 """trainer/data.py: the files a config names, what meta.json fills in or refuses, and the eval set's size."""
 import json
 
+import numpy as np
 import pytest
 
-from tests.helpers import ROOT, make_shards
+from data.shards import open_shard
+from tests.helpers import ROOT, make_shards, short_docs_data
 from trainer.config import ConfigError, parse_args
-from trainer.data import resolve_data
+from trainer.data import resolve_data, train_loader
+from trainer.distributed import Dist
 
 TINY = str(ROOT / "configs" / "tiny.toml")
 
@@ -77,3 +80,44 @@ def test_the_prefix_table_comes_from_the_tokenizer_meta_json_names_and_without_o
         prefix_targets(cfg, resolve_data(cfg)[2])
     with pytest.raises(ConfigError, match=r"model.prefix_weight: unknown tokenizer 'nope'"):
         prefix_targets(cfg, {"tokenizer": "nope"})
+
+
+def test_sorted_shards_read_in_order_each_token_once_in_rows_from_bos_the_ranks_taking_turns(tmp_path):
+    """data.sorted_shards, record 46's order: the shards in sorted order every epoch, each front to back in rows that
+    start at a document (BOS), the next row at the first BOS past the last (the rest of a cut document skipped),
+    the ranks taking consecutive rows of each global batch."""
+    data = short_docs_data(tmp_path / "docs", tokens=60_000, val_tokens=6_000, shard_tokens=20_000)
+    order = ["--data.bos_aligned=true", "--data.shuffle=false", "--data.sorted_shards=true", "--data.seed=7"]
+    cfg = parse_args(["--config", TINY, f"--data.train={data}/*_train_*.bin", f"--data.val={data}/*_val_*.bin",
+                      *order])
+    files, _, meta = resolve_data(cfg)
+    tokens = {f: np.asarray(open_shard(f)) for f in files}
+    bos, length, world, batch = meta["eot_token"], cfg.train.seq_len + 1, 2, cfg.train.batch_size
+
+    def rows(world: int, steps: int) -> list[list[tuple]]:
+        """Each rank's rows over `steps` global batches."""
+        loaders = [train_loader(cfg, Dist(rank=r, world_size=world), files, meta) for r in range(world)]
+        return [[row for _ in range(steps) for row in loader.next_places()] for loader in loaders]
+
+    steps = 2 * sum(len(t) for t in tokens.values()) // (world * batch * length)  # past two epochs
+    per_rank = rows(world, steps)
+    glued = [row for s in range(steps) for mine in per_rank for row in mine[s * batch:(s + 1) * batch]]
+    cfg.train.batch_size = world * batch
+    assert rows(1, steps) == [glued]  # rank r takes rows [r * B, (r + 1) * B) of each global batch
+    places = [(files.index(f), start) for f, start in glued]
+    ends = [i + 1 for i, (a, b) in enumerate(zip(places, places[1:])) if b < a]  # where the files start again
+    assert len(ends) == 2
+    first, second = glued[:ends[0]], glued[ends[0]:ends[1]]
+    assert first == second  # the same order every epoch, whatever data.seed
+    assert places[:ends[0]] == sorted(places[:ends[0]]) and {f for f, _ in first} == set(files)
+    assert all(tokens[f][start] == bos for f, start in first)
+    for (f, start), (g, nxt) in zip(first, first[1:]):  # no token twice, and only a cut document's rest skipped
+        if f == g:
+            assert nxt >= start + length and not (tokens[f][start + length:nxt] == bos).any()
+
+
+def test_sorted_shards_need_the_sequential_stream(tmp_path):
+    data = shards(tmp_path)
+    with pytest.raises(ConfigError, match="data.sorted_shards reads each shard front to back in sorted order, but "
+                                          "data.shuffle = true"):
+        parse_args(["--config", TINY, *data, "--data.sorted_shards=true"])

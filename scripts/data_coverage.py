@@ -1,0 +1,88 @@
+"""How many times one epoch of each training stream reads each token of its shards: never, once, or twice and more.
+
+    python -m scripts.data_coverage --train 'shards/fineweb10B/fineweb_train_*.bin' --seq-len 2048
+
+The streams are TokenLoader's own, BOS-aligned (the bos id is meta.json's eot_token unless --bos-id says):
+shuffled (data.shuffle, the default), sequential (data.shuffle = false) and sorted (with data.sorted_shards, the
+record's order). Each is run for one epoch, one row a batch, through TokenLoader.next_places, which moves the
+stream as training does without reading tokens; a row reads its seq_len + 1 tokens. Beside them, record 46's
+loader (scripts/beside/record_data.py's restatement) at its micro-batches of 8, 16 and 24 rows' tokens: each reads
+its n + 1 tokens once, from the shards in sorted order.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data.loader import TokenLoader
+from data.meta import read_meta
+from data.regions import resolve_files
+from data.shards import open_shard
+from scripts.beside.record_data import record_coverage
+
+# name -> (uses data.seed, data.shuffle): TokenLoader reads the files in sorted order when its seed is None
+STREAMS = {"shuffled": (True, True), "sequential": (True, False), "sorted": (False, False)}
+RECORD_ROWS = (8, 16, 24)  # record 46's micro-batch on a GPU, in rows of seq_len: its three batch stages
+
+
+@dataclass
+class Coverage:
+    """One epoch of a stream: its rows, and the shares of the files' tokens it read 0, 1 and 2+ times."""
+    rows: int
+    never: float
+    once: float
+    again: float
+
+
+def coverage(files: list[Path], seq_len: int, bos_id: int | None, *, seed: int | None = 0,
+             shuffle: bool = True) -> Coverage:
+    """Run TokenLoader (seed, shuffle as it takes them) over one epoch and count each token's reads."""
+    length = seq_len + 1
+    # +1 at a row's first token, -1 past its last: a running sum is then each token's count of reads
+    marks = {path: np.zeros(len(open_shard(path)) + 1, dtype=np.int32)
+             for path in files}
+    rows = 0
+    loader = TokenLoader(files, 1, seq_len, seed=seed, bos_id=bos_id, shuffle=shuffle)
+    while True:
+        [(path, start)] = loader.next_places()
+        if loader.state_dict()["epoch"] > 0:  # the first row of the next epoch
+            break
+        marks[path][start] += 1
+        marks[path][start + length] -= 1
+        rows += 1
+    reads = np.concatenate([np.cumsum(m[:-1]) for m in marks.values()])
+    total = len(reads)
+    return Coverage(rows, np.count_nonzero(reads == 0) / total, np.count_nonzero(reads == 1) / total,
+                    np.count_nonzero(reads > 1) / total)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print each stream's coverage of the --train shards."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--train", required=True, help="glob of training shards")
+    p.add_argument("--seq-len", type=int, default=2048, help="train.seq_len")
+    p.add_argument("--bos-id", type=int, default=None, help="the document token (default: meta.json's eot_token)")
+    p.add_argument("--seed", type=int, default=0, help="data.seed")
+    args = p.parse_args(argv)
+    files = resolve_files(args.train)
+    bos_id = args.bos_id if args.bos_id is not None else read_meta(files[0].parent).get("eot_token")
+    if bos_id is None:
+        p.error(f"no meta.json beside {files[0]} names the eot_token: give --bos-id")
+    tokens = sum(len(open_shard(f)) for f in files)
+    print(f"{len(files)} files, {tokens:,} tokens, rows of {args.seq_len + 1:,} tokens from bos_id {bos_id}")
+    print(f"{'stream':<11} {'rows':>9} {'read 0x':>8} {'1x':>8} {'2x+':>8}")
+    for name, (seeded, shuffle) in STREAMS.items():
+        c = coverage(files, args.seq_len, bos_id, seed=args.seed if seeded else None, shuffle=shuffle)
+        print(f"{name:<11} {c.rows:>9,} {c.never:>8.2%} {c.once:>8.2%} {c.again:>8.2%}")
+    for rows in RECORD_ROWS:
+        n = rows * args.seq_len
+        micro = record_coverage(files, lambda step: n, tokens // n + 1, 1, args.seq_len, bos_id).steps
+        once = micro * (n + 1) / tokens
+        print(f"{f'record {n:,}':<11} {micro:>9,} {1 - once:>8.2%} {once:>8.2%} {0:>8.2%}")
+
+
+if __name__ == "__main__":
+    main()
