@@ -1,7 +1,7 @@
 """Causal multi-head self-attention, and the records' pieces inside it, each behind its key: QK-norm
 (model.qk_norm), rotary and YaRN (model/rotary.py), value embeddings mixed into the values (model.value_embeds;
-their gate, record 55: model.ve_gate), exclude-self (record 82: model.xsa) and the output gate (record 28:
-model.attn_gate)."""
+their gate, record 55: model.ve_gate; the values' scale without them, record 46: model.value_scale), exclude-self
+(record 82: model.xsa) and the output gate (record 28: model.attn_gate)."""
 from __future__ import annotations
 
 import torch
@@ -33,6 +33,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         # Mixing weights of the value and the value embedding.
         self.ve_lambda = nn.Parameter(torch.empty(2)) if has_ve else None
+        # value_scale (record 46): a layer without a value embedding still learns its values' scale
+        self.v_lambda = nn.Parameter(torch.empty(1)) if cfg.value_scale and not has_ve else None
         # attn_gate: each head's output scaled by a gate read from this token's input (the records: a no-op when
         # the context holds nothing worth reading, without an attention sink)
         self.gate = Gate(cfg, cfg.n_head) if cfg.attn_gate else None
@@ -44,9 +46,11 @@ class Attention(nn.Module):
         self.ve_gate = Gate(cfg, cfg.n_head, 2 * half) if has_ve and cfg.ve_gate else None
 
     def reset_parameters(self) -> None:
-        """Value and value embedding mixed half and half; XSA's alphas 0 (the projections are GPT's to init)."""
-        if self.ve_lambda is not None:
-            nn.init.constant_(self.ve_lambda, 0.5)
+        """Value and value embedding mixed half and half (or the value alone scaled by a half); XSA's alphas 0 (the
+        projections are GPT's to init)."""
+        for lam in (self.ve_lambda, self.v_lambda):
+            if lam is not None:
+                nn.init.constant_(lam, 0.5)
         if self.xsa_alpha is not None:
             nn.init.zeros_(self.xsa_alpha)
 
@@ -63,6 +67,8 @@ class Attention(nn.Module):
                 gates = 2 * self.ve_gate(torch.cat((x[..., :half], ve[..., :half]), dim=-1))  # [B, T, H]
                 ve = ve.view(B, T, cfg.n_head, cfg.head_dim) * gates.unsqueeze(-1)
             v = self.ve_lambda[0] * v + self.ve_lambda[1] * ve.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        elif self.v_lambda is not None:
+            v = self.v_lambda * v
         if value is not None:
             v = v + value.view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
         if cfg.qk_norm:

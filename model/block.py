@@ -20,15 +20,17 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, has_ve: bool, attention: bool = True, mlp: bool = True, xsa: bool = False):
         super().__init__()
         self.x0_lambda = nn.Parameter(torch.empty(2)) if cfg.x0_mix else None
+        self.x0_mix_init = cfg.x0_mix_init
         self.bigram_lambda = nn.Parameter(torch.empty(1)) if cfg.bigram_hash else None
         self.norm1, self.attn = (Norm(cfg), Attention(cfg, has_ve, xsa)) if attention else (None, None)
         self.norm2, self.mlp = (Norm(cfg), MLP(cfg)) if mlp else (None, None)
 
     def reset_parameters(self) -> None:
-        """x0 mix (1, 0): the block's input alone; the bigram table's lambda 0.1."""
+        """x0 mix (x0_mix_init, 0): the block's input alone; the bigram table's lambda 0.1."""
         if self.x0_lambda is not None:
             with torch.no_grad():
-                self.x0_lambda.copy_(torch.tensor([1.0, 0.0]))
+                # x0_mix_init (record 46: 1.1): each later block scales an output again, so early ones weigh more
+                self.x0_lambda.copy_(torch.tensor([self.x0_mix_init, 0.0]))
         if self.bigram_lambda is not None:
             nn.init.constant_(self.bigram_lambda, 0.1)
 

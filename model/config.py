@@ -74,6 +74,7 @@ class GPTConfig:
     embed_norm: bool = False  # RMS-normalise the embedding (no gain) before the first block
     smear: bool = False  # token t's embedding adds lambda * sigmoid(w . x_t[:12]) * x_{t-1}; lambda and w start at 0
     x0_mix: bool = False  # each block starts from a * x + b * x0 (x0: the embedding), a, b learned per block
+    x0_mix_init: float = 1.0  # a at init (b starts at 0); record 46: 1.1
     tie_embeddings: bool = True  # head shares the token embedding matrix
     untie_at: float = 0.0  # in (0, 1): a tied head gets weights of its own at this training progress; 0 = never
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
@@ -84,12 +85,16 @@ class GPTConfig:
     # > 0: the training loss also predicts each target's longest proper prefix token, at this weight; 0 = off
     prefix_weight: float = 0.0
     value_embeds: int = 0  # k extra token tables added to the values of the first k and last k layers
+    value_embed_skip: int = 0  # the first layers take tables from this one on: the others serve the last layers alone
+    value_scale: bool = False  # attention layers without a value embedding scale v by a learned scalar (from 0.5)
     bigram_hash: int = 0  # rows of a table read at a hash of (previous, current) token, added to each block; 0 = off
     bigram_dim: int = 0  # width of the bigram table, added to the first bigram_dim channels; 0 = n_embd
     bigram_signs: bool = False  # each bigram's row times a fixed +-1 pattern picked by the pair (the sign trick)
     ve_gate: bool = False  # each head's value embedding times 2 sigmoid(W [x[:6], ve[:6]]); W starts at 0 (gates 1)
     unet_skips: bool = False  # block i of the second half also adds the output of block n_layer-1-i
     skip_gate: bool = False  # each U-net skip times 2 sigmoid(w . x0[:12]); w starts at 0 (gates 1)
+    # [a, b]: block b's input adds sigmoid(w) times block a's output, w learned from -1.5; [] = off
+    skip_connection: list[int] = field(default_factory=list)
     backout: int = 0  # > 0: the head reads x - lambda * (the residual after the first `backout` blocks); lambda 0.5
     no_attention: list[int] = field(default_factory=list)  # layers whose block has no attention, only the MLP
     no_mlp: list[int] = field(default_factory=list)  # layers whose block has no MLP, only the attention
@@ -106,6 +111,7 @@ class GPTConfig:
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
+    embed_init_std: float = 0.0  # > 0: std of the token and value tables' normal init instead; 0 = init_std
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -118,6 +124,20 @@ class GPTConfig:
         check_choices(self, "model config")
         need(0 <= 2 * self.value_embeds <= self.n_layer,
              f"value_embeds={self.value_embeds} needs 0 <= 2 * value_embeds <= n_layer={self.n_layer}")
+        need(0 <= self.value_embed_skip <= self.value_embeds,
+             f"value_embed_skip={self.value_embed_skip} must be in [0, value_embeds={self.value_embeds}]: the tables "
+             f"that serve the last layers alone, e.g. 1 (record 46, with value_embeds = 3)")
+        need(self.x0_mix or self.x0_mix_init == 1.0,
+             f"x0_mix_init={self.x0_mix_init} starts the x0 mix, and x0_mix = false has none: set x0_mix = true "
+             f"or x0_mix_init = 1.0")
+        need(not self.embed_init_std or not self.tie_embeddings,
+             f"embed_init_std={self.embed_init_std} would also start the tied head at that std: set "
+             f"tie_embeddings = false (record 46) or embed_init_std = 0")
+        need(self.embed_init_std >= 0, f"embed_init_std={self.embed_init_std} must be >= 0 (0 = init_std)")
+        skip, n = self.skip_connection, self.n_layer
+        need(not skip or (len(skip) == 2 and all(type(i) is int for i in skip) and 0 <= skip[0] < skip[1] < n),
+             f"skip_connection={skip} must be [] or [a, b], 0 <= a < b < n_layer={self.n_layer}: block a's output "
+             f"into block b's input, e.g. [3, 6] (record 46, of 11)")
         need(not self.ve_gate or self.value_embeds > 0,
              "ve_gate = true gates the value embeddings, and value_embeds = 0 has none: set value_embeds > 0 "
              "or ve_gate = false")
@@ -174,7 +194,8 @@ class GPTConfig:
              f"bigram_hash = 0 turns off: set bigram_hash > 0 or leave them at 0 and false")
         layers = self.no_attention
         k = self.value_embeds
-        unread = [j for j in range(k) if {j, self.n_layer - k + j} <= set(layers)]
+        served = {self.layer_table(i) for i in self.attention_layers}
+        unread = [j for j in range(k) if j not in served]
         need(not unread, f"value_embeds={k}: table(s) {unread} would serve only layers with no attention "
                          f"(no_attention={layers}); lower value_embeds or give one of their layers attention")
 
@@ -198,12 +219,19 @@ class GPTConfig:
         """The layers whose block has attention: all but those of no_attention."""
         return [i for i in range(self.n_layer) if i not in self.no_attention]
 
+    def layer_table(self, layer: int) -> int | None:
+        """The value table `layer` would add (None: none): table j to layer n_layer - value_embeds + j, and from
+        j = value_embed_skip on also to layer j - value_embed_skip."""
+        k, skip = self.value_embeds, self.value_embed_skip
+        if layer >= self.n_layer - k:
+            return layer - (self.n_layer - k)
+        return layer + skip if layer < k - skip else None
+
     @property
     def value_embed_layers(self) -> list[int]:
-        """The layers that add a value embedding: table j to layers j and n_layer - value_embeds + j, each if it
-        has attention (a block without attention has no values)."""
-        k = self.value_embeds
-        return [i for i in self.attention_layers if i < k or i >= self.n_layer - k]
+        """The layers that add a value embedding: those with a table (layer_table) and attention (a block without
+        attention has no values)."""
+        return [i for i in self.attention_layers if self.layer_table(i) is not None]
 
     def mudd_reads(self, layer: int) -> list[int]:
         """The layers whose outputs the MUDD connection after `layer` weighs, besides x0: mudd_sources up to it."""

@@ -3,9 +3,9 @@
 Read the default path first: token (+ position) embeddings -> blocks (model/block.py: attention, MLP) -> final
 norm -> head -> cross-entropy. Each record piece enters at one named place below, and its file says which record it
 comes from and which key turns it on: the embedding's extras (model/embeddings.py), masks and windows
-(model/masks.py), rotary and YaRN (model/rotary.py), U-net skips, backout and MUDD connections on the residual
-stream (here, and model/mudd.py), the head that unties from the embedding (here), the loss's extra terms
-(model/loss.py).
+(model/masks.py), rotary and YaRN (model/rotary.py), U-net skips, the one skip connection, backout and MUDD
+connections on the residual stream (here, and model/mudd.py), the head that unties from the embedding (here), the
+loss's extra terms (model/loss.py).
 The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied from outside (trainer/parallel.py).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from model.config import GPTConfig
 from model.embeddings import BigramHash, Smear
 from model.layers import Gate, Norm
 from model.loss import loss_weights_at, weighted_loss
-from model.masks import layer_masks, short_window
+from model.masks import layer_masks, mean_keys, short_window
 from model.mudd import Mudd
 
 
@@ -51,6 +51,8 @@ class GPT(nn.Module):
         self.skip_weights = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         # skip_gate (record 55): skip j also times twice a gate read from the embedding x0: 1 at init, as without it
         self.skip_gate = Gate(cfg, cfg.n_layer // 2) if cfg.skip_gate else None
+        # skip_connection (record 46): one skip, its weight sigmoid(w) in (0, 1), from a small one (w = -1.5)
+        self.skip_lambda = nn.Parameter(torch.empty(1)) if cfg.skip_connection else None
         # backout (record 40): a learned share of an early residual is taken back before the head, so that what the
         # early layers wrote for the later ones alone need not reach the prediction
         self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout else None
@@ -86,21 +88,25 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """Initialise every parameter (also after `to_empty` from the meta device), GPT-2 style.
 
-        Matrices and tables N(0, init_std), residual projections scaled by 1/sqrt(2 n_layer) (or zero); each of
-        our modules sets the rest of its own (gains 1, gates 0, ...); skip weights 1, backout's lambda 0.5, the
-        MUDD MLPs last (as modded-nanogpt starts them); under untie_at the head tied, and the embedding its copy,
-        the value a shared matrix ends with; the window and the loss's weights the final ones (set_progress(1)).
+        Matrices N(0, init_std), tables too (or N(0, embed_init_std)), residual projections scaled by 1/sqrt(2
+        n_layer) (or zero); each of our modules sets the rest of its own (gains 1, gates 0, ...); skip weights 1
+        (skip_lambda -1.5), backout's lambda 0.5, the MUDD MLPs last (as modded-nanogpt starts them); under
+        untie_at the head tied, and the embedding its copy, the value a shared matrix ends with; the window and the
+        loss's weights the final ones (set_progress(1)).
         """
         cfg = self.cfg
+        tables = {id(self.wte), *map(id, self.value_embeds)}
         for m in self.modules():  # in this order: the draws of N(0, init_std) come as they always have
             if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, BigramHash):
-                nn.init.normal_(m.weight, std=cfg.init_std)
+                nn.init.normal_(m.weight, std=(cfg.embed_init_std or cfg.init_std) if id(m) in tables else cfg.init_std)
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, (Norm, Gate, Smear, BigramHash, Attention, Block)):
                 m.reset_parameters()
         if self.skip_weights is not None:
             nn.init.ones_(self.skip_weights)
+        if self.skip_lambda is not None:
+            nn.init.constant_(self.skip_lambda, -1.5)
         if self.backout_lambda is not None:
             nn.init.constant_(self.backout_lambda, 0.5)
         projections = [m.proj.weight for b in self.blocks for m in (b.attn, b.mlp) if m is not None]
@@ -131,12 +137,12 @@ class GPT(nn.Module):
         cfg = self.cfg
         x = x0 = self.embed(idx)
         bigram = None if self.bigram is None else self.bigram(idx)
-        ves = [ve(idx) for ve in self.value_embeds]  # the first blocks' and, in the same order, the last ones'
-        ves = ves + [None] * (cfg.n_layer - 2 * len(ves)) + ves
+        tables = [ve(idx) for ve in self.value_embeds]
+        ves = [None if (j := cfg.layer_table(i)) is None else tables[j] for i in range(cfg.n_layer)]
         masks = layer_masks(cfg, idx, self.windows)
         # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
         yarn_window = self.windows[0] if cfg.yarn else None
-        half, skips = cfg.n_layer // 2, []
+        half, skips, (skip_from, skip_to) = cfg.n_layer // 2, [], cfg.skip_connection or (-1, -1)
         skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
         mudd, outputs, value = dict(zip(cfg.mudd, self.mudd)), {}, None
         for i, block in enumerate(self.blocks):
@@ -144,6 +150,8 @@ class GPT(nn.Module):
                 j = i - (cfg.n_layer - half)
                 weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
                 x = x + weight * skips.pop()
+            if i == skip_to:
+                x = x + torch.sigmoid(self.skip_lambda) * skipped
             x = block(x, x0, ves[i], masks[i], yarn_window, bigram, value)
             if i in cfg.mudd_sources:
                 outputs[i] = x
@@ -152,6 +160,8 @@ class GPT(nn.Module):
                 x, value = mudd[i](x, [x0, *(outputs[j] for j in cfg.mudd_reads(i))])
             if self.skip_weights is not None and i < half:
                 skips.append(x)
+            if i == skip_from:
+                skipped = x
             if i == cfg.backout - 1:
                 early = x
         if self.backout_lambda is not None:
@@ -292,9 +302,3 @@ class GPT(nn.Module):
 def _read_tied(model: GPT, _keys) -> None:
     """After load_state_dict: the host's copy of the saved head_tied flag (one sync, at load only)."""
     model.tied = bool(model.head_tied)
-
-
-def mean_keys(seq_len: int, window: int) -> float:
-    """Keys per query, averaged over the positions of a causal sequence: min(p + 1, window); window 0 = none."""
-    w = seq_len if window <= 0 else min(window, seq_len)
-    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len

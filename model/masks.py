@@ -130,3 +130,9 @@ def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:
     kinds = dict.fromkeys(pattern[i] for i in attending)  # none built for the layers without attention
     masks = {kind: build(idx, by_kind[kind], cfg.doc_causal, cfg.bos_id) for kind in kinds}
     return [masks[kind] if i in attending else None for i, kind in enumerate(pattern)]
+
+
+def mean_keys(seq_len: int, window: int) -> float:
+    """Keys per query, averaged over the positions of a causal sequence: min(p + 1, window); window 0 = none."""
+    w = seq_len if window <= 0 else min(window, seq_len)
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len

@@ -28,8 +28,12 @@ class OptimConfig:
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" | "none" (optim/muon.py)
     ns_coefficients: Literal["newton_schulz", "polar_express"] = "newton_schulz"  # muon: the iteration's quintics
     muon_cautious_wd: bool = False  # muon: decay only where the update and the weight share a sign
+    muon_wd_lr_squared: bool = False  # muon: the decay follows the rate squared (the same at the base rate)
+    muon_fc_lr_scale: float = 1.0  # muon: the MLP fc's rate (and decay) as a multiple of muon_lr's
     normuon: bool = False  # muon: rescale the orthogonalised update per neuron by its second moment (NorMuon)
     normuon_beta2: float = 0.95  # muon: NorMuon's second-moment decay
+    normuon_attn_columns: bool = False  # muon: NorMuon's neurons of the attention matrices are their input columns
+    muon_gates: bool = False  # muon: the attention and smear gates' weights are Muon's matrices, not AdamW's scalars
     muon_qk_pairs: bool = False  # muon: orthogonalise each pair of adjacent heads of Q and of K apart (V whole)
     adam_every: int = 1  # AdamW steps every N steps, on the sum of their gradients (records: 2); Muon every step
 
@@ -42,6 +46,9 @@ class OptimConfig:
         if self.muon_momentum_warmup_steps < 0:
             raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
                              ">= 0 (0 = no warm-up)")
+        if self.muon_fc_lr_scale <= 0:
+            raise ValueError(f"optim config: muon_fc_lr_scale={self.muon_fc_lr_scale} must be > 0 (1 = muon_lr; "
+                             "record 46: 2)")
         if not 0 <= self.normuon_beta2 < 1:
             raise ValueError(f"optim config: normuon_beta2={self.normuon_beta2} must be in [0, 1), e.g. 0.95")
         if self.adam_every < 1:

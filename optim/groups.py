@@ -16,8 +16,9 @@ import torch.nn as nn
 
 from model.attention import Attention
 from model.config import GPTConfig
+from model.embeddings import Smear
 from model.gpt import GPT
-from model.layers import Gate
+from model.layers import MLP, Gate
 from model.mudd import Mudd
 from optim.config import OptimConfig
 from optim.muon import Muon
@@ -30,17 +31,20 @@ MUDD_LR_SCALE = 0.05
 MUDD_BETAS = (0.9, 0.99)
 
 
-def param_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+def param_roles(model: nn.Module, muon_gates: bool = False) -> dict[str, list[nn.Parameter]]:
     """Split the GPT's parameters into "matrix" (2-D in blocks), "embed", "head" (untied), "mudd" and "scalar".
 
     The gates' weights (attn_gate, smear, ve_gate, skip_gate) are 2-D but "scalar": AdamW's, as the records' (since
-    2025-12-31). The MUDD connections' MLPs are AdamW's too, at a rate of their own (MUDD_LR_SCALE)."""
+    2025-12-31); with `muon_gates` the attention and smear gates' are "matrix", as record 46's (optim.muon_gates).
+    The MUDD connections' MLPs are AdamW's too, at a rate of their own (MUDD_LR_SCALE)."""
     gpt = next((m for m in model.modules() if isinstance(m, GPT)), None)
     if gpt is None:
         raise TypeError(f"build_optimizers needs a model containing a GPT, got {type(model).__name__}")
     embeds = {id(m.weight) for m in gpt.modules() if isinstance(m, nn.Embedding)}
     gates = {id(m.weight) for m in gpt.modules() if isinstance(m, Gate)}
     hidden = {id(p) for p in gpt.blocks.parameters() if p.ndim >= 2 and id(p) not in gates}
+    if muon_gates:
+        hidden |= {id(m.gate.weight) for m in gpt.modules() if isinstance(m, (Attention, Smear)) and m.gate is not None}
     mudd = {id(p) for m in gpt.modules() if isinstance(m, Mudd) for p in m.parameters()}
     roles = {"matrix": [], "embed": [], "head": [], "mudd": [], "scalar": []}
     for p in gpt.parameters():
@@ -66,7 +70,7 @@ def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
     """The optimizers for `model` (a GPT, possibly wrapped by DDP/FSDP2/compile) under recipe `cfg.name`."""
-    roles = param_roles(model)
+    roles = param_roles(model, cfg.name == "muon" and cfg.muon_gates)
     if cfg.name == "adamw":
         return [_adamw([
             {"params": roles["matrix"] + roles["head"], "lr": cfg.lr, "weight_decay": cfg.weight_decay},
@@ -81,12 +85,22 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
     attention = [m for m in model.modules() if isinstance(m, Attention)]
     fused = {id(m.qkv.weight) for m in attention}
     split = qkv_split(attention[0].cfg, cfg.muon_qk_pairs) if attention else 3
-    groups = [{"params": [p for p in roles["matrix"] if id(p) in fused], "split": split},
-              {"params": [p for p in roles["matrix"] if id(p) not in fused]}]
+    # The record 46 groups below are only there when their key is set, so that saved optimizer states keep theirs:
+    # normuon_attn_columns: the attention's output projection with its qkv, NorMuon's neurons their inputs
+    proj = {id(m.proj.weight) for m in attention} if cfg.normuon_attn_columns else set()
+    # muon_fc_lr_scale (record 46: 2, "for the transpose" of its [768, 3072] fc)
+    fc = {id(m.fc.weight) for m in model.modules() if isinstance(m, MLP)} if cfg.muon_fc_lr_scale != 1 else set()
+
+    def matrices(ids: set[int]) -> list[nn.Parameter]:
+        return [p for p in roles["matrix"] if id(p) in ids]
+    groups = [{"params": matrices(fused), "split": split, "normuon_columns": cfg.normuon_attn_columns},
+              {"params": [p for p in roles["matrix"] if id(p) not in fused | proj | fc]},
+              {"params": matrices(proj), "normuon_columns": True},
+              {"params": matrices(fc), "lr": cfg.muon_lr * cfg.muon_fc_lr_scale}]
     muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                 weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr,
                 ns_coefficients=cfg.ns_coefficients, cautious_wd=cfg.muon_cautious_wd, normuon=cfg.normuon,
-                normuon_beta2=cfg.normuon_beta2)
+                normuon_beta2=cfg.normuon_beta2, wd_lr_squared=cfg.muon_wd_lr_squared)
     for g in muon.param_groups:
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
                  momentum_warmup_steps=cfg.muon_momentum_warmup_steps)

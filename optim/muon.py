@@ -3,6 +3,8 @@
 Update of a matrix W (rows x cols) with gradient G, momentum buffer B, rate lr:
     B <- lerp(B, G, 1 - momentum);  U <- lerp(G, B, momentum)        (Nesterov)
     W <- W * (1 - lr * weight_decay) - lr * scale * NS(U)
+(`wd_lr_squared`: the decay is lr * weight_decay * lr / initial_lr, so it falls with the rate squared, as record
+46's; at the base rate the same.)
 Options of the newer speedrun records, each off by default: Polar Express's per-step quintics in place of the
 fixed one (`ns_coefficients`), cautious decay (only where U and W share a sign) and NorMuon (optim/normuon.py).
 NS(U) ~ the orthogonal factor of U's SVD, so every singular value of the update is about 1 and its RMS is about
@@ -328,18 +330,23 @@ class Muon(torch.optim.Optimizer):
     optim/views.py);
     `ns_coefficients`: the quintics of the iteration, "newton_schulz" or "polar_express" (see `quintics`);
     `cautious_wd`: decay only the weights whose sign the update shares (W -= lr * U pulls them toward 0);
-    `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py."""
+    `wd_lr_squared`: the decay times lr / initial_lr (initial_lr: the group's base rate, lr at construction);
+    `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py (`normuon_columns`: the
+    neurons are the views' columns, whatever their shape)."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, adjust_lr: str = "original", split: Split = 1,
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
-                 cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95):
+                 cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
+                 wd_lr_squared: bool = False, normuon_columns: bool = False):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
-                                      cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2))
+                                      cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2,
+                                      wd_lr_squared=wd_lr_squared, normuon_columns=normuon_columns))
         for group in self.param_groups:
+            group.setdefault("initial_lr", group["lr"])
             quintics(group["ns_coefficients"], group["ns_steps"])  # an unknown name or too few steps fail here
             for p in group["params"]:
                 if p.ndim != 2:
@@ -366,6 +373,8 @@ class Muon(torch.optim.Optimizer):
         for (p, g), o in zip(work, done):
             w = _local(p)
             decay = g["lr"] * g["weight_decay"]
+            if g["wd_lr_squared"]:  # record 46 decays by its rate times (its rate x decay): the rate squared
+                decay *= g["lr"] / g["initial_lr"]
             if decay and g["cautious_wd"]:
                 w.addcmul_(w, (o * w >= 0).to(w.dtype), value=-decay)
             elif decay:  # else a full read and write of the weights for nothing
@@ -382,13 +391,14 @@ class Muon(torch.optim.Optimizer):
         params, groups = [work[i][0] for i in picked], [work[i][1] for i in picked]
         for p, g in zip(params, groups):
             if "second_moment" not in self.state[p]:
-                self.state[p]["second_moment"] = torch.zeros(moment_size(p.shape, g["split"]),
+                self.state[p]["second_moment"] = torch.zeros(moment_size(p.shape, g["split"], g["normuon_columns"]),
                                                              dtype=torch.float32, device=_local(p).device)
         sharded = isinstance(params[0], DTensor) and params[0].device_mesh.size() > 1
         rescaled = normalize(
             [done[i] for i in picked], [p.shape for p in params], [g["split"] for g in groups],
             [_row_offset(p) for p in params], [self.state[p]["second_moment"] for p in params],
-            [g["normuon_beta2"] for g in groups], params[0].device_mesh.get_group() if sharded else None)
+            [g["normuon_beta2"] for g in groups], params[0].device_mesh.get_group() if sharded else None,
+            [g["normuon_columns"] for g in groups])
         done = list(done)
         for i, o in zip(picked, rescaled):
             done[i] = o

@@ -1,7 +1,8 @@
 """NorMuon: Muon's orthogonalised update rescaled per neuron by a running second moment, its norm kept.
 
 For each matrix V (rows x cols) that Muon orthogonalises (each view of a split parameter), the neurons are its
-rows when rows >= cols and its columns otherwise (the longer side counts the neurons, as the records decide);
+rows when rows >= cols and its columns otherwise (the longer side counts the neurons, as the records decide), or
+its columns whatever its shape (`columns`, a param group's `normuon_columns`: record 46's attention matrices);
 a parameter's second moment B holds its views' neurons one view after another:
     s_i = mean of V's squares along neuron i;   B <- lerp(B, s, 1 - beta2)
     V' = V / sqrt(B) (neuron by neuron);         V <- V' * ||V||_F / ||V'||_F
@@ -19,42 +20,42 @@ from torch import Tensor
 from optim.views import Block, Split, blocks
 
 
-def _by_neuron(block: Block, cols: int) -> bool:
+def _by_neuron(block: Block, cols: int, columns: bool) -> bool:
     """Whether the neurons of the block's [rows, cols] views are their rows (else their columns)."""
-    return block.rows >= cols
+    return not columns and block.rows >= cols
 
 
-def _neurons(block: Block, cols: int) -> int:
+def _neurons(block: Block, cols: int, columns: bool) -> int:
     """The number of neurons of each view of the block."""
-    return block.rows if _by_neuron(block, cols) else cols
+    return block.rows if _by_neuron(block, cols, columns) else cols
 
 
-def moment_size(shape: torch.Size, split: Split) -> int:
+def moment_size(shape: torch.Size, split: Split, columns: bool = False) -> int:
     """The length of a parameter's second moment: each view's neurons, view after view (optim/views.py)."""
-    return sum(b.count * _neurons(b, shape[1]) for b in blocks(shape, split))
+    return sum(b.count * _neurons(b, shape[1], columns) for b in blocks(shape, split))
 
 
-def _parts(shape: torch.Size, split: Split, start: int, held: int):
+def _parts(shape: torch.Size, split: Split, start: int, held: int, columns: bool):
     """Per Block of the parameter: (the block, its slice of the per-neuron tensors, the rows of it among this
     rank's rows start... start + held: as a range in the block and as a slice of this rank's rows)."""
     offset = 0
     for b in blocks(shape, split):
-        size = b.count * _neurons(b, shape[1])
+        size = b.count * _neurons(b, shape[1], columns)
         lo = min(max(start, b.start), b.stop)
         hi = max(min(start + held, b.stop), lo)
         yield b, slice(offset, offset + size), range(lo - b.start, hi - b.start), slice(lo - start, hi - start)
         offset += size
 
 
-def _square_sums(o: Tensor, shape: torch.Size, split: Split, start: int) -> Tensor:
+def _square_sums(o: Tensor, shape: torch.Size, split: Split, start: int, columns: bool = False) -> Tensor:
     """The sums of squares per neuron that this rank's rows o (rows start... of the parameter) contribute."""
     sq = o.float().square()
-    sums = torch.zeros(moment_size(shape, split), dtype=torch.float32, device=o.device)
-    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0)):
+    sums = torch.zeros(moment_size(shape, split, columns), dtype=torch.float32, device=o.device)
+    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0), columns):
         if not rows:  # none of this block's rows are here
             continue
         part = sums[neurons].view(b.count, -1)
-        if _by_neuron(b, shape[1]):
+        if _by_neuron(b, shape[1], columns):
             part.view(-1)[rows.start:rows.stop] = sq[mine].sum(-1)
         else:
             part.index_add_(0, torch.arange(rows.start, rows.stop, device=o.device) // b.rows, sq[mine])
@@ -62,12 +63,12 @@ def _square_sums(o: Tensor, shape: torch.Size, split: Split, start: int) -> Tens
 
 
 def _rescaled(o: Tensor, sums: Tensor, moment: Tensor, beta2: float, shape: torch.Size,
-              split: Split, start: int) -> Tensor:
+              split: Split, start: int, columns: bool = False) -> Tensor:
     """o (fp32) rescaled per neuron by the updated second moment, each view keeping its Frobenius norm. Every
     block's moment advances, also of the views this rank holds no rows of: the moment is the same on all ranks."""
     out = []
-    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0)):
-        by_neuron = _by_neuron(b, shape[1])
+    for b, neurons, rows, mine in _parts(shape, split, start, o.size(0), columns):
+        by_neuron = _by_neuron(b, shape[1], columns)
         s, m = sums[neurons].view(b.count, -1), moment[neurons].view(b.count, -1)  # [views, neurons]
         m.lerp_(s / (shape[1] if by_neuron else b.rows), 1 - beta2)
         step = m.clamp_min(1e-10).rsqrt()
@@ -81,12 +82,15 @@ def _rescaled(o: Tensor, sums: Tensor, moment: Tensor, beta2: float, shape: torc
 
 
 def normalize(updates: list[Tensor], shapes: list[torch.Size], splits: list[Split], starts: list[int],
-              moments: list[Tensor], beta2: list[float], group: dist.ProcessGroup | None = None) -> list[Tensor]:
+              moments: list[Tensor], beta2: list[float], group: dist.ProcessGroup | None = None,
+              columns: list[bool] | None = None) -> list[Tensor]:
     """NorMuon of each update (this rank's rows of it, from row `starts[i]` of a parameter of global shape
-    `shapes[i]`), advancing its second moment; `group`: the ranks that hold the other rows (None: all here)."""
-    sums = [_square_sums(o, s, k, r) for o, s, k, r in zip(updates, shapes, splits, starts)]
+    `shapes[i]`), advancing its second moment; `group`: the ranks that hold the other rows (None: all here);
+    `columns[i]`: its neurons are its views' columns (None: the longer side's, for all)."""
+    columns = columns or [False] * len(updates)
+    sums = [_square_sums(*args) for args in zip(updates, shapes, splits, starts, columns)]
     if group is not None:
         flat = torch.cat([s.view(-1) for s in sums])
         dist.all_reduce(flat, group=group)
         sums = [f.view_as(s) for f, s in zip(flat.split([s.numel() for s in sums]), sums)]
-    return [_rescaled(*args) for args in zip(updates, sums, moments, beta2, shapes, splits, starts)]
+    return [_rescaled(*args) for args in zip(updates, sums, moments, beta2, shapes, splits, starts, columns)]

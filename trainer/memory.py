@@ -45,11 +45,13 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
     # norm in/out; fc out, activation (relu, square)
     mlp = 2 * C + hidden * (3 if model_cfg.activation == "relu2" else 2)
     ve_layers, ve_mix = len(model_cfg.value_embed_layers), 2 * C + (C + model_cfg.n_head) * model_cfg.ve_gate
+    # value_scale: the other attention layers' scaled values
+    scaled = (len(model_cfg.attention_layers) - ve_layers) * model_cfg.value_scale
     # the last terms: the value tables' rows; the token embedding the smear's mix keeps beside its output; the
     # bigram table's output, widened to C, which every block's lambda reads, and its sign patterns
     bigram = (C + model_cfg.bigram_signs * model_cfg.bigram_width) if model_cfg.bigram_hash else 0
     per_token = (len(model_cfg.attention_layers) * attn + len(model_cfg.mlp_layers) * mlp + ve_layers * ve_mix
-                 + model_cfg.value_embeds * C + model_cfg.smear * C + len(model_cfg.xsa) * xsa + bigram)
+                 + scaled * C + model_cfg.value_embeds * C + model_cfg.smear * C + len(model_cfg.xsa) * xsa + bigram)
     for i in model_cfg.mudd:
         # a MUDD connection: the block output its MLP reads (the residual goes on from h + sum), the MLP's hidden
         # before and after GELU, its weights; with the value channel, the values it makes a copy of, unless a value
@@ -71,7 +73,8 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     train, model_cfg = cfg.train, cfg.model
     with torch.device("meta"):  # shapes only: nothing is allocated
         model = GPT(cfg.model)
-    sizes = {role: sum(p.numel() for p in params) for role, params in param_roles(model).items()}
+    roles = param_roles(model, cfg.optim.name == "muon" and cfg.optim.muon_gates)
+    sizes = {role: sum(p.numel() for p in params) for role, params in roles.items()}
     total = sum(sizes.values())
     fsdp = train.parallel == "fsdp" and world_size > 1
     shard = world_size if fsdp else 1

@@ -22,6 +22,18 @@ def test_attn_scale_multiplies_the_attention_logits(scale, windowed):
         torch.testing.assert_close(att(x, None, mask, None), att.proj(joined(hand_attention(att, x, scale, mask))))
 
 
+def test_value_scale_multiplies_the_values_of_a_layer_without_a_value_embedding_by_its_scalar():
+    m = tiny(value_scale=True, value_embeds=1)
+    assert [b.attn.v_lambda is not None for b in m.blocks] == [False, True, True, False]  # 0 and 3 have a table
+    att = m.blocks[1].attn
+    assert att.v_lambda.tolist() == [0.5]
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        att.v_lambda.fill_(0.3)
+        # attention is linear in v: scaling v by 0.3 scales every head's output by 0.3, before proj and its bias
+        torch.testing.assert_close(att(x, None, None, None), att.proj(joined(0.3 * hand_attention(att, x))))
+
+
 def test_attn_gate_at_init_halves_every_heads_output():
     m = tiny(attn_gate=True)
     att = m.blocks[1].attn

@@ -33,6 +33,19 @@ def test_embed_norm_and_x0_mix_feed_the_normalised_embedding_to_every_block():
     assert [p is m.blocks[2].x0_lambda for p in param_roles(m)["scalar"]].count(True) == 1  # Adam, not Muon
 
 
+def test_x0_mix_init_starts_the_mixs_first_weight():
+    # record 46's 1.1: a block's input is 1.1 x (its x0 weight still 0), so the x0 mix at init is the scaled stream
+    m = tiny(x0_mix=True, x0_mix_init=1.1)
+    assert all(b.x0_lambda.tolist() == [pytest.approx(1.1), 0.0] for b in m.blocks)
+    x = batch()
+    seen = {}
+    m.blocks[1].register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
+    m.blocks[1].norm1.register_forward_pre_hook(lambda mod, args: seen.update(mixed=args[0]))
+    with torch.no_grad():
+        m(x)
+    torch.testing.assert_close(seen["mixed"], 1.1 * seen["x"])
+
+
 @pytest.mark.parametrize("key, gone, kept, lost", [
     ("no_attention", ("attn", "norm1"), ("mlp", "norm2"), 4 * 32 * 32 + 4 * 32 + 2 * 32),
     ("no_mlp", ("mlp", "norm2"), ("attn", "norm1"), 8 * 32 * 32 + 5 * 32 + 2 * 32)])

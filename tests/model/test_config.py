@@ -75,6 +75,20 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(mtp_weights=[1.0, "x"]), r"mtp_weights=\[1.0, 'x'\] must be \[\]"),
     (dict(mtp_weights=[True]), r"mtp_weights=\[True\] must be \[\]"),
     (dict(prefix_weight=-0.25), "prefix_weight=-0.25 must be >= 0"),
+    (dict(x0_mix_init=1.1), "x0_mix_init=1.1 starts the x0 mix, and x0_mix = false has none: set x0_mix = true"),
+    (dict(embed_init_std=1.0), "embed_init_std=1.0 would also start the tied head at that std: set "
+                               r"tie_embeddings = false \(record 46\)"),
+    (dict(embed_init_std=-1.0, tie_embeddings=False), r"embed_init_std=-1.0 must be >= 0"),
+    (dict(skip_connection=[2, 1]), r"skip_connection=\[2, 1\] must be \[\] or \[a, b\], 0 <= a < b < n_layer=4: "
+                                   r"block a's output into block b's input, e.g. \[3, 6\]"),
+    (dict(skip_connection=[0, 4]), r"skip_connection=\[0, 4\] must be"),
+    (dict(skip_connection=[1]), r"skip_connection=\[1\] must be"),
+    (dict(skip_connection=[0, True]), r"skip_connection=\[0, True\] must be"),
+    (dict(value_embeds=1, value_embed_skip=2), r"value_embed_skip=2 must be in \[0, value_embeds=1\]: the tables that "
+                                               r"serve the last layers alone, e.g. 1 \(record 46"),
+    (dict(value_embed_skip=-1), r"value_embed_skip=-1 must be in \[0, value_embeds=0\]"),
+    (dict(value_embeds=2, value_embed_skip=1, no_attention=[2]),
+     r"value_embeds=2: table\(s\) \[0\] would serve only layers with no attention"),
 ])
 def test_bad_values_are_explained(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -35,6 +35,8 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "ve_gate": dict(value_embeds=1, ve_gate=True), "skip_gate": dict(unet_skips=True, skip_gate=True),
     "backout": dict(backout=2), "yarn": dict(rotary=True, window=8, window_start=2, yarn=True),
     "mudd": dict(mudd=[1, 3], mudd_sources=[0, 1]),
+    "record_46": dict(x0_mix=True, x0_mix_init=1.1, value_embeds=1, value_embed_skip=1, value_scale=True,
+                      skip_connection=[1, 2], tie_embeddings=False, embed_init_std=1.0),
     "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], bigram_hash=500, bigram_dim=16,
                           bigram_signs=True, xsa=[1, 3], ve_gate=True, skip_gate=True, backout=3, yarn=True,
                           mudd=[0, 3], mudd_sources=[0, 2]),
@@ -116,7 +118,7 @@ def test_every_option_trains(option, optim):
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-@pytest.mark.parametrize("options", ["baseline", "modern", "records", "newer_records"])
+@pytest.mark.parametrize("options", ["baseline", "modern", "records", "newer_records", "record_46"])
 def test_checkpoint_round_trip_gives_identical_logits(tmp_path, options):
     config = {"model": {**TINY, **OPTIONS[options]}, "train": {"steps": 1}}
     m = get_model(config)
@@ -175,6 +177,12 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     # 8 document-masked rows of 2,048 tokens per rank and micro-step, x 1, 2, 3 micro-steps by thirds of the run
     assert (t.batch_size, t.seq_len, t.batch_stages) == (8, 2048, [1, 2, 3]) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"
+    # its init and optimizer: one sigmoid skip from its block 4 to 7 (ours 3 to 6), x0 mix from 1.1, value tables
+    # ". 1 2 ... 0 1 2" over its 12 blocks (block 0 empty), the values of the others scaled, tables N(0, 1), fc at
+    # twice Muon's rate, decay with the rate squared, NorMuon by the attention's input columns, gates in NorMuon
+    assert m.skip_connection == [3, 6] and m.x0_mix_init == 1.1 and m.embed_init_std == 1.0 and m.value_scale
+    assert m.value_embed_layers == [0, 1, 8, 9, 10] and [m.layer_table(i) for i in (0, 1, 8, 9, 10)] == [1, 2, 0, 1, 2]
+    assert o.muon_fc_lr_scale == 2.0 and o.muon_wd_lr_squared and o.normuon_attn_columns and o.muon_gates
 
 
 # A block without one sublayer loses its weights and its norm, and is x plus the other one. C = 32, with biases:
@@ -325,6 +333,56 @@ def test_skip_gate_scales_skip_j_by_twice_the_sigmoid_of_the_embedding():
                 gate = 2 * sigmoid_of(m.skip_gate.weight[j], seen["x0"][0, t, :12].tolist())
                 expected = seen[f"out{i - 1}"][0, t] + m.skip_weights[j] * gate * seen[f"out{source}"][0, t]
                 torch.testing.assert_close(seen[f"in{i}"][0, t], expected)
+
+
+def test_the_skip_connection_adds_sigmoid_w_times_block_as_output_to_block_bs_input():
+    m, plain = tiny(skip_connection=[0, 2]), tiny()
+    assert m.skip_lambda.tolist() == [-1.5]  # sigmoid(-1.5) ~ 0.18 at init
+    for name, w in plain.state_dict().items():  # every other weight drawn as without it
+        assert torch.equal(m.state_dict()[name], w), name
+    assert [p is m.skip_lambda for p in param_roles(m)["scalar"]].count(True) == 1
+    idx = batch()
+    with torch.no_grad():
+        m.skip_lambda.fill_(0.3)
+        x = x0 = m.embed(idx)
+        for i, block in enumerate(m.blocks):
+            if i == 2:
+                x = x + 1 / (1 + math.exp(-0.3)) * out0
+            x = block(x, x0, None, None)
+            if i == 0:
+                out0 = x
+        torch.testing.assert_close(m(idx)[0], m.logits(x))
+        assert not torch.allclose(plain(idx)[0], m(idx)[0])
+
+
+@pytest.mark.parametrize("n_layer, skip, tables", [
+    (7, 1, {0: 1, 1: 2, 4: 0, 5: 1, 6: 2}),  # record 46's ". 1 2 ... 0 1 2" over its 8 blocks, block 0 empty
+    (7, 0, {0: 0, 1: 1, 2: 2, 4: 0, 5: 1, 6: 2}),  # the first and the last 3 layers
+    (6, 3, {3: 0, 4: 1, 5: 2}),  # the last layers alone
+])
+def test_value_embed_skip_gives_the_first_layers_the_tables_from_it_on(n_layer, skip, tables):
+    m = tiny(n_layer=n_layer, value_embeds=3, value_embed_skip=skip)
+    assert m.cfg.value_embed_layers == sorted(tables)
+    assert [b.attn.ve_lambda is not None for b in m.blocks] == [i in tables for i in range(n_layer)]
+    seen = {}
+    for i, block in enumerate(m.blocks):
+        block.register_forward_pre_hook(lambda mod, args, i=i: seen.update({i: args[2]}))
+    idx = batch()
+    with torch.no_grad():
+        m(idx)
+    for i in range(n_layer):
+        assert (seen[i] is None) if i not in tables else torch.equal(seen[i], m.value_embeds[tables[i]](idx)), i
+
+
+def test_embed_init_std_draws_the_token_and_value_tables_at_it_and_every_other_weight_as_before():
+    options = dict(tie_embeddings=False, value_embeds=1)
+    m, plain = tiny(**options, embed_init_std=1.0), tiny(**options)
+    for name, w in plain.state_dict().items():
+        if name.startswith(("wte", "value_embeds")):  # the same draws, scaled: N(0, 1) / N(0, 0.02)
+            torch.testing.assert_close(m.state_dict()[name], w / 0.02)
+            assert 0.9 < m.state_dict()[name].std() < 1.1
+        else:
+            assert torch.equal(m.state_dict()[name], w), name
 
 
 def test_ve_and_skip_gates_are_adamw_scalars():

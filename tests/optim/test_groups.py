@@ -102,6 +102,48 @@ def test_qk_pairs_split_the_qkv_group_by_pairs_of_heads():
     build_optimizers(get_model({**TINY, "n_head": 1}), OptimConfig(muon_qk_pairs=True))  # AdamW alone: no pairs
 
 
+def test_the_mlp_fc_steps_at_muon_fc_lr_scale_times_muons_rate_in_a_group_of_its_own_only_when_set():
+    model = get_model({**TINY, **MODERN})
+    fc = {id(b.mlp.fc.weight) for b in model.blocks}
+    _, plain = build_optimizers(model, OptimConfig(name="muon"))
+    assert len(plain.param_groups) == 2  # saved optimizer states keep their groups
+    _, muon = build_optimizers(model, OptimConfig(name="muon", muon_fc_lr_scale=2.0))
+    qkv, rest, doubled = muon.param_groups
+    assert {id(p) for p in doubled["params"]} == fc and not {id(p) for p in qkv["params"] + rest["params"]} & fc
+    assert doubled["initial_lr"] == 2 * rest["initial_lr"] == 2 * OptimConfig().muon_lr
+    # one step from the same gradients and no momentum: the fc moves twice as far, every other matrix as far
+    moved = []
+    for opt_cfg in (OptimConfig(name="muon", muon_momentum=0.0),
+                    OptimConfig(name="muon", muon_momentum=0.0, muon_fc_lr_scale=2.0)):
+        torch.manual_seed(0)
+        m = get_model({**TINY, **MODERN})
+        before = [p.detach().clone() for p in m.parameters()]
+        x = torch.randint(0, 257, (2, 9), generator=torch.Generator().manual_seed(1))
+        m(x[:, :-1], x[:, 1:])[1].backward()
+        build_optimizers(m, opt_cfg)[1].step()
+        moved.append({name: p.detach() - b for (name, p), b in zip(m.named_parameters(), before) if p.ndim == 2})
+    for name, delta in moved[0].items():
+        torch.testing.assert_close(moved[1][name], (2 if ".mlp.fc." in name else 1) * delta, msg=name)
+
+
+def test_record_46s_attention_matrices_take_normuon_by_columns_and_its_gates_are_muon_matrices():
+    model = get_model({**TINY, **MODERN, "attn_gate": True, "smear": True, "value_embeds": 1, "ve_gate": True})
+    attn = [b.attn for b in model.blocks]
+    muon_gates = [a.gate.weight for a in attn] + [model.smear.gate.weight]
+    adam, muon = build_optimizers(model, OptimConfig(name="muon", normuon_attn_columns=True, muon_gates=True))
+    qkv, rest, proj = muon.param_groups
+    assert {id(p) for p in qkv["params"]} == {id(a.qkv.weight) for a in attn} and qkv["normuon_columns"]
+    assert {id(p) for p in proj["params"]} == {id(a.proj.weight) for a in attn} and proj["normuon_columns"]
+    assert not rest["normuon_columns"] and {id(p) for p in muon_gates} <= {id(p) for p in rest["params"]}
+    in_adam = {id(p) for g in adam.param_groups for p in g["params"]}
+    assert not in_adam & {id(p) for p in muon_gates} and id(model.smear.lam) in in_adam
+    assert all(id(a.ve_gate.weight) in in_adam for a in attn if a.ve_gate is not None)  # later records' gates
+    assert {id(p) for p in param_roles(model, muon_gates=True)["matrix"]} == {id(p) for g in muon.param_groups
+                                                                             for p in g["params"]}
+    _, plain = build_optimizers(model, OptimConfig(name="muon"))
+    assert len(plain.param_groups) == 2 and not any(g["normuon_columns"] for g in plain.param_groups)
+
+
 def test_a_head_that_unties_later_is_its_own_adamw_parameter_in_the_head_group_from_the_start():
     model = get_model({**TINY, "untie_at": 0.5})
     adamw, _ = build_optimizers(model, OptimConfig(name="muon"))

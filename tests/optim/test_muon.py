@@ -87,6 +87,27 @@ def test_cautious_weight_decay_only_where_update_and_weight_share_a_sign():
     assert torch.equal(got[True, 0.0], got[False, 0.0])  # no decay: the mask changes nothing
 
 
+@pytest.mark.parametrize("mult", [1.0, 1.93, 0.1])
+def test_decay_with_the_rate_squared_is_record_46s_at_every_rate(mult):
+    # record 46's NorMuon step at rate lr = 0.023 x mult, decay 1.2: W -= lr (O + lr 1.2 mask W), mask where O and W
+    # share a sign; here muon_weight_decay = 1.2 x 0.023, so that the two agree at the base rate as before
+    torch.manual_seed(0)
+    w, g, base = torch.randn(8, 12), torch.randn(8, 12), 0.023
+    o, lr = newton_schulz(g), base * mult
+    want = w - lr * (o + lr * 1.2 * (o * w >= 0) * w)
+    got = {}
+    for squared in (True, False):
+        p = torch.nn.Parameter(w.clone())
+        p.grad = g.clone()
+        opt = Muon([p], lr=base, momentum=0.0, weight_decay=1.2 * base, adjust_lr="none", cautious_wd=True,
+                   wd_lr_squared=squared)
+        set_lr([opt], mult, step=0)
+        opt.step()
+        got[squared] = p.detach()
+    torch.testing.assert_close(got[True], want, atol=1e-6, rtol=0)
+    assert torch.equal(got[True], got[False]) == (mult == 1.0)  # at the base rate, the decay by the rate alone
+
+
 def test_cpu_runs_in_fp32_and_cuda_in_bf16():
     assert newton_schulz(torch.randn(8, 4)).dtype == torch.float32
     assert ns_dtype(torch.device("cuda")) == torch.bfloat16
@@ -369,7 +390,7 @@ def test_ranks_equal_one_process(ranks, one_process, mode, name):
     # Plain Muon on the MLP reproduces the single process exactly; the GPT's grads are averaged in another
     # order across ranks, which can flip the last bit of a bf16 Newton-Schulz output (~5e-4 here); NorMuon's
     # division by small second moments magnifies the MLP's last-bit differences about twofold.
-    atol = {"gpt": 2e-3, "newer": 2e-3, "recipe": 5e-6}.get(name, 1e-6)
+    atol = {"gpt": 2e-3, "newer": 2e-3, "record46": 2e-3, "recipe": 5e-6}.get(name, 1e-6)
     for key, w in want.items():
         torch.testing.assert_close(got[key], w, atol=atol, rtol=0, msg=f"{mode} {name} {key}")
     assert max((want[k] - before[k]).abs().max() for k in want) > 0.01
@@ -386,7 +407,7 @@ def test_one_collective_per_shape_and_the_planned_work(ranks, one_process, mode,
     # DDP: one all_gather per view shape (tall ones transposed), also in a group of one; FSDP2: there and back per
     # parameter shape, none on a mesh of one; NorMuon adds one all_reduce of its sums where ranks share the rows
     want = [ALL_GATHER] * len(views) if mode == "ddp" else [] if world == 1 else \
-        ["all_to_all_single"] * 2 * len(params) + ["all_reduce"] * (name in ("recipe", "newer"))
+        ["all_to_all_single"] * 2 * len(params) + ["all_reduce"] * (name in ("recipe", "newer", "record46"))
     work = results["work"][mode][name]
     assert [step for w in work for step in w["collectives"]] == [want] * STEPS * world
     loads = [w["ns_flops"] for w in work]

@@ -43,6 +43,27 @@ def test_split_views_are_normalised_apart():
         torch.testing.assert_close(view.norm(), whole.norm())
 
 
+def test_with_normuon_columns_each_views_neurons_are_its_columns_as_record_46s_attention():
+    # record 46's NorMuon of one attention view V [d, d] after a zero moment: s_j = mean_i V_ij^2 per column j,
+    # B = (1 - beta2) s, V' = V / sqrt(B), then V' * |V| / |V'|; here one Muon step on a qkv of three such views
+    torch.manual_seed(0)
+    d, lr, beta2 = 8, 0.05, 0.9
+    w, g = torch.randn(3 * d, d), torch.randn(3 * d, d) * torch.logspace(-1, 1, d)
+    want = []
+    for view in newton_schulz(g.view(3, d, d)):
+        scaled = view / ((1 - beta2) * view.square().mean(0, keepdim=True)).sqrt()
+        want.append(scaled * view.norm() / scaled.norm())
+    got = {}
+    for columns in (True, False):
+        p = torch.nn.Parameter(w.clone())
+        p.grad = g.clone()
+        Muon([p], lr=lr, momentum=0.0, adjust_lr="none", split=3, normuon=True, normuon_beta2=beta2,
+             normuon_columns=columns).step()
+        got[columns] = p.detach()
+    torch.testing.assert_close(got[True], w - lr * torch.cat(want), atol=1e-6, rtol=0)
+    assert not torch.allclose(got[False], got[True])  # square views: by rows otherwise
+
+
 def test_views_of_several_sizes_keep_moments_of_their_own_neurons():
     # Q and K in pairs of heads, [4, 8] (wide: 8 column neurons each), V [8, 8] (square: its 8 rows)
     torch.manual_seed(0)

@@ -28,6 +28,10 @@ NEWER = dict(SPEEDRUN, attn_gate=True, smear=True, no_attention=[1], bigram_hash
              xsa=[0], ve_gate=True, skip_gate=True, backout=1, yarn=True, mudd=[0, 1], mudd_sources=[0])
 # MUDD's value channel, which needs attention in the layer after the connection
 MUDD = dict(SPEEDRUN, mudd=[0, 1], mudd_sources=[0, 1])
+# record 46's pieces: x0 mix from 1.1, value tables from 1 in the first layers, the others' values scaled, one sigmoid
+# skip, N(0, 1) tables
+RECORD_46 = dict(SPEEDRUN, n_layer=3, window_pattern="LSL", x0_mix_init=1.1, value_embed_skip=1, value_scale=True,
+                 skip_connection=[0, 2], embed_init_std=1.0)
 # and the loss's other terms with a head that unties from the embedding half way (records 53 and 88)
 LOSS_TERMS = dict(SPEEDRUN, tie_embeddings=True, untie_at=0.5, mtp_weights=[1.0, 0.5, 0.25], prefix_weight=0.25)
 # Graph breaks and recompiles are dynamo's (what it can trace, what its guards check); the backend only turns
@@ -77,7 +81,8 @@ def assert_one_graph() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:attention='flex'")
-@pytest.mark.parametrize("config", [SPEEDRUN, NEWER, MUDD], ids=["speedrun", "newer_records", "mudd"])
+@pytest.mark.parametrize("config", [SPEEDRUN, NEWER, MUDD, RECORD_46], ids=["speedrun", "newer_records", "mudd",
+                                                                            "record_46"])
 def test_train_step_compiles_once_without_graph_breaks(graphs, config):
     # CPU has no FlexAttention backward: this is the SDPA path with the same mask, which CPU trains on
     compiled = speedrun(graphs, config).module

@@ -99,6 +99,18 @@ def test_the_bigram_table_and_xsa_keep_for_backward_what_the_estimate_counts(pie
     assert counted <= measured <= counted + 2 * 8 * tokens + 64, (counted, measured)
 
 
+@pytest.mark.parametrize("piece, base", [(dict(value_scale=True), {}),
+                                         (dict(value_scale=True, value_embeds=1), dict(value_embeds=1))],
+                         ids=["every-layer", "beside-value-embeds"])
+def test_value_scale_keeps_the_scaled_values_the_estimate_counts(piece, base):
+    # a C-wide copy of the values a token, in each attention layer without a value embedding, and one scalar each
+    tokens = 32
+    counted = (activation_bytes(GPTConfig(**TINY_GPT, **piece), tokens, 4)["activations"]
+               - activation_bytes(GPTConfig(**TINY_GPT, **base), tokens, 4)["activations"])
+    assert counted == (4 if not base else 2) * 32 * tokens * 4
+    assert counted <= saved_bytes(piece, tokens) - saved_bytes(base, tokens) <= counted + 4 * 4
+
+
 @pytest.mark.parametrize("piece, base", [
     (dict(mudd=[1, 3], mudd_sources=[0, 1]), {}),
     (dict(mudd=[2], mudd_sources=[2]), {}),
@@ -114,6 +126,14 @@ def test_mudd_keeps_for_backward_what_the_estimate_counts(piece, base):
     weights = 4 * sum(p.numel() for m in get_model({**TINY_GPT, **piece}).mudd for p in (m.fc, m.proj))
     measured = saved_bytes(piece, tokens) - saved_bytes(base, tokens) - weights
     assert counted <= measured <= counted + 64, (counted, measured)
+
+
+def test_gates_that_muon_steps_hold_its_momentum_instead_of_adamws_two_moments():
+    # the speedrun's 10 attention gates [6, 12] and the smear's [1, 12] (optim.muon_gates, record 46)
+    adam, muon = (estimate(parse_args(["--config", "configs/speedrun_8xh100.toml", f"--optim.muon_gates={on}"]), 8,
+                           cuda=False) for on in ("false", "true"))
+    assert adam["optimizer"] - muon["optimizer"] == 4 * (10 * 6 * 12 + 12)
+    assert adam["parameters"] == muon["parameters"]
 
 
 def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():

@@ -63,6 +63,13 @@ def newer() -> nn.Module:
                yarn=True, mudd=[1, 2], mudd_sources=[0, 1])
 
 
+def record46() -> nn.Module:
+    """Record 46's init pieces; its optimizer (optimizers_for) has Muon step the attention and smear gates (2 and 1
+    rows, which 3 ranks cannot all hold a row of) and NorMuon the attention by columns."""
+    return gpt(n_layer=3, attn_gate=True, smear=True, x0_mix=True, x0_mix_init=1.1, value_embed_skip=1,
+               value_scale=True, skip_connection=[0, 2], embed_init_std=1.0, unet_skips=False)
+
+
 def gpt_loss(model: nn.Module, rank: int, world: int) -> torch.Tensor:
     """Next-token loss on this rank's share of a fixed batch of 6 sequences (equal shares on 1, 2 or 3 ranks)."""
     idx = torch.randint(0, GPT_CONFIG["vocab_size"], (6, 17), generator=torch.Generator().manual_seed(1))
@@ -127,20 +134,26 @@ def train(model: nn.Module, loss_fn, optimizers: list[torch.optim.Optimizer], ad
 # "recipe": the MLP under the newer records' options; NorMuon's neurons are the columns of the wide views, whose
 # rows two or three ranks share under FSDP2. "newer": the GPT of the newer records' pieces under the muon recipe
 # with Q and K in pairs of heads (NorMuon: wide pairs by column, square V by row) and AdamW every second step:
-# step 0 holds its gradients (in DDP's buckets, in FSDP2's shards) and step 1 applies their sum.
-CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss), "newer": (newer, gpt_loss)}
+# step 0 holds its gradients (in DDP's buckets, in FSDP2's shards) and step 1 applies their sum. "record46": record
+# 46's model and Muon keys.
+CASES = {"mlp": (mlp, mlp_loss), "gpt": (gpt, gpt_loss), "recipe": (mlp, mlp_loss), "newer": (newer, gpt_loss),
+         "record46": (record46, gpt_loss)}
 RECIPE = dict(ns_coefficients="polar_express", cautious_wd=True, normuon=True)
 ADAM_EVERY = {"newer": 2}
 
 
 def optimizers_for(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
     """Plain Muon for the MLP (its first matrix split in 3), also with RECIPE; the muon recipe (Muon + AdamW
-    groups) for the GPTs, "newer" with pairs of heads, NorMuon and AdamW every ADAM_EVERY steps."""
+    groups) for the GPTs, "newer" with pairs of heads, NorMuon and AdamW every ADAM_EVERY steps, "record46" with
+    record 46's Muon keys."""
     if name in ("mlp", "recipe"):
         fused, *rest = model.parameters()  # also through the DDP wrapper
         return [Muon([{"params": [fused], "split": 3}, {"params": rest}], lr=0.05, momentum=0.9, weight_decay=0.1,
                      **RECIPE if name == "recipe" else {})]
     newer = dict(muon_qk_pairs=True, normuon=True, adam_every=ADAM_EVERY[name]) if name == "newer" else {}
+    if name == "record46":
+        newer = dict(normuon=True, normuon_attn_columns=True, muon_gates=True, muon_fc_lr_scale=2.0,
+                     muon_weight_decay=0.1, muon_cautious_wd=True, muon_wd_lr_squared=True)
     return build_optimizers(model, OptimConfig(name="muon", muon_lr=0.05, embed_lr=0.01, head_lr=0.01, **newer))
 
 
@@ -156,7 +169,7 @@ def wrap(model: nn.Module, name: str, mode: str, world: int) -> nn.Module:
     if mode == "ddp":
         return nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     mesh = init_device_mesh("cpu", (world,))
-    for layer in (model.blocks if name in ("gpt", "newer") else model[::2]):
+    for layer in (model.blocks if name in ("gpt", "newer", "record46") else model[::2]):
         fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
