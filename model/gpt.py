@@ -21,7 +21,7 @@ from torch import Tensor
 
 from model.attention import Attention
 from model.block import Block
-from model.config import GPTConfig
+from model.config import GPTConfig, stage_of
 from model.embeddings import BigramHash, Smear
 from model.layers import Gate, Norm
 from model.loss import loss_weights_at, weighted_loss
@@ -205,9 +205,12 @@ class GPT(nn.Module):
         return total / (targets != -100).sum()  # NaN for padding alone, as the mean over no target is
 
     def window_at(self, progress: float) -> int:
-        """The window of the L layers at `progress` in [0, 1] of training: window_start growing linearly to
-        window (the records: 128 -> 1,792), or window throughout."""
+        """The window of the L layers at `progress` in [0, 1] of training: window_stages's stage by stage and
+        `window` from 1 on (record 46: 384, 896, 1,408, then 1,664), window_start growing linearly to window (the
+        records before: 128 -> 1,792), or window throughout."""
         cfg = self.cfg
+        if cfg.window_stages:
+            return cfg.window if progress >= 1 else cfg.window_stages[stage_of(progress, len(cfg.window_stages))]
         if not cfg.window_start:
             return cfg.window
         return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
@@ -223,7 +226,7 @@ class GPT(nn.Module):
     def _use_window(self, window: int) -> None:
         # fill_ passes the number as a kernel argument: no host-device sync
         self.windows[0].fill_(window)
-        self.windows[1].fill_(short_window(window))
+        self.windows[1].fill_(short_window(window, self.cfg.window_block))
         self.window = window
 
     def _use_loss_weights(self, weights: list[float]) -> None:
@@ -275,7 +278,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         long = self.window if window is None else window
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
-        layers = [long if kind == "L" else short_window(long) for kind in kinds]
+        layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
         keys = sum(mean_keys(seq_len, w) for w in layers)
         mixed = sum(m.proj.size(0) for m in self.mudd)
         return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed

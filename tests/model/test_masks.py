@@ -64,6 +64,25 @@ def test_window_schedule_sets_each_layers_mask():
     assert m.windows.tolist() == [1, 1]  # a short window never reaches 0 (a query must see itself)
 
 
+def test_window_stages_step_by_equal_stages_then_hold_the_final_window_past_the_end():
+    """window_stages = [8, 12, 14] by thirds, `window` 16 from progress 1 on (a schedule's extension steps); with
+    window_block = 4 the S layers get half of the L layers' whole blocks of 4 tokens: 8, 12 and 14 -> 4, 16 -> 8
+    (a window of 4, one block, would leave them none: refused)."""
+    m = tiny(window=16, window_stages=[8, 12, 14], window_block=4, window_pattern="LS")
+    windows = []
+    for progress in (0.0, 0.33, 1 / 3, 0.66, 2 / 3, 0.99, 1.0, 1.5):
+        m.set_progress(progress)
+        windows.append(m.windows.tolist())
+    assert windows == [[8, 4], [8, 4], [12, 4], [12, 4], [14, 4], [14, 4], [16, 8], [16, 8]]
+    assert tiny(window=16, window_stages=[8, 12]).window == 16  # a fresh model (a loaded checkpoint): the final
+    for bad, needle in [({"window_stages": [8, 4]}, "must be rising windows > 0"),
+                        ({"window_stages": [8, 20]}, "the last at most window=16"),
+                        ({"window_stages": [8], "window_start": 4}, "replaces window_start=4"),
+                        ({"window_stages": [4], "window_block": 4}, "at most half of the smallest window, 4")]:
+        with pytest.raises(ValueError, match=needle):
+            tiny(window=16, **bad)
+
+
 def test_one_long_document_masked_sequence_scores_each_document_as_if_alone():
     # the records' batches: documents packed back to back into one long sequence, never attending to each other
     m = tiny(**{**RECORDS, "block_size": 64})
