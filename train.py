@@ -298,8 +298,10 @@ def finish(run: Run, status: StopReason) -> None:
         save(run)
     final_val = None
     if run.val_files and status not in STOPPED_BY_SIGNAL:
-        evaluated_now = progress.last_val_step == progress.step
-        final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
+        final_window = run.cfg.eval.final_window  # a wider window than the last eval's: never that eval's loss
+        evaluated_now = progress.last_val_step == progress.step and not final_window
+        with run.model.module.widened(final_window):
+            final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)

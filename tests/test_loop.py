@@ -80,6 +80,24 @@ def test_a_step_schedule_runs_its_extension_steps_at_the_end_window_and_a_budget
     assert [momentum for _, _, momentum in seen[5:8]] == pytest.approx([0.95, 0.95, 0.90])
 
 
+def test_the_final_eval_widens_the_long_window_after_the_last_steps_own_eval(tmp_path, monkeypatch):
+    """eval.final_window: the last step's eval scores at the training window (40), then the final eval at 64, its
+    loss the run's final one; the model's window is the training one again afterwards."""
+    import json
+
+    import train
+    ten_second_steps(monkeypatch)
+    run = growing_window_run(tmp_path, "--train.max_steps=2", "--data.val=holdout", "--eval.tokens=2048",
+                             "--eval.every_steps=2", "--eval.final_window=64")
+    train.finish(run, train.train(run))
+    evals = [r for r in map(json.loads, (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines())
+             if r["type"] == "eval"]
+    summary = json.loads((tmp_path / "runs" / "w" / "summary.json").read_text())
+    assert [r["step"] for r in evals] == [2, 2] and evals[0]["val_loss"] != evals[1]["val_loss"]
+    assert summary["final_val_loss"] == evals[1]["val_loss"]
+    assert run.model.module.windows.tolist() == [run.model.module.window, run.model.module.window // 2]
+
+
 def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_gradients(tmp_path, monkeypatch):
     """optim.adam_every = 2: a run stopped after step 3, whose AdamW gradients wait for step 4, and resumed ends
     with the weights and losses of the run that went straight through; both stopped and resumed runs warm up

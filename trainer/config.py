@@ -128,6 +128,9 @@ class EvalConfig:
     batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
+    # > 0: the final eval's L layers attend this many tokens, its S layers and YaRN keep the last step's window
+    # (record 46: 2,560, with 768 and YaRN at 1,664); 0 = the last step's window
+    final_window: int = 0
 
 
 @dataclass
@@ -449,8 +452,9 @@ def validate(cfg: Config) -> None:
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s",
                 "train.warmup_timeout_s", "eval.tokens"]
-    not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
-                    "eval.every_steps", "eval.batch_size", "eval.seq_len", "data.shuffle_shards"]
+    not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
+                    "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
+                    "data.shuffle_shards"]
     for dotted in positive + not_negative:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
@@ -475,6 +479,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"eval.seq_len = {cfg.eval.seq_len} is longer than model.block_size = {block}, the size of "
                           f"the learned position table (model.rotary = false); lower eval.seq_len to at most {block}, "
                           f"raise model.block_size or use model.rotary = true")
+    if cfg.eval.final_window and not cfg.model.window:
+        raise ConfigError(f"eval.final_window = {cfg.eval.final_window} widens the final eval's windowed layers, and "
+                          f"model.window = 0 attends everywhere: set eval.final_window = 0")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 

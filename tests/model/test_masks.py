@@ -83,6 +83,25 @@ def test_window_stages_step_by_equal_stages_then_hold_the_final_window_past_the_
             tiny(window=16, **bad)
 
 
+def test_a_widened_eval_moves_the_long_window_alone_and_gives_it_back():
+    """eval.final_window's model side: the L layers attend 24 tokens inside the block, the S layers and YaRN keep
+    the window of now (16, so 8 and 16); with L layers only and no YaRN that is the model whose window is 24."""
+    m = tiny(window=16, window_stages=[4, 8], window_pattern="LS", rotary=True, yarn=True)
+    m.set_progress(1.0)
+    with m.widened(24):
+        assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 16)
+    assert (m.windows.tolist(), m.yarn_window.item()) == ([16, 8], 16)
+    with m.widened(0):
+        assert m.windows.tolist() == [16, 8]
+    idx = batch(B=2, T=40)
+    narrow, wide = tiny(window=16, block_size=64), tiny(window=24, block_size=64)
+    with torch.no_grad():
+        before = narrow(idx)[0]
+        with narrow.widened(24):
+            assert torch.equal(narrow(idx)[0], wide(idx)[0]) and not torch.equal(narrow(idx)[0], before)
+        assert torch.equal(narrow(idx)[0], before)
+
+
 def test_one_long_document_masked_sequence_scores_each_document_as_if_alone():
     # the records' batches: documents packed back to back into one long sequence, never attending to each other
     m = tiny(**{**RECORDS, "block_size": 64})

@@ -45,7 +45,7 @@ SPEEDRUN_1GPU = {
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
               "warmup_timeout_s": 1800.0},
     "eval": {"every_steps": 0, "every_s": 80.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
-             "target_loss": 3.28, "stop_at_target": True},
+             "target_loss": 3.28, "stop_at_target": True, "final_window": 2560},
     "log": {"dir": "runs", "run_id": "", "track": "speedrun", "every_steps": 25, "wandb": False,
             "wandb_project": "shardrun", "wandb_run": ""},
 }
@@ -80,6 +80,9 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.seq_len=128"], ["train.seq_len = 128 is longer than model.block_size = 64"]),
     (["--model.n_head=0"], ["n_head and n_embd must be positive"]),
     (["stray"], ["unexpected argument 'stray'"]),
+    (["--eval.final_window=64", "--model.window=0"], [("eval.final_window = 64 widens the final eval's windowed "
+                                                       "layers, and model.window = 0 attends everywhere")]),
+    (["--eval.final_window=-1"], ["eval.final_window must be >= 0 (0 = off), got -1"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):
     with pytest.raises(ConfigError) as e:
