@@ -135,7 +135,7 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
     accum, dist = run.clock.micro_steps(step), run.dist
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
-    set_lr(run.optimizers, run.clock.lr_mult(step), step)
+    set_lr(run.optimizers, run.clock.lr_mult(step), step, run.cfg.train.steps)
     # the attention window, the loss's weights and the head's untie follow the LR's clock
     progress = run.clock.progress(step)
     gpt.set_progress(progress)
@@ -216,7 +216,7 @@ def train(run: Run) -> StopReason:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
     while status is None:
-        if cfg.train.max_steps and progress.step >= cfg.train.max_steps:
+        if cfg.train.steps and progress.step >= cfg.train.steps:
             status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
             break
         status = timed_step(run, loop, batches)
@@ -298,8 +298,10 @@ def finish(run: Run, status: StopReason) -> None:
         save(run)
     final_val = None
     if run.val_files and status not in STOPPED_BY_SIGNAL:
-        evaluated_now = progress.last_val_step == progress.step
-        final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
+        final_window = run.cfg.eval.final_window  # a wider window than the last eval's: never that eval's loss
+        evaluated_now = progress.last_val_step == progress.step and not final_window
+        with run.model.module.widened(final_window):
+            final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)

@@ -12,7 +12,7 @@ from torch import Tensor
 from model.config import GPTConfig
 from model.layers import GATE_CHANNELS, Gate
 from model.masks import flex_attention
-from model.rotary import rotary, rotary_frequencies, yarn
+from model.rotary import rotary, rotary_frequencies, yarn, yarn_jumps
 
 
 def exclude_self(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
@@ -76,8 +76,10 @@ class Attention(nn.Module):
         if cfg.rotary:
             # Computed per call, not kept in a buffer: after building on the meta device only parameters need init.
             freqs, gain = rotary_frequencies(cfg.head_dim, cfg.rope_base, cfg.rope_truncate, x.device), None
-            if yarn_window is not None:
-                freqs, gain = yarn(freqs, cfg.window_start, yarn_window)
+            if yarn_window is not None and cfg.window_stages:
+                freqs, gain = yarn_jumps(freqs, [*cfg.window_stages, cfg.window], yarn_window)
+            elif yarn_window is not None:
+                freqs, gain = yarn(freqs, cfg.first_window, yarn_window)
             q, k = rotary(q, freqs, gain), rotary(k, freqs)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.

@@ -106,8 +106,14 @@ class GPTConfig:
     attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
+    # the window in each of len(list) equal stages of training, then `window` past the schedule's end (train.
+    # extension_steps); [] = window_start's linear growth. Record 46: [384, 896, 1408], then 1,664
+    window_stages: list[int] = field(default_factory=list)
+    # > 0: S layers get half of the L layers' whole blocks of this many tokens (record 46: 128, its attention's
+    # block: 1,408 -> 640); 0 = half the window
+    window_block: int = 0
     window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
-    yarn: bool = False  # rotary frequencies and attention logits rescaled (YaRN) as the window outgrows window_start
+    yarn: bool = False  # rotary frequencies and attention logits rescaled (YaRN) as the window outgrows its first
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
@@ -166,10 +172,19 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
-        need(not self.yarn or (self.rotary and 0 < self.window_start < self.window),
-             f"yarn = true rescales the rotary frequencies as the window grows: it needs rotary = true and "
-             f"0 < window_start < window, got rotary = {self.rotary}, window_start = {self.window_start}, "
-             f"window = {self.window}")
+        stages = self.window_stages
+        need(not stages or (not self.window_start and all(type(w) is int and w > 0 for w in stages)
+                            and sorted(stages) == stages and stages[-1] <= self.window),
+             f"window_stages={stages} must be rising windows > 0, the last at most window={self.window}, and "
+             f"replaces window_start={self.window_start} (set it to 0), e.g. [384, 896, 1408]")
+        smallest = self.first_window or self.window
+        need(self.window_block >= 0 and (not self.window_block or smallest >= 2 * self.window_block),
+             f"window_block={self.window_block} must be >= 0 (0 = S layers get half the window) and leave the S "
+             f"layers a whole block: at most half of the smallest window, {smallest}")
+        need(not self.yarn or (self.rotary and 0 < self.first_window < self.window),
+             f"yarn = true rescales the rotary frequencies as the window grows: it needs rotary = true and a "
+             f"window that starts (window_start or window_stages[0]) above 0 and below window, got rotary = "
+             f"{self.rotary}, start = {self.first_window}, window = {self.window}")
         for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1), ("mudd", 9), ("mudd_sources", 7)):
             layers = getattr(self, key)
             need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
@@ -202,6 +217,11 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def first_window(self) -> int:
+        """The L layers' window at the start of training (0 where it never changes): what YaRN stretches from."""
+        return self.window_stages[0] if self.window_stages else self.window_start
 
     @property
     def layer_windows(self) -> str:

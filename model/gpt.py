@@ -10,9 +10,11 @@ The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied fro
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -21,7 +23,7 @@ from torch import Tensor
 
 from model.attention import Attention
 from model.block import Block
-from model.config import GPTConfig
+from model.config import GPTConfig, stage_of
 from model.embeddings import BigramHash, Smear
 from model.layers import Gate, Norm
 from model.loss import loss_weights_at, weighted_loss
@@ -73,6 +75,9 @@ class GPT(nn.Module):
         # The (long, short) window as a tensor the forward reads: a new size is a new value of a graph input,
         # never a recompile. Not saved: it follows training progress (set_progress).
         self.register_buffer("windows", torch.zeros(2, dtype=torch.long), persistent=False)
+        # YaRN's window, apart from the L layers' own: an eval may widen those alone (`widened`)
+        self.register_buffer("yarn_window", torch.zeros((), dtype=torch.long) if cfg.yarn else None,
+                             persistent=False)
         # The training loss's weights (model/loss.py), likewise a tensor that follows the progress; None where the
         # loss is the next token's alone.
         terms = cfg.tokens_ahead + bool(cfg.prefix_weight)
@@ -141,7 +146,7 @@ class GPT(nn.Module):
         ves = [None if (j := cfg.layer_table(i)) is None else tables[j] for i in range(cfg.n_layer)]
         masks = layer_masks(cfg, idx, self.windows)
         # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
-        yarn_window = self.windows[0] if cfg.yarn else None
+        yarn_window = self.yarn_window
         half, skips, (skip_from, skip_to) = cfg.n_layer // 2, [], cfg.skip_connection or (-1, -1)
         skip_gates = 2 * self.skip_gate(x0) if self.skip_gate is not None else None
         mudd, outputs, value = dict(zip(cfg.mudd, self.mudd)), {}, None
@@ -215,9 +220,12 @@ class GPT(nn.Module):
         return total / (targets != -100).sum()  # NaN for padding alone, as the mean over no target is
 
     def window_at(self, progress: float) -> int:
-        """The window of the L layers at `progress` in [0, 1] of training: window_start growing linearly to
-        window (the records: 128 -> 1,792), or window throughout."""
+        """The window of the L layers at `progress` in [0, 1] of training: window_stages's stage by stage and
+        `window` from 1 on (record 46: 384, 896, 1,408, then 1,664), window_start growing linearly to window (the
+        records before: 128 -> 1,792), or window throughout."""
         cfg = self.cfg
+        if cfg.window_stages:
+            return cfg.window if progress >= 1 else cfg.window_stages[stage_of(progress, len(cfg.window_stages))]
         if not cfg.window_start:
             return cfg.window
         return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
@@ -233,8 +241,21 @@ class GPT(nn.Module):
     def _use_window(self, window: int) -> None:
         # fill_ passes the number as a kernel argument: no host-device sync
         self.windows[0].fill_(window)
-        self.windows[1].fill_(short_window(window))
+        self.windows[1].fill_(short_window(window, self.cfg.window_block))
+        if self.yarn_window is not None:
+            self.yarn_window.fill_(window)
         self.window = window
+
+    @contextlib.contextmanager
+    def widened(self, long: int) -> Iterator[None]:
+        """Inside the block the L layers attend `long` tokens (0: no change) while the S layers and YaRN keep the
+        window of now: record 46's final eval, 2,560 tokens with 768 and YaRN at 1,664."""
+        if long:
+            self.windows[0].fill_(long)
+        try:
+            yield
+        finally:
+            self.windows[0].fill_(self.window)
 
     def _use_loss_weights(self, weights: list[float]) -> None:
         # only the entries that changed, one fill_ each (no host-device sync): one a step while a term fades
@@ -285,7 +306,7 @@ class GPT(nn.Module):
         cfg = self.cfg
         long = self.window if window is None else window
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
-        layers = [long if kind == "L" else short_window(long) for kind in kinds]
+        layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
         keys = sum(mean_keys(seq_len, w) for w in layers)
         mixed = sum(m.proj.size(0) for m in self.mudd)
         return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed

@@ -18,9 +18,10 @@ except ImportError:  # torch builds without FlexAttention fall back to SDPA
     flex_attention = None
 
 
-def short_window(window: int) -> int:
-    """The window of the layers marked S in window_pattern: half the long one (the records), at least 1."""
-    return max(window // 2, 1)
+def short_window(window: int, block: int = 0) -> int:
+    """The window of the layers marked S in window_pattern: half the long one (the records), at least 1; with a
+    `block` > 0, half its whole blocks (the records count windows in blocks of 128 tokens)."""
+    return max((window // block // 2) * block if block else window // 2, 1)
 
 
 def attention_mask(idx: Tensor, window: Tensor | None, doc_causal: bool, bos_id: int) -> Tensor:

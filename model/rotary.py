@@ -2,6 +2,7 @@
 stretch of their frequencies as the attention window grows (record 31, model.yarn)."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -34,6 +35,18 @@ def yarn(freqs: Tensor, start: int, window: Tensor) -> tuple[Tensor, Tensor]:
     # lerp is exact at both ends: a kept frequency (ramp 1), and every one at the start window, is unchanged
     stretch = torch.lerp(start / window.float(), torch.ones_like(ramp), ramp)
     return freqs * stretch, 1 + YARN_TEMPERATURE * torch.log(window.float() / start)
+
+
+def yarn_jumps(freqs: Tensor, windows: list[int], window: Tensor) -> tuple[Tensor, Tensor]:
+    """YaRN's frequencies and gain for a window that jumps through `windows` (model.window_stages, then
+    model.window) and is at `window` now: `yarn` applied at each jump it has made, from the window before and to
+    the frequencies of then, the gains multiplied (record 46's rule; a window grown in one jump is `yarn`'s)."""
+    gain = torch.ones((), device=freqs.device)
+    for old, new in itertools.pairwise(windows):
+        stretched, jump_gain = yarn(freqs, old, window.new_tensor(new))
+        reached = window >= new  # a tensor comparison: no host sync, no new graph per window
+        freqs, gain = torch.where(reached, stretched, freqs), torch.where(reached, gain * jump_gain, gain)
+    return freqs, gain
 
 
 def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None) -> Tensor:

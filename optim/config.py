@@ -23,6 +23,9 @@ class OptimConfig:
     muon_momentum: float = 0.95  # muon: Nesterov momentum
     muon_momentum_warmup_steps: int = 0  # muon: steps of the linear momentum warm-up (0 = none; records: 300)
     muon_momentum_start: float = 0.85  # muon: momentum at step 0 of the warm-up (records: 0.85)
+    # muon: the run's last steps, over which the momentum falls back linearly towards muon_momentum_start (0 = none;
+    # record 46: 50); needs a step schedule, whose last step is known
+    muon_momentum_cooldown_steps: int = 0
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" | "none" (optim/muon.py)
@@ -49,6 +52,9 @@ class OptimConfig:
         if self.muon_fc_lr_scale <= 0:
             raise ValueError(f"optim config: muon_fc_lr_scale={self.muon_fc_lr_scale} must be > 0 (1 = muon_lr; "
                              "record 46: 2)")
+        if self.muon_momentum_cooldown_steps < 0:
+            raise ValueError(f"optim config: muon_momentum_cooldown_steps={self.muon_momentum_cooldown_steps} must "
+                             "be >= 0 (0 = no cooldown; record 46: 50)")
         if not 0 <= self.normuon_beta2 < 1:
             raise ValueError(f"optim config: normuon_beta2={self.normuon_beta2} must be in [0, 1), e.g. 0.95")
         if self.adam_every < 1:

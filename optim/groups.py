@@ -2,9 +2,10 @@
 
 Learning-rate contract with the trainer: every param group stores its base rate in `group["initial_lr"]`;
 the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of every optimizer, each step.
-Muon's groups also carry their momentum warm-up (`initial_momentum`, `momentum_start`, `momentum_warmup_steps`),
-and the trainer sets `group["momentum"] = warmup_momentum(group, step)` next to the rate: a function of the
-step alone, so a resumed run gets the same values.
+Muon's groups also carry their momentum warm-up and cooldown (`initial_momentum`, `momentum_start`,
+`momentum_warmup_steps`, `momentum_cooldown_steps`), and the trainer sets `group["momentum"] =
+momentum_at(group, step, steps)` next to the rate: a function of the step and the run's length alone, so a
+resumed run gets the same values.
 The trainer steps them with `step_optimizers`, which also drops the gradients they applied (AdamW may keep
 its own for a later step: optim.adam_every).
 All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
@@ -103,7 +104,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Opt
                 normuon_beta2=cfg.normuon_beta2, wd_lr_squared=cfg.muon_wd_lr_squared)
     for g in muon.param_groups:
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
-                 momentum_warmup_steps=cfg.muon_momentum_warmup_steps)
+                 momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
+                 momentum_cooldown_steps=cfg.muon_momentum_cooldown_steps)
     return [adam, muon]
 
 
@@ -150,18 +152,25 @@ def untie_head(model: GPT, optimizers: list[torch.optim.Optimizer]) -> None:
     model.untie()
 
 
-def warmup_momentum(group: dict, step: int) -> float:
-    """Muon's momentum at `step`: linear from `momentum_start` at step 0 to `initial_momentum` at
-    `momentum_warmup_steps`, then constant (the records: 0.85 -> 0.95 over 300 steps)."""
-    frac = min(step / group["momentum_warmup_steps"], 1.0) if group["momentum_warmup_steps"] else 1.0
+def momentum_at(group: dict, step: int, steps: int) -> float:
+    """Muon's momentum at `step` of a run of `steps` (0 = unknown): linear from `momentum_start` at step 0 to
+    `initial_momentum` at `momentum_warmup_steps`, then constant, then back linearly towards `momentum_start`
+    over the last `momentum_cooldown_steps` (the records: 0.85 -> 0.95 over 300 steps; record 46 back to 0.85
+    over its last 50). The warm-up holds while it lasts, as record 46's: a run cut shorter keeps its warm-up."""
+    warmup = group["momentum_warmup_steps"]
+    cooldown = group.get("momentum_cooldown_steps", 0)  # absent from groups an older resume state restores
+    if step < warmup:
+        frac = step / warmup
+    else:
+        frac = 1 - max(step - (steps - cooldown), 0) / cooldown if cooldown and steps else 1.0
     return (1 - frac) * group["momentum_start"] + frac * group["initial_momentum"]  # exactly the target at 1
 
 
-def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int) -> None:
-    """Apply the schedule's multiplier to every group's base rate, and Muon's momentum warm-up at `step`
-    (optim/__init__.py's contract)."""
+def set_lr(optimizers: list[torch.optim.Optimizer], mult: float, step: int, steps: int = 0) -> None:
+    """Apply the schedule's multiplier to every group's base rate, and Muon's momentum at `step` of a run of
+    `steps` (0 = unknown: no cooldown; optim/__init__.py's contract)."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
             if "momentum_warmup_steps" in group:
-                group["momentum"] = warmup_momentum(group, step)
+                group["momentum"] = momentum_at(group, step, steps)

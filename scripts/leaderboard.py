@@ -52,9 +52,9 @@ EVAL_FREQUENCY = keys_in("eval")
 DIFFERS_CHARS = 80  # the "differs" cell names settings up to this width, then counts the rest (unless --all)
 RUN_IDS_CHARS = 40  # the same for the "run ids" cell
 # What sets a row's budget, shape and batch: "differs" names these first, in this order, then the rest by name.
-MOVES_RESULT = ("train.budget_s", "train.max_steps", "train.schedule", "model.n_layer", "model.n_embd",
-                "model.n_head", "model.vocab_size", "train.seq_len", "train.batch_size", "train.grad_accum",
-                "train.batch_stages")
+MOVES_RESULT = ("train.budget_s", "train.max_steps", "train.extension_steps", "train.schedule", "model.n_layer",
+                "model.n_embd", "model.n_head", "model.vocab_size", "train.seq_len", "train.batch_size",
+                "train.grad_accum", "train.batch_stages")
 # Config file values train.py fills in at run time (model.vocab_size = 0: from meta.json): a run's resolved
 # value does not depart from the file's.
 FILLED_AT_RUN = {"model.vocab_size": 0}

@@ -47,7 +47,8 @@ ROWS_READ = 0.75
 
 def flops_per_token(cfg: Config) -> tuple[float, float]:
     """(training FLOPs per token at train.seq_len, averaged over the run's window schedule; its attention share):
-    GPT.flops_per_token at each of 101 evenly spaced points of training progress (the window grows linearly)."""
+    GPT.flops_per_token at each of 101 evenly spaced points of training progress (the window's schedule: linear
+    growth, or model.window_stages)."""
     with torch.device("meta"):  # the shapes without allocating the weights
         model = GPT(cfg.model)
     flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
@@ -106,7 +107,8 @@ def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
     rows = [
         ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "",
          f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, mean over the window schedule "
-         f"{model_cfg.window_start or model_cfg.window} -> {model_cfg.window} (causal; short layers half): "
+         f"{' -> '.join(map(str, model_cfg.window_stages or [model_cfg.first_window or model_cfg.window]))} -> "
+         f"{model_cfg.window} (causal; short layers half): "
          f"attention {attention:.0%} of it"),
         ("tokens to val loss 3.28", f"{tokens / 1e6:.0f}M", "",
          f"record {RECORD['name']}: {RECORD['steps']:,} steps, {tokens / RECORD['steps']:,.0f} tokens each on average"),

@@ -2,6 +2,8 @@
 the console shows of its steps; a stop and resume while AdamW holds gradients (optim.adam_every), before
 and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd); no scalar
 read of a tensor in an ordinary step."""
+import pytest
+
 from tests.helpers import growing_window_run, ten_second_steps
 
 
@@ -44,6 +46,57 @@ def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, monkeypatc
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split(" |")[0] for line in lines] == ["step 1", "step 3"]
     assert lines[0].endswith("10.0s elapsed, 15.0s left") and lines[1].endswith("30.0s elapsed, 0.0s left")
+
+
+def test_a_step_schedule_runs_its_extension_steps_at_the_end_window_and_a_budget_still_caps_it(tmp_path,
+                                                                                            monkeypatch):
+    """Record 46's shape in small: 6 scheduled steps (windows 8, 16 by halves), 2 extension steps at the final
+    window 40 and the final rate, Muon's momentum down over the last 2. Without a budget all 8 steps run; a 25-s
+    budget, in 10-s steps, stops the same schedule after step 3."""
+    import train
+    ten_second_steps(monkeypatch)
+    seen, set_lr = [], train.set_lr
+
+    def watched(opts, mult, step, steps):
+        set_lr(opts, mult, step, steps)
+        seen.append((step, mult, opts[1].param_groups[0]["momentum"]))
+    monkeypatch.setattr(train, "set_lr", watched)
+    args = ("--train.max_steps=6", "--train.extension_steps=2", "--model.window_start=0",
+            "--model.window_stages=[8, 16]", "--optim.name=muon", "--optim.muon_momentum_cooldown_steps=2",
+            "--train.lr_warmup_frac=0", "--train.lr_decay_frac=0.5", "--train.lr_final_frac=0.25")
+    windows = []
+    for budget in (0, 25):
+        run = growing_window_run(tmp_path / str(budget), *args, f"--train.budget_s={budget}")
+        try:
+            status = train.train(run)
+            windows.append(run.model.module.window)
+        finally:
+            run.loader.close()
+            run.log.close()
+        assert (status, run.progress.step) == (("completed", 8) if budget == 0 else ("budget", 3))
+    assert windows == [40, 8]
+    # the LR decays over steps 3 to 6 and stays at 0.25; the momentum falls over the last 2 of the 8 steps
+    assert [step for step, _, _ in seen[:8]] == list(range(8))
+    assert [mult for _, mult, _ in seen[:8]] == pytest.approx([1, 1, 1, 1, 0.75, 0.5, 0.25, 0.25])
+    assert [momentum for _, _, momentum in seen[5:8]] == pytest.approx([0.95, 0.95, 0.90])
+
+
+def test_the_final_eval_widens_the_long_window_after_the_last_steps_own_eval(tmp_path, monkeypatch):
+    """eval.final_window: the last step's eval scores at the training window (40), then the final eval at 64, its
+    loss the run's final one; the model's window is the training one again afterwards."""
+    import json
+
+    import train
+    ten_second_steps(monkeypatch)
+    run = growing_window_run(tmp_path, "--train.max_steps=2", "--data.val=holdout", "--eval.tokens=2048",
+                             "--eval.every_steps=2", "--eval.final_window=64")
+    train.finish(run, train.train(run))
+    evals = [r for r in map(json.loads, (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines())
+             if r["type"] == "eval"]
+    summary = json.loads((tmp_path / "runs" / "w" / "summary.json").read_text())
+    assert [r["step"] for r in evals] == [2, 2] and evals[0]["val_loss"] != evals[1]["val_loss"]
+    assert summary["final_val_loss"] == evals[1]["val_loss"]
+    assert run.model.module.windows.tolist() == [run.model.module.window, run.model.module.window // 2]
 
 
 def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_gradients(tmp_path, monkeypatch):

@@ -66,21 +66,28 @@ class Clock:
         return self.charged + running
 
     def progress(self, step: int) -> float:
-        """Fraction of the run done: of max_steps for a step schedule; for a time schedule, of whichever
-        limit ends the run first, the budget or max_steps (so a reachable step cap, such as the hackathon
-        starter's --max_steps, still ends on a decayed LR, and an unreachable one changes nothing)."""
+        """Fraction of the run done: of max_steps for a step schedule (past 1 in its extension_steps, which keep
+        its end's LR, batch stage and window); for a time schedule, of whichever limit ends the run first, the
+        budget or max_steps (so a reachable step cap, such as the hackathon starter's --max_steps, still ends on a
+        decayed LR, and an unreachable one changes nothing)."""
         by_steps = step / self.cfg.max_steps if self.cfg.max_steps else 0.0
         if self.cfg.schedule == "step":
             return by_steps
         return max(self.synced / self.cfg.budget_s, by_steps)
 
     def lr_mult(self, step: int) -> float:
-        """The LR multiplier for the step about to run (`step` steps done so far): the schedule's, times its batch
-        stage's train.batch_stage_lr entry."""
-        train = self.cfg
-        stage_lr = train.batch_stage_lr[self.stage(step)] if train.batch_stage_lr else 1.0
-        return stage_lr * lr_multiplier(self.progress(step), train.lr_warmup_frac, train.lr_decay_frac,
-                                        train.lr_final_frac)
+        """The LR multiplier for the step about to run (`step` steps done so far): the schedule's, times its LR
+        stage's train.batch_stage_lr entry; under lr_final_of = "base" the decay ends at lr_final_frac itself."""
+        train, progress = self.cfg, self.progress(step)
+        stage_lr = train.batch_stage_lr[self.lr_stage(step)] if train.batch_stage_lr else 1.0
+        final = train.lr_final_frac / stage_lr if train.lr_final_of == "base" else train.lr_final_frac
+        return stage_lr * lr_multiplier(progress, train.lr_warmup_frac, train.lr_decay_frac, final)
+
+    def lr_stage(self, step: int) -> int:
+        """Whose train.batch_stage_lr entry the step about to run takes: its batch stage's, or the stage whose
+        train.batch_stage_lr_at start it has reached."""
+        starts = self.cfg.batch_stage_lr_at
+        return sum(self.progress(step) >= at for at in starts) if starts else self.stage(step)
 
     def stage(self, step: int) -> int:
         """The batch schedule's stage of the step about to run (0 without one). It follows the progress the LR

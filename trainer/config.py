@@ -77,6 +77,9 @@ class TrainConfig:
     batch_stages: list[int] = field(default_factory=list)
     # each stage's LR multiplier, applied on top of the LR schedule's; [] = 1.0 in every stage
     batch_stage_lr: list[float] = field(default_factory=list)
+    # the progress at which the second, third, ... stage's LR multiplier takes over; [] = where its batch stage
+    # starts. Record 46 raises its rate a little before its batch: [0.33, 0.66] against thirds
+    batch_stage_lr_at: list[float] = field(default_factory=list)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     ddp_always: bool = grouped(False, "speed")
@@ -90,9 +93,14 @@ class TrainConfig:
     max_steps: int = grouped(0, "budget")  # upper bound on steps; 0 = none
     # "time": the LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
     schedule: Literal["time", "step"] = "time"
+    # a step schedule's steps after max_steps, at its end's LR, batch stage and window (record 46: 40)
+    extension_steps: int = 0
     lr_warmup_frac: float = 0.0  # first fraction of the run with a linear LR warm-up
     lr_decay_frac: float = 0.3   # final fraction of the run over which the LR decays linearly
     lr_final_frac: float = 0.0   # LR multiplier at the end of the decay
+    # what lr_final_frac is a fraction of: "stage", the batch stage's LR (batch_stage_lr multiplies the whole
+    # schedule); "base", the base LR: each stage's rate decays to the same floor (record 46's get_lr)
+    lr_final_of: Literal["stage", "base"] = "stage"
     seed: int = 0                # torch seed of the initialisation (the same on every rank)
     checkpoint_path: str = grouped("", "run")  # "" = <run folder>/checkpoint.pt
     # also save checkpoint + resume state every N seconds; 0 = at the end only
@@ -108,6 +116,11 @@ class TrainConfig:
     # graphs must not time out the ranks that wait for it in the first collective
     warmup_timeout_s: float = grouped(1800.0, "run")
 
+    @property
+    def steps(self) -> int:
+        """The steps the run takes at most: max_steps, then a step schedule's extension_steps (0 = no cap)."""
+        return self.max_steps + self.extension_steps if self.max_steps else 0
+
 
 @dataclass
 class EvalConfig:
@@ -118,6 +131,9 @@ class EvalConfig:
     batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
+    # > 0: the final eval's L layers attend this many tokens, its S layers and YaRN keep the last step's window
+    # (record 46: 2,560, with 768 and YaRN at 1,664); 0 = the last step's window
+    final_window: int = 0
 
 
 @dataclass
@@ -432,11 +448,20 @@ def validate(cfg: Config) -> None:
         raise ConfigError("train.schedule = 'time' needs train.budget_s > 0 (or set train.schedule = 'step')")
     if train.schedule == "step" and train.max_steps <= 0:
         raise ConfigError("train.schedule = 'step' needs train.max_steps > 0")
+    if train.extension_steps and train.schedule != "step":
+        raise ConfigError(f"train.extension_steps = {train.extension_steps} extends a step schedule past its end: "
+                          f"set train.schedule = 'step' (with train.max_steps), or train.extension_steps = 0")
+    cooldown = cfg.optim.muon_momentum_cooldown_steps
+    if cooldown and train.schedule != "step":
+        raise ConfigError(f"optim.muon_momentum_cooldown_steps = {cooldown} cools Muon's momentum over the run's "
+                          f"last steps, which only a step schedule knows: set train.schedule = 'step' (with "
+                          f"train.max_steps), or the cooldown to 0")
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s",
                 "train.warmup_timeout_s", "eval.tokens"]
-    not_negative = ["train.max_steps", "train.warmup_steps", "train.checkpoint_every_s", "eval.every_s",
-                    "eval.every_steps", "eval.batch_size", "eval.seq_len", "data.shuffle_shards"]
+    not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
+                    "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
+                    "data.shuffle_shards"]
     for dotted in positive + not_negative:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
@@ -461,6 +486,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"eval.seq_len = {cfg.eval.seq_len} is longer than model.block_size = {block}, the size of "
                           f"the learned position table (model.rotary = false); lower eval.seq_len to at most {block}, "
                           f"raise model.block_size or use model.rotary = true")
+    if cfg.eval.final_window and not cfg.model.window:
+        raise ConfigError(f"eval.final_window = {cfg.eval.final_window} widens the final eval's windowed layers, and "
+                          f"model.window = 0 attends everywhere: set eval.final_window = 0")
     if cfg.log.run_id and (Path(cfg.log.run_id).name != cfg.log.run_id or cfg.log.run_id.startswith(".")):
         raise ConfigError(f"log.run_id = {cfg.log.run_id!r} must be a plain folder name (no '/')")
 
@@ -478,6 +506,12 @@ def check_batch_stages(train: TrainConfig) -> None:
     if stage_lr and len(stage_lr) != len(stages):
         raise ConfigError(f"train.batch_stage_lr = {stage_lr} must give one LR multiplier for each stage of "
                           f"train.batch_stages = {stages}, or be [] for 1.0 in every stage")
+    starts = train.batch_stage_lr_at
+    if starts and not (stage_lr and len(starts) == len(stages) - 1 and 0 < starts[0]
+                       and all(a < b for a, b in zip(starts, [*starts[1:], 1]))):
+        raise ConfigError(f"train.batch_stage_lr_at = {starts} must give, for train.batch_stage_lr = {stage_lr}, "
+                          f"the progress at which each stage after the first takes over, rising within (0, 1), "
+                          f"e.g. [0.33, 0.66] for three stages (or [] for where the batch stages start)")
 
 
 def resume_changes(saved: dict[str, dict[str, Any]], cfg: Config) -> tuple[list[Change], list[Change]]:

@@ -26,7 +26,7 @@ def log_step(run: Run, loss: torch.Tensor, norm: torch.Tensor, since: tuple[int,
     mfu = run.mfu(tok_s)
     # never below 0: the step that spends the budget ends past it (and on GPU one more step runs)
     left = (f"{max(train_cfg.budget_s - clock.elapsed(), 0.0):.1f}s" if train_cfg.budget_s
-            else plural(max(train_cfg.max_steps - progress.step, 0), "step"))
+            else plural(max(train_cfg.steps - progress.step, 0), "step"))
     group = run.optimizers[0].param_groups[0]  # the multiplier the step just done used, its batch stage's included
     run.log.metric({"type": "train", "step": progress.step, "tokens": progress.tokens, "loss": loss,
                     "grad_norm": norm, "lr_mult": group["lr"] / group["initial_lr"], "step_ms": 1000 * step_s,

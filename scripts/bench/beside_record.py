@@ -17,8 +17,9 @@ measures them alike; scripts/beside/report.py reads what they left. Ours runs fi
 then the stand-in's GPU check, then the record with the time left of --timeout-s.
 
 Both schedules are cut to --steps alike: the record's num_scheduled_iterations is --steps with no extension steps
-and ours runs train.max_steps = --steps under train.schedule = "step", so each side's LR, window and batch stages
-fall at the same fractions of the run as in its full one; the Muon momentum warm-up stays 300 steps on both.
+and ours runs train.max_steps = --steps under train.schedule = "step" with no train.extension_steps, so each side's
+LR, window and batch stages fall at the same fractions of the run as in its full one; the Muon momentum warm-up stays
+300 steps on both (and holds while it lasts, before any cooldown).
 """
 from __future__ import annotations
 
@@ -131,9 +132,10 @@ def plan(args: argparse.Namespace) -> Plan:
     fineweb = args.data / "data" / "fineweb10B"
     ours = ["--config", args.ours_config, f"--data.train={fineweb}/fineweb_train_*.bin",
             f"--data.val={fineweb}/fineweb_val_*.bin", f"--train.max_steps={args.steps}", "--train.schedule=step",
-            "--train.budget_s=0", f"--eval.every_steps={args.eval_every}", "--eval.every_s=0",
-            f"--eval.tokens={val}", "--eval.stop_at_target=false", "--train.save_checkpoint=false",
-            "--train.resume=overwrite", f"--log.dir={args.work / 'ours'}", "--log.run_id=run",
+            "--train.extension_steps=0", "--train.budget_s=0", f"--eval.every_steps={args.eval_every}",
+            "--eval.every_s=0", f"--eval.tokens={val}", "--eval.stop_at_target=false",
+            "--train.save_checkpoint=false", "--train.resume=overwrite", f"--log.dir={args.work / 'ours'}",
+            "--log.run_id=run",
             *(f"--{kv}" for kv in args.ours_set)]
     try:
         cfg = parse_config(ours)
@@ -166,7 +168,7 @@ def say_plan(args: argparse.Namespace, p: Plan) -> list[str]:
               f"both: {args.steps} steps, tokens by stage {list(p.hp['train_bs_schedule'])}, the stages in thirds of "
               f"the {args.steps} steps; evals after steps {eval_steps(p.hp)} (ours from {args.eval_every} on) on "
               f"{p.hp['val_tokens']:,} val tokens",
-              f"both: schedules cut alike to {args.steps} steps (the record without its extension steps, ours under "
+              f"both: schedules cut alike to {args.steps} steps, without extension steps (ours under "
               f"train.schedule = 'step'); Muon's momentum warm-up stays the record's 300 steps, ours "
               f"{p.cfg.optim.muon_momentum_warmup_steps}",
               f"record: {RECORD_GRAD_ACCUM} micro-batches a step of a growing row (1/8 of the step's tokens); ours "

@@ -50,10 +50,12 @@ def test_unknown_key_names_it_and_lists_valid_keys():
                       r"n_layer - 1 = 3, e.g. 8"),
     (dict(backout=-1), "backout=-1 must count the blocks"),
     (dict(yarn=True, window=8, window_start=2), r"yarn = true rescales the rotary frequencies as the window grows: "
-                                                r"it needs rotary = true and 0 < window_start < window, got "
-                                                r"rotary = False, window_start = 2, window = 8"),
-    (dict(yarn=True, rotary=True, window=8), "yarn = true rescales.*window_start = 0, window = 8"),
-    (dict(yarn=True, rotary=True, window=8, window_start=8), "yarn = true rescales.*window_start = 8"),
+                                                r"it needs rotary = true and a window that starts \(window_start or "
+                                                r"window_stages\[0\]\) above 0 and below window, got rotary = False, "
+                                                r"start = 2, window = 8"),
+    (dict(yarn=True, rotary=True, window=8), "yarn = true rescales.*start = 0, window = 8"),
+    (dict(yarn=True, rotary=True, window=8, window_start=8), "yarn = true rescales.*start = 8, window = 8"),
+    (dict(yarn=True, rotary=True, window=8, window_stages=[8]), "yarn = true rescales.*start = 8, window = 8"),
     (dict(value_embeds=1, no_attention=[0, 3]), r"value_embeds=1: table\(s\) \[0\] would serve only layers with no "
                                                 r"attention \(no_attention=\[0, 3\]\); lower value_embeds"),
     (dict(xsa=[4]), r"xsa=\[4\] must list distinct layer indices in \[0, n_layer=4\), e.g. \[1\]"),

@@ -11,13 +11,14 @@ import torch.nn.functional as F
 import model.gpt
 import model.masks
 from model import GPTConfig, get_model
+from model.masks import short_window
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, param_roles
 from tests.helpers import MODERN_GPT as MODERN
 from tests.helpers import TINY_GPT as TINY
 from tests.helpers import live_peak
 from tests.model.tiny import RECORDS, batch, gates, sigmoid_of, tiny
-from trainer.clock import lr_multiplier
+from trainer.clock import Clock
 from trainer.config import parse_args
 
 OPTIONS = {  # each option alone on top of TINY, then all of them
@@ -165,15 +166,24 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     cfg = parse_args(["--config", f"configs/{name}.toml"])
     m, t, o = cfg.model, cfg.train, cfg.optim
     assert (m.n_layer, m.no_attention, m.backout) == (11, [6], 8) and m.smear and m.attn_gate
-    assert (m.window_start, m.window, m.window_pattern) == (384, 1408, "SSSLSSSSSSL")
+    assert m.window_pattern == "SSSLSSSSSSL"
     assert m.yarn and m.attn_scale == 0.1 and m.x0_mix and m.embed_norm and not m.norm_gain
     assert m.rotary and m.rope_truncate and m.rope_base == 1024
     assert o.normuon and o.muon_cautious_wd and o.ns_coefficients == "polar_express" and o.adam_every == 2
-    # its get_lr: each batch stage's rate, flat, then linear over the last 55% of the run down to 0.1 of the first
-    # stage's rate
-    assert lr_multiplier(0.45, t.lr_warmup_frac, t.lr_decay_frac, t.lr_final_frac) == pytest.approx(1.0)
-    assert t.lr_decay_frac == 0.55
-    assert t.batch_stage_lr[-1] * t.lr_final_frac == pytest.approx(0.1, abs=1e-3)
+    # its get_lr (tests/trainer/test_clock.py follows it step by step): flat, then down to 0.1 of the base rate
+    # over the last 55% of the scheduled steps
+    assert (t.lr_decay_frac, t.lr_final_frac, t.lr_final_of) == (0.55, 0.1, "base")
+    # its get_ws: long windows of 3, 7, 11 blocks of 128 tokens by thirds of its 2,120 scheduled steps, 13 in the
+    # 40 after them; short windows half as many blocks
+    with torch.device("meta"):
+        gpt = get_model(cfg.to_dict()["model"])
+    clock = Clock(t)
+    for step in range(t.steps):
+        blocks = 13 if step >= 2120 else (3, 7, 11)[3 * step // 2120]
+        long = gpt.window_at(clock.progress(step))
+        assert (long, short_window(long, m.window_block)) == (128 * blocks, 128 * (blocks // 2)), step
+    assert m.first_window == 384  # what YaRN stretches from, as the record's starts at 3 blocks
+    assert cfg.eval.final_window == 2560  # its final eval: 20 blocks, the short ones and YaRN as the last step's
     # 8 document-masked rows of 2,048 tokens per rank and micro-step, x 1, 2, 3 micro-steps by thirds of the run
     assert (t.batch_size, t.seq_len, t.batch_stages) == (8, 2048, [1, 2, 3]) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"

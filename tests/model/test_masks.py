@@ -64,6 +64,44 @@ def test_window_schedule_sets_each_layers_mask():
     assert m.windows.tolist() == [1, 1]  # a short window never reaches 0 (a query must see itself)
 
 
+def test_window_stages_step_by_equal_stages_then_hold_the_final_window_past_the_end():
+    """window_stages = [8, 12, 14] by thirds, `window` 16 from progress 1 on (a schedule's extension steps); with
+    window_block = 4 the S layers get half of the L layers' whole blocks of 4 tokens: 8, 12 and 14 -> 4, 16 -> 8
+    (a window of 4, one block, would leave them none: refused)."""
+    m = tiny(window=16, window_stages=[8, 12, 14], window_block=4, window_pattern="LS")
+    windows = []
+    for progress in (0.0, 0.33, 1 / 3, 0.66, 2 / 3, 0.99, 1.0, 1.5):
+        m.set_progress(progress)
+        windows.append(m.windows.tolist())
+    assert windows == [[8, 4], [8, 4], [12, 4], [12, 4], [14, 4], [14, 4], [16, 8], [16, 8]]
+    assert tiny(window=16, window_stages=[8, 12]).window == 16  # a fresh model (a loaded checkpoint): the final
+    for bad, needle in [({"window_stages": [8, 4]}, "must be rising windows > 0"),
+                        ({"window_stages": [8, 20]}, "the last at most window=16"),
+                        ({"window_stages": [8], "window_start": 4}, "replaces window_start=4"),
+                        ({"window_stages": [4], "window_block": 4}, "at most half of the smallest window, 4")]:
+        with pytest.raises(ValueError, match=needle):
+            tiny(window=16, **bad)
+
+
+def test_a_widened_eval_moves_the_long_window_alone_and_gives_it_back():
+    """eval.final_window's model side: the L layers attend 24 tokens inside the block, the S layers and YaRN keep
+    the window of now (16, so 8 and 16); with L layers only and no YaRN that is the model whose window is 24."""
+    m = tiny(window=16, window_stages=[4, 8], window_pattern="LS", rotary=True, yarn=True)
+    m.set_progress(1.0)
+    with m.widened(24):
+        assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 16)
+    assert (m.windows.tolist(), m.yarn_window.item()) == ([16, 8], 16)
+    with m.widened(0):
+        assert m.windows.tolist() == [16, 8]
+    idx = batch(B=2, T=40)
+    narrow, wide = tiny(window=16, block_size=64), tiny(window=24, block_size=64)
+    with torch.no_grad():
+        before = narrow(idx)[0]
+        with narrow.widened(24):
+            assert torch.equal(narrow(idx)[0], wide(idx)[0]) and not torch.equal(narrow(idx)[0], before)
+        assert torch.equal(narrow(idx)[0], before)
+
+
 def test_one_long_document_masked_sequence_scores_each_document_as_if_alone():
     # the records' batches: documents packed back to back into one long sequence, never attending to each other
     m = tiny(**{**RECORDS, "block_size": 64})

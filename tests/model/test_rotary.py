@@ -1,4 +1,5 @@
 """Rotary positions (and their half-truncated variant) and YaRN's stretch of their frequencies."""
+import itertools
 import math
 
 import pytest
@@ -60,6 +61,40 @@ def test_yarn_frequencies_follow_the_closed_form_keep_the_fast_and_stretch_the_s
     assert (scaled <= freqs).all() and gain.item() == pytest.approx(1 + 0.2 * math.log(window / start), rel=1e-6)
     same, one = model.rotary.yarn(freqs, start, torch.tensor(start))  # at the start window: plain rotary, exactly
     assert torch.equal(same, freqs) and one.item() == 1.0
+
+
+def test_a_stepped_window_applies_yarn_at_each_jump_as_record_46():
+    """Record 46's windows, 384 -> 896 -> 1,408 -> 1,664: each jump stretches the frequencies of then from the
+    window before, and multiplies the logit gain by 1 + 0.2 ln(new / old): 1.318 at 1,664, where one jump from 384
+    gives 1.293."""
+    freqs, windows = model.rotary.rotary_frequencies(128, 1024.0, True), [384, 896, 1408, 1664]
+    for reached in range(1, 4):
+        by_hand, gain = freqs.tolist(), 1.0
+        for old, new in itertools.pairwise(windows[:reached + 1]):
+            by_hand = [yarn_by_hand(f, old, new) for f in by_hand]
+            gain *= 1 + 0.2 * math.log(new / old)
+        scaled, got = model.rotary.yarn_jumps(freqs, windows, torch.tensor(windows[reached]))
+        torch.testing.assert_close(scaled, torch.tensor(by_hand), atol=0, rtol=1e-6)
+        assert got.item() == pytest.approx(gain, rel=1e-6)
+    assert gain == pytest.approx(1.318, abs=1e-3) and not torch.allclose(scaled, model.rotary.yarn(
+        freqs, 384, torch.tensor(1664))[0])
+    same, one = model.rotary.yarn_jumps(freqs, windows, torch.tensor(384))  # before any jump: plain rotary
+    assert torch.equal(same, freqs) and one.item() == 1.0
+
+
+def test_a_gpt_with_window_stages_takes_its_yarn_jump_by_jump():
+    """Windows 4 -> 8 -> 16 by stages against 4 growing linearly to 16: the same at 4 and at 8 (one jump is the
+    closed form), apart at 16, where the second jump stretches what the first left."""
+    options = {"rotary": True, "rope_truncate": True, "rope_base": 1024.0, "window": 16, "yarn": True,
+               "block_size": 64}
+    stages, linear = tiny(**options, window_stages=[4, 8]), tiny(**options, window_start=4)
+    idx = batch(B=2, T=40)
+    with torch.no_grad():
+        for stage_progress, linear_progress, alike in ((0.0, 0.0, True), (0.5, 1 / 3, True), (1.0, 1.0, False)):
+            stages.set_progress(stage_progress)
+            linear.set_progress(linear_progress)
+            assert stages.window == linear.window
+            assert torch.equal(stages(idx)[0], linear(idx)[0]) == alike, stages.window
 
 
 def test_yarn_attention_rotates_by_the_stretched_frequencies_and_scales_the_logits():

@@ -14,6 +14,7 @@ from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dty
 from optim.views import view_rows
 from tests.helpers import ROOT, torchrun
 from tests.workers.muon_worker import ADAM_EVERY, CASES, STEPS, full_state, gpt, optimizers_for, train
+from trainer.config import ConfigError, parse_args
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -330,6 +331,37 @@ def test_momentum_warms_up_with_the_step():
     assert [g["momentum"] for g in off[1].param_groups] == [0.9, 0.9]
     with pytest.raises(ValueError, match=r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"):
         OptimConfig(muon_momentum_warmup_steps=-1)
+
+
+def record_46_momentum(step: int) -> float:
+    """Record 46's get_muon_momentum, restated: 0.85 -> 0.95 over the first 300 steps, then back towards 0.85
+    over the last 50 of its 2,160."""
+    if step < 300:
+        return 0.85 + step / 300 * 0.1
+    return 0.95 - max(step - (2160 - 50), 0) / 50 * 0.1
+
+
+def test_momentum_cools_down_over_the_last_steps_as_record_46s():
+    cfg = parse_args(["--config", "configs/speedrun_8xh100.toml"])
+    opts = build_optimizers(gpt(), cfg.optim)
+    for step in range(cfg.train.steps):
+        set_lr(opts, 1.0, step, cfg.train.steps)
+        assert opts[1].param_groups[0]["momentum"] == pytest.approx(record_46_momentum(step), abs=1e-12), step
+    assert opts[1].param_groups[0]["momentum"] == pytest.approx(0.852)  # the last step, 49 of 50 down
+    set_lr(opts, 1.0, 2159, 0)  # a run of unknown length has no cooldown
+    assert opts[1].param_groups[0]["momentum"] == 0.95
+    # overlapping, the warm-up holds while it lasts: 4 steps up, then the last of the 4 steps down (3 of 4 done)
+    short = build_optimizers(gpt(), OptimConfig(name="muon", muon_momentum_warmup_steps=4,
+                                                muon_momentum_cooldown_steps=4))
+    momenta = []
+    for step in range(5):
+        set_lr(short, 1.0, step, 5)
+        momenta.append(short[1].param_groups[0]["momentum"])
+    assert momenta == pytest.approx([0.85, 0.875, 0.9, 0.925, 0.875])
+    # a time schedule leaves the run's last step open
+    with pytest.raises(ConfigError, match="muon_momentum_cooldown_steps = 50 cools Muon's momentum"):
+        parse_args(["--config", "configs/tiny.toml", "--data.train=x", "--optim.muon_momentum_cooldown_steps=50",
+                    "--train.schedule=time", "--train.budget_s=9"])
 
 
 def test_momentum_warm_up_resumes_exactly(tmp_path):

@@ -13,7 +13,8 @@ from tests.helpers import ROOT, run
 from tests.scripts.beside_fixtures import record_log, record_script, record_shards
 
 # A tiny shape of ours that matches the fixture's record: 2 x 160 tokens a micro-step, 8 micro-steps, stages
-# x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon, so that its steps are counted
+# x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon, so that its steps are counted; extension steps, as
+# the speedrun config has, which the harness cuts as it cuts the record's
 TINY = '''base = "{root}/configs/tiny.toml"
 [model]
 vocab_size = 50257
@@ -26,6 +27,7 @@ batch_size = 2
 seq_len = 160
 grad_accum = 8
 batch_stages = [1, 2, 3]
+extension_steps = 4
 [eval]
 seq_len = 160
 batch_size = 2
@@ -59,6 +61,7 @@ def test_the_plan_says_each_change_and_refuses_what_would_not_train_alike(bench,
     lines = beside_record.say_plan(beside_record.parse_args(args), p)
     assert "  val_tokens: 10240 -> 5120" in lines
     assert any("--train.max_steps=8" in line and "--eval.tokens=5120" in line for line in lines)
+    assert p.cfg.train.steps == 8  # no extension steps on either side
     with pytest.raises(beside_record.RecordError, match=r"\[2560, 5120, 7680\] tokens by stage, ours \[2560\]"):
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "train.batch_stages=[]"]))
     with pytest.raises(beside_record.RecordError, match="forwards of 320 tokens"):

@@ -43,7 +43,9 @@ def test_speedrun_recipe_matches_the_record_runs():
     assert m.rotary and m.qk_norm and m.norm == "rmsnorm" and m.activation == "relu2" and not m.tie_embeddings
     assert m.zero_init_proj and m.logit_softcap > 0 and m.value_embeds and m.backout
     assert m.attention == "flex" and m.doc_causal and 0 < m.window < t.seq_len and cfg.data.bos_aligned
-    assert cfg.optim.name == "muon" and t.compile and t.dtype == "bfloat16" and t.schedule == "time"
+    assert cfg.optim.name == "muon" and t.compile and t.dtype == "bfloat16"
+    # its schedule in steps: 2,120, then 40 at the end's rate, batch and window; the budget a cap
+    assert (t.schedule, t.max_steps, t.extension_steps, t.steps) == ("step", 2120, 40, 2160) and t.budget_s > 0
     assert t.timing == "exclude_warmup" and t.warmup_steps > 0 and t.seq_len <= m.block_size
     # record 46's batch schedule: 131,072 tokens a step, then twice and three times that
     assert tokens_per_step(cfg, 8) == 131_072 and t.batch_stages == [1, 2, 3]

@@ -112,6 +112,8 @@ def test_the_gpu_plan_runs_the_speedrun_first_with_room_for_its_cold_compile():
         cfg = parse_train_args(gpu_check.check_args(name, Path("/w"), check_sizes.GPU)[0])
         assert not cfg.train.save_checkpoint and cfg.train.resume == "never"
         assert cfg.train.ddp_always == (name != "hackathon")
+        # its seconds pass every stage of the schedule, as a time schedule cuts them
+        assert cfg.train.schedule == "time" and cfg.train.steps == 0
 
 
 def test_loss_verdicts_catch_a_leaking_mask_and_a_model_that_does_not_learn():

@@ -1,5 +1,6 @@
 """The batch schedule (train.batch_stages, train.batch_stage_lr): the stage of each step under a step and a time
 schedule, its micro-steps and LR multiplier, the checks of the keys, and what a resume does with them."""
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -117,3 +118,34 @@ def test_an_extended_budget_says_when_it_moves_the_next_step_to_another_stage():
     # second stage, 2 x 2, and a flat LR)
     assert "step 31 runs at LR multiplier 1.000 instead of 0.100 and 4 micro-steps instead of 6 " \
            "(train.batch_stages)" in lines[-1]
+
+
+def test_lr_stages_may_start_where_batch_stage_lr_at_says_and_decay_to_a_floor_of_the_base_rate():
+    """Two stages of 20 steps, the second's rate x 2 from 40% of them (step 8) while its batch waits for step 10;
+    the decay over the last half runs from each stage's rate down to 0.1 of the base rate (lr_final_of = "base"):
+    at step 15, halfway, 2 x 0.5 + 0.1 x 0.5."""
+    cfg = TrainConfig(schedule="step", max_steps=20, batch_stages=[1, 2], batch_stage_lr=[1.0, 2.0],
+                      batch_stage_lr_at=[0.4], lr_decay_frac=0.5, lr_final_frac=0.1, lr_final_of="base")
+    clock = Clock(cfg)
+    assert [clock.micro_steps(s) for s in (7, 8, 9, 10)] == [1, 1, 1, 2]
+    assert [clock.lr_mult(s) for s in (0, 7, 8, 10, 15, 20)] == pytest.approx([1.0, 1.0, 2.0, 2.0, 1.05, 0.1])
+    # a fraction of the stage's rate, as before: the same decay ends at 0.1 x 2
+    stage = Clock(dataclasses.replace(cfg, lr_final_of="stage"))
+    assert [stage.lr_mult(s) for s in (15, 20)] == pytest.approx([2 * 0.55, 0.2])
+
+
+@pytest.mark.parametrize("value", ["[0.33]", "[0.66, 0.33]", "[0.0, 0.66]", "[0.33, 1.0]"])
+def test_lr_stage_starts_that_do_not_rise_within_the_run_one_per_later_stage_are_refused(value):
+    with pytest.raises(ConfigError, match=r"train.batch_stage_lr_at = .* must give, for train.batch_stage_lr = "
+                                          r"\[1.0, 1.5, 2.0\], the progress at which each stage after the first"):
+        parse_args(["--config", TINY, "--data.train=x", "--train.batch_stages=[1, 2, 3]",
+                    "--train.batch_stage_lr=[1.0, 1.5, 2.0]", f"--train.batch_stage_lr_at={value}"])
+
+
+@pytest.mark.parametrize("key, value", [("batch_stage_lr_at", "[0.4]"), ("lr_final_of", "base"),
+                                        ("extension_steps", "5")])
+def test_a_resume_refuses_a_change_of_where_the_stages_fall(key, value):
+    base = ["--config", TINY, "--data.train=x", "--train.batch_stages=[1, 2]", "--train.batch_stage_lr=[1, 2]"]
+    saved = parse_args(base).to_dict()
+    with pytest.raises(ConfigError, match=f"train.{key}: saved"):
+        check_resume(saved, parse_args([*base, f"--train.{key}={value}"]), "runs/r")

@@ -5,7 +5,7 @@ import pytest
 
 import trainer.clock
 from trainer.clock import Clock, lr_multiplier
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig, parse_args
 
 
 @pytest.mark.parametrize("progress, mult", [
@@ -59,3 +59,42 @@ def test_time_schedule_ends_on_whichever_limit_comes_first():
     unreachable.start()
     unreachable.sync(1800.0)
     assert unreachable.progress(100) == 0.5
+
+
+def test_extension_steps_run_after_a_step_schedule_at_its_end():
+    cfg = TrainConfig(schedule="step", max_steps=10, extension_steps=3, lr_decay_frac=0.5, lr_final_frac=0.1,
+                      batch_stages=[1, 2])
+    clock = Clock(cfg)
+    assert cfg.steps == 13 and TrainConfig(max_steps=10).steps == 10 and TrainConfig().steps == 0
+    assert [clock.lr_mult(s) for s in (9, 10, 11, 12)] == pytest.approx([0.28, 0.1, 0.1, 0.1])
+    assert {clock.micro_steps(s) for s in (10, 11, 12)} == {2} and clock.progress(12) == 1.2
+    with pytest.raises(ConfigError, match="train.extension_steps = 5 extends a step schedule past its end"):
+        parse_args(["--config", "configs/tiny.toml", "--data.train=x", "--train.schedule=time", "--train.budget_s=9",
+                    "--train.extension_steps=5"])
+
+
+def record_46_lr(step: int) -> float:
+    """Record 46's get_lr, restated: the rate steps up after 33% and 66% of its 2,120 scheduled steps (x 1.51,
+    x 1.93), and from 45% on falls linearly from there to 0.1 at the schedule's end, where it stays."""
+    if step > 2120:
+        return 0.1
+    x = step / 2120
+    peak = 1.93 if x > 0.66 else 1.51 if x > 0.33 else 1.0
+    if x < 1 - 0.55:
+        return peak
+    w = (1 - x) / 0.55
+    return w * peak + (1 - w) * 0.1
+
+
+def test_the_speedrun_config_steps_its_lr_and_batch_as_record_46_at_every_step():
+    cfg = parse_args(["--config", "configs/speedrun_8xh100.toml"]).train
+    clock = Clock(cfg)
+    assert cfg.steps == 2160 and cfg.schedule == "step"
+    for step in range(2160):
+        assert clock.lr_mult(step) == pytest.approx(record_46_lr(step), rel=1e-12), step
+        # its get_bs: 8, 16, 24 sequences a GPU by thirds of the scheduled steps, 24 in the extension
+        assert clock.micro_steps(step) == (1, 2, 3)[min(3 * step // 2120, 2)], step
+    # where the record's stages fall: the rate moves at steps 700 and 1,400, the batch at 707 and 1,414
+    assert [clock.lr_mult(s) for s in (699, 700, 1399, 1400)] == pytest.approx([1.0, 1.51, 0.9719, 1.2300],
+                                                                                  abs=1e-4)
+    assert [clock.micro_steps(s) for s in (706, 707, 1413, 1414)] == [1, 2, 2, 3]

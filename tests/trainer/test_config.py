@@ -14,7 +14,8 @@ from trainer.config import (RESUME_BUDGET, RESUME_SAFE, SECTIONS, ConfigError, G
 
 TINY = str(ROOT / "configs" / "tiny.toml")
 
-# configs/speedrun_1gpu.toml resolved as it was when it was a full copy of speedrun_8xh100.toml (before `base`)
+# configs/speedrun_1gpu.toml resolved as it was when it was a full copy of speedrun_8xh100.toml (before `base`), on
+# record 46's step schedule since
 SPEEDRUN_1GPU = {
     "data": {"train": "shards/fineweb10B/fineweb_train_*.bin", "val": "shards/fineweb10B/fineweb_val_*.bin",
              "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": False, "shuffle_shards": 0,
@@ -27,25 +28,27 @@ SPEEDRUN_1GPU = {
               "value_embeds": 3, "value_embed_skip": 1, "value_scale": True, "bigram_hash": 0,
               "bigram_dim": 0, "bigram_signs": False, "ve_gate": False, "unet_skips": False, "skip_gate": False,
               "skip_connection": [3, 6], "backout": 8, "no_attention": [6], "no_mlp": [], "xsa": [], "mudd": [],
-              "mudd_sources": [], "attention": "flex", "window": 1408, "window_start": 384,
-              "window_pattern": "SSSLSSSSSSL", "yarn": True, "doc_causal": True, "bos_id": 50256, "init_std": 0.018,
-              "embed_init_std": 1.0},
+              "mudd_sources": [], "attention": "flex", "window": 1664, "window_start": 0,
+              "window_stages": [384, 896, 1408], "window_block": 128, "window_pattern": "SSSLSSSSSSL", "yarn": True,
+              "doc_causal": True, "bos_id": 50256, "init_std": 0.018, "embed_init_std": 1.0},
     "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.65, 0.95], "eps": 3e-13,
               "grad_clip": 0.0, "embed_lr": 0.6, "head_lr": 0.008, "scalar_lr": 0.04, "muon_lr": 0.023,
               "muon_momentum": 0.95, "muon_momentum_warmup_steps": 300, "muon_momentum_start": 0.85,
+              "muon_momentum_cooldown_steps": 50,
               "muon_weight_decay": 0.0276, "ns_steps": 5, "adjust_lr": "none",
               "ns_coefficients": "polar_express", "muon_cautious_wd": True, "muon_wd_lr_squared": True,
               "muon_fc_lr_scale": 2.0, "normuon": True, "normuon_beta2": 0.95, "normuon_attn_columns": True,
               "muon_gates": True, "muon_qk_pairs": False, "adam_every": 2},
     "train": {"batch_size": 8, "seq_len": 2048, "grad_accum": 8, "batch_stages": [1, 2, 3],
-              "batch_stage_lr": [1.0, 1.51, 1.93],
+              "batch_stage_lr": [1.0, 1.51, 1.93], "batch_stage_lr_at": [0.33, 0.66],
               "parallel": "ddp", "ddp_always": False, "compile": True, "dtype": "bfloat16", "budget_s": 1600.0,
-              "plan": True, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 0, "schedule": "time",
-              "lr_warmup_frac": 0.0, "lr_decay_frac": 0.55, "lr_final_frac": 0.0518, "seed": 0, "checkpoint_path": "",
+              "plan": True, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 2120, "schedule": "step",
+              "extension_steps": 40, "lr_warmup_frac": 0.0, "lr_decay_frac": 0.55, "lr_final_frac": 0.1,
+              "lr_final_of": "base", "seed": 0, "checkpoint_path": "",
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
               "warmup_timeout_s": 1800.0},
     "eval": {"every_steps": 0, "every_s": 80.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
-             "target_loss": 3.28, "stop_at_target": True},
+             "target_loss": 3.28, "stop_at_target": True, "final_window": 2560},
     "log": {"dir": "runs", "run_id": "", "track": "speedrun", "every_steps": 25, "wandb": False,
             "wandb_project": "shardrun", "wandb_run": ""},
 }
@@ -80,6 +83,9 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.seq_len=128"], ["train.seq_len = 128 is longer than model.block_size = 64"]),
     (["--model.n_head=0"], ["n_head and n_embd must be positive"]),
     (["stray"], ["unexpected argument 'stray'"]),
+    (["--eval.final_window=64", "--model.window=0"], [("eval.final_window = 64 widens the final eval's windowed "
+                                                       "layers, and model.window = 0 attends everywhere")]),
+    (["--eval.final_window=-1"], ["eval.final_window must be >= 0 (0 = off), got -1"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):
     with pytest.raises(ConfigError) as e:
