@@ -23,11 +23,11 @@ from torch import Tensor
 
 from model.attention import Attention
 from model.block import Block
-from model.config import GPTConfig, stage_of
+from model.config import GPTConfig
 from model.embeddings import BigramHash, Smear
 from model.layers import Gate, Norm
 from model.loss import loss_weights_at, weighted_loss
-from model.masks import layer_masks, mean_keys, short_window
+from model.masks import layer_masks, mean_keys, short_window, window_at
 from model.mudd import Mudd
 
 
@@ -129,7 +129,7 @@ class GPT(nn.Module):
                 self.wte.weight.copy_(self.lm_head.weight)
                 self.head_tied.fill_(1)
             self.tied = True
-        self._use_window(self.window_at(1.0))
+        self._use_window(window_at(self.cfg, 1.0))
         self._weights_now = []
         self._use_loss_weights(loss_weights_at(cfg, 1.0))
 
@@ -219,21 +219,10 @@ class GPT(nn.Module):
             total += F.cross_entropy(self.logits(x[chunk]), targets[chunk], ignore_index=-100, reduction="sum")
         return total / (targets != -100).sum()  # NaN for padding alone, as the mean over no target is
 
-    def window_at(self, progress: float) -> int:
-        """The window of the L layers at `progress` in [0, 1] of training: window_stages's stage by stage and
-        `window` from 1 on (record 46: 384, 896, 1,408, then 1,664), window_start growing linearly to window (the
-        records before: 128 -> 1,792), or window throughout."""
-        cfg = self.cfg
-        if cfg.window_stages:
-            return cfg.window if progress >= 1 else cfg.window_stages[stage_of(progress, len(cfg.window_stages))]
-        if not cfg.window_start:
-            return cfg.window
-        return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
-
     def set_progress(self, progress: float) -> None:
         """Use the window and the loss's weights of `progress` (train.py: the LR schedule's, each step; its evals
         keep the last step's window and score the next token alone)."""
-        window = self.window_at(progress)
+        window = window_at(self.cfg, progress)
         if window != self.window:
             self._use_window(window)
         self._use_loss_weights(loss_weights_at(self.cfg, progress))

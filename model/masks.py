@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from model.config import GPTConfig
+from model.config import GPTConfig, stage_of
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -112,6 +112,17 @@ def _warn_flex_fallback(reason: str) -> None:
     if not _warned_fallback and not torch.compiler.is_compiling():
         _warned_fallback = True
         warnings.warn(f"attention='flex' {reason}: using SDPA with an equivalent explicit mask", stacklevel=3)
+
+
+def window_at(cfg: GPTConfig, progress: float) -> int:
+    """The window of the L layers at `progress` in [0, 1] of training: window_stages's stage by stage and `window`
+    from 1 on (record 46: 384, 896, 1,408, then 1,664), window_start growing linearly to window (the records
+    before: 128 -> 1,792), or window throughout."""
+    if cfg.window_stages:
+        return cfg.window if progress >= 1 else cfg.window_stages[stage_of(progress, len(cfg.window_stages))]
+    if not cfg.window_start:
+        return cfg.window
+    return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
 
 
 def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:

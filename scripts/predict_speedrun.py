@@ -22,6 +22,7 @@ import torch
 
 
 from model.gpt import GPT
+from model.masks import window_at
 from trainer.config import Config, parse_args as parse_train_args
 from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
@@ -51,7 +52,8 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     growth, or model.window_stages)."""
     with torch.device("meta"):  # the shapes without allocating the weights
         model = GPT(cfg.model)
-    flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, model.window_at(i / 100)) for i in range(101))
+    flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, window_at(cfg.model, i / 100))
+                             for i in range(101))
     attention_at_one_key = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_one_key
     return flops, 1 - matmul_only / flops

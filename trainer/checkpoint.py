@@ -123,7 +123,12 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
             p.grad = torch.zeros_like(p)  # a DTensor like p under FSDP2
             _local(p.grad).copy_(grads[name])
     for opt, s in zip(optimizers, state["optim"]):
+        built = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         opt.load_state_dict(s)
+        # a state saved before a group setting existed: the setting as this run built it (a new key's default)
+        for group, settings in zip(opt.param_groups, built):
+            for key, value in settings.items():
+                group.setdefault(key, value)
     loader.load_state_dict(state["loader"])
     torch.set_rng_state(state["rng"]["cpu"].cpu())
     if state["rng"]["cuda"] is not None:

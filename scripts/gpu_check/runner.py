@@ -161,10 +161,12 @@ def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes, work: P
 def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
     """train.py's arguments for one training check, and the val loss expected at init (ln of the vocabulary)."""
     data = work / "data"
-    budget = sizes.budget_s[name]
-    # evals halfway through the budget, so that training resumes after them (off the clock: exclude_warmup)
-    common = [f"--train.budget_s={budget}", "--train.timing=exclude_warmup", f"--eval.every_s={budget / 2}",
-              "--eval.every_steps=0", "--eval.target_loss=0", "--eval.stop_at_target=false",
+    budget, steps = sizes.budget_s[name], sizes.steps.get(name)
+    # evals halfway through the run, so that training resumes after them (off the clock: exclude_warmup)
+    halfway = ([f"--train.max_steps={steps}", "--train.schedule=step", f"--eval.every_steps={steps // 2}",
+                "--eval.every_s=0"] if steps else [f"--eval.every_s={budget / 2}", "--eval.every_steps=0"])
+    common = [f"--train.budget_s={budget}", "--train.timing=exclude_warmup", *halfway,
+              "--eval.target_loss=0", "--eval.stop_at_target=false",
               f"--log.dir={work / 'runs'}", f"--log.run_id={name}", "--train.resume=never",
               "--train.save_checkpoint=false", *sizes.overrides]
     if name == "hackathon":
@@ -172,7 +174,8 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
                  "--train.warmup_steps=3", *common, *sizes.recipe_overrides.get("hackathon", [])],
                 math.log(HACKATHON_VOCAB))
     # DDP at world size 1: its graph split, bucket hooks and collectives meet the GPU before an 8-GPU job does. The
-    # schedule in time, so that the check's seconds pass every batch stage and window, not the first of 2,160 steps
+    # schedule in time (in the CPU rehearsal's steps), so that the check passes every batch stage and window, not
+    # the first of 2,160 steps
     speedrun = ["--config", "configs/speedrun_8xh100.toml", "--train.ddp_always=true", "--train.schedule=time",
                 "--train.max_steps=0", "--train.extension_steps=0", "--optim.muon_momentum_cooldown_steps=0",
                 *common, *sizes.recipe_overrides.get("speedrun", [])]

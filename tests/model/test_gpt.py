@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import model.gpt
 import model.masks
 from model import GPTConfig, get_model
-from model.masks import short_window
+from model.masks import short_window, window_at
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, param_roles
 from tests.helpers import MODERN_GPT as MODERN
@@ -180,7 +180,7 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     clock = Clock(t)
     for step in range(t.steps):
         blocks = 13 if step >= 2120 else (3, 7, 11)[3 * step // 2120]
-        long = gpt.window_at(clock.progress(step))
+        long = window_at(gpt.cfg, clock.progress(step))
         assert (long, short_window(long, m.window_block)) == (128 * blocks, 128 * (blocks // 2)), step
     assert m.first_window == 384  # what YaRN stretches from, as the record's starts at 3 blocks
     assert cfg.eval.final_window == 2560  # its final eval: 20 blocks, the short ones and YaRN as the last step's

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import model.masks
-from model.masks import layer_masks
+from model.masks import layer_masks, window_at
 from tests.helpers import TINY_GPT as TINY
 from tests.model.tiny import RECORDS, batch, changed_positions, tiny, window_tensor
 
@@ -50,7 +50,7 @@ def test_window_schedule_sets_each_layers_mask():
     idx[:, 5] = 0
     for progress, long in [(0.0, 4), (0.5, 10), (1.0, 16), (2.0, 16), (-1.0, 4)]:
         m.set_progress(progress)
-        assert m.window == long == m.window_at(progress) and m.windows.tolist() == [long, long // 2]
+        assert m.window == long == window_at(m.cfg, progress) and m.windows.tolist() == [long, long // 2]
         for mask, kind in zip(layer_masks(m.cfg, idx, m.windows), "LSSL"):
             expected = model.masks.attention_mask(idx, torch.tensor(long if kind == "L" else long // 2), True, 0)
             assert torch.equal(mask, expected)

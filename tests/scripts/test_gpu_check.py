@@ -49,8 +49,8 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
         assert probe["eval"]["second"]["frames_compiled"] == 0
         assert f"| {name} |" in proc.stdout
         assert [v["verdict"] for v in res["verdicts"] if v["check"] == name][:2] == ["PASS", "PASS"]
-        # the evals came halfway through the budget and training went on after them; every stage's compile
-        # counts were taken, and both compile figures recorded for the next run's budgets
+        # the evals came halfway through the run (its steps on CPU) and training went on after them; every stage's
+        # compile counts were taken, and both compile figures recorded for the next run's budgets
         assert probe["after_eval"]["steps"] >= 1 and probe["train_loop"]["steps"] >= 1
         for stage in (probe["warm_up"], probe["train_loop"], probe["eval"]["first"], probe["after_eval"]):
             assert stage["dynamic_graphs"] == stage["same_shape_graphs"] == 0
@@ -70,7 +70,7 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     assert "configs/hackathon_32gpu.toml" in checks["hackathon"]["args"]
     assert checks["speedrun"]["probe"]["shape"]["grad_accum"] == 1
     summary = json.loads((tmp_path / "work" / "runs" / "text" / "summary.json").read_text())
-    assert summary["config_name"] == "speedrun_8xh100" and summary["status"] == "budget"
+    assert summary["config_name"] == "speedrun_8xh100" and summary["status"] == "completed"  # its steps, not the cap
     kernels = checks["kernels"]["kernels"]
     assert kernels["ring_speedrun"]["mismatches"] == kernels["ring_hackathon"]["mismatches"] == 0
     assert kernels["flex"]["ok"]["out"] and kernels["flex"]["shape"]["head_dim"] == 128

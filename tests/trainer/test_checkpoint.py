@@ -108,6 +108,26 @@ def test_the_resume_state_restores_model_optimizer_held_gradients_loader_and_rng
     assert all(torch.equal(a, b) for a, b in zip(got_batch, want_batch)) and torch.equal(got_rand, want_rand)
 
 
+def test_a_resume_state_saved_before_a_group_setting_existed_takes_the_setting_as_built(tmp_path):
+    """Muon's groups gained keys over time (record 46's wd_lr_squared, normuon_columns): torch's load_state_dict
+    puts the saved groups in place of the built ones, so without the built settings the first step of a resumed
+    older run would raise KeyError; the saved groups' own values win."""
+    data = tiny_data(tmp_path / "data", train_sizes=(5000,), val_tokens=500)
+    cfg = OptimConfig(name="muon", normuon=True, muon_weight_decay=0.01, muon_wd_lr_squared=True)
+    model = trained_model()
+    optimizers = build_optimizers(model, cfg)
+    with TokenLoader(sorted(data.glob("*_train_*.bin")), 2, 16) as loader:
+        state = training_state(model, optimizers, loader)
+        for saved in state["optim"]:
+            for group in saved["param_groups"]:
+                group.pop("wd_lr_squared", None)  # as written before the key existed
+                group["lr"] = 0.125
+        restore(model, optimizers, loader, state)
+    muon = [g for opt in optimizers for g in opt.param_groups if "wd_lr_squared" in g or "ns_steps" in g]
+    assert muon and all(g["wd_lr_squared"] is True for g in muon)  # the setting as this run built it
+    assert all(g["lr"] == 0.125 for opt in optimizers for g in opt.param_groups)  # what was saved wins
+
+
 def test_a_new_resume_state_replaces_the_old_one_and_names_its_world_size(tmp_path):
     state = {"model": get_model(CONFIG).state_dict(), "optim": [], "loader": {}, "rng": {"cpu": None, "cuda": None}}
     for step in (1, 2):

@@ -4,6 +4,7 @@ values and what to try; the hooks an observer from outside gets, which by defaul
 import pytest
 import torch
 
+from model.masks import window_at
 from tests.helpers import growing_window_run
 from trainer.state import Diverged, Hooks, StopReason, diverged
 
@@ -29,7 +30,7 @@ def test_flops_per_token_are_the_models_at_the_window_it_has_now(run):
     gpt = run.model.module
     for progress in (0.0, 0.5, 1.0):
         gpt.set_progress(progress)
-        assert run.flops_per_token() == gpt.flops_per_token(64, gpt.window_at(progress))
+        assert run.flops_per_token() == gpt.flops_per_token(64, window_at(gpt.cfg, progress))
     assert run.mfu(1e6) is None  # a CPU has no peak FLOP/s to measure against
 
 
