@@ -405,12 +405,17 @@ def parse_args(argv: list[str]) -> Config:
         apply_override(cfg, key, value)
     run_flags = {key for flag, keys in flags.items() if flag not in starter.SHAPE for key in keys}
     command_line = {key for key, _ in overrides} | run_flags
-    plan = plans.pick(file_plans(path), cfg.train.budget_s) if path is not None and cfg.train.plan else None
+    rows = file_plans(path) if path is not None and cfg.train.plan else []
+    plan = plans.pick(rows, cfg.train.budget_s)
     if plan:  # over the file's keys, under the command line's
         for dotted, value in plan["keys"].items():
             if dotted not in command_line:
                 _apply(cfg, *dotted.split(".", 1), value, f"{path}: [[plan]] up to {plan['up_to_s']:g} s")
         cfg.plan = plans.describe(plan, cfg.train.budget_s, command_line)
+    elif rows and cfg.train.budget_s > 0:
+        values = {f"{section}.{key}": getattr(getattr(cfg, section), key)
+                  for section, key in (dotted.split(".", 1) for row in rows for dotted in row["keys"])}
+        cfg.plan = plans.beyond(rows, cfg.train.budget_s, values)
     cfg.given = frozenset({*from_file, *(key for key, _ in overrides), *(k for keys in flags.values() for k in keys),
                            *(plan["keys"] if plan else ())})
     validate(cfg)

@@ -60,3 +60,9 @@ def describe(plan: dict[str, Any], budget_s: float, overridden: set[str]) -> str
     line = f"plan: budget {budget_s:g} s -> the row up to {plan['up_to_s']:g} s: {keys}"
     kept = sorted(set(plan["keys"]) & overridden)
     return line + (f" (the command line's {', '.join(kept)} instead)" if kept else "")
+
+
+def beyond(plans: list[dict[str, Any]], budget_s: float, values: dict[str, Any]) -> str:
+    """The run's line when its budget is longer than every row: the keys the rows set, at the file's own `values`."""
+    keys = ", ".join(f"{key} = {values[key]}" for key in sorted({k for plan in plans for k in plan["keys"]}))
+    return f"plan: budget {budget_s:g} s -> longer than every row (up to {plans[-1]['up_to_s']:g} s): the file's {keys}"

@@ -46,7 +46,7 @@ def cfg_of(path, *extra: str):
 def test_the_row_for_the_budget_applies_over_the_files_keys(planned, budget, n_embd, n_layer, batch):
     cfg = cfg_of(planned, f"--train.budget_s={budget}")
     assert (cfg.model.n_embd, cfg.model.n_layer, cfg.train.batch_size) == (n_embd, n_layer, batch)
-    assert bool(cfg.plan) == (budget <= 30)
+    assert cfg.plan.startswith(f"plan: budget {budget:g} s -> " + ("the row" if budget <= 30 else "longer"))
 
 
 def test_the_command_line_overrides_a_rows_key_and_the_run_says_so(planned):
@@ -54,7 +54,10 @@ def test_the_command_line_overrides_a_rows_key_and_the_run_says_so(planned):
     assert (cfg.model.n_embd, cfg.train.batch_size) == (48, 3)
     assert cfg.plan == ("plan: budget 20 s -> the row up to 30 s: model.n_embd = 48 (the command line's "
                         "train.batch_size instead)")
-    assert cfg_of(planned, "--train.budget_s=31").plan == ""
+    # longer than every row: the line says what the file's own keys are, the command line's among them
+    assert cfg_of(planned, "--train.budget_s=31", "--model.n_layer=3").plan == (
+        "plan: budget 31 s -> longer than every row (up to 30 s): the file's model.n_embd = 64, model.n_layer = 3, "
+        "train.batch_size = 4")
     unplanned = cfg_of(planned, "--train.budget_s=5", "--train.plan=false")  # the file's own keys at any budget
     assert (unplanned.model.n_embd, unplanned.plan) == (64, "")
 
