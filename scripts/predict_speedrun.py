@@ -3,6 +3,7 @@
     python -m scripts.predict_speedrun                                # docs/PERFORMANCE.md's table
     python -m scripts.predict_speedrun --mfu 0.35                     # at another assumed MFU
     python -m scripts.predict_speedrun --measured runs/gpu_check.json  # + what scripts/gpu_check.sh measured
+    python -m scripts.predict_speedrun --beside out/beside/beside.json  # + the time from the ratio to the record
     python -m scripts.predict_speedrun --shards                       # FineWeb train shards the budget needs
 
 FLOPs per token are GPT.flops_per_token (6 per matmul weight, plus the causal, windowed attention; with doc_causal
@@ -87,7 +88,18 @@ def measured(path: Path | None) -> dict | None:
     return rows[0]
 
 
-def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
+def beside(path: Path | None) -> float | None:
+    """Ours / the record's tokens/s on one GPU, from scripts.bench.beside_record's beside.json, or None."""
+    if path is None:
+        return None
+    speed = json.loads(path.read_text()).get("speed") or {}
+    record, ours = ((speed.get(side) or {}).get("tok_s") for side in ("record", "ours"))
+    if not (record and ours):
+        raise SystemExit(f"{path}: no tokens/s of both sides; run scripts.bench.beside_record to its shared evals")
+    return ours / record
+
+
+def table(assumed_mfu: float, gpu_check: dict | None = None, ratio: float | None = None) -> tuple[str, int]:
     """docs/PERFORMANCE.md's markdown table and the budget_s it suggests for configs/speedrun_8xh100.toml."""
     cfg = parse_train_args(["--config", CONFIG])
     flops, attention = flops_per_token(cfg)
@@ -122,6 +134,10 @@ def table(assumed_mfu: float, gpu_check: dict | None = None) -> tuple[str, int]:
          f"the record: {RECORD['train_s']:.1f} s; the current record: {CURRENT}"),
         ("train.budget_s", f"{budget}", "", f"the predicted time x {BUDGET_MARGIN}, rounded up to 10 s"),
     ]
+    if ratio is not None:  # CONFIG takes the record's steps and tokens: its time scales by the speed alone
+        rows.insert(-1, ("time to 3.28, beside the record", f"{RECORD['train_s'] / ratio:.0f} s", "",
+                         f"the record's {RECORD['train_s']:.1f} s / ours-to-the-record's tokens/s on one GPU, "
+                         f"{ratio:.3f} (scripts.bench.beside_record)"))
     lines = ["| configs/speedrun_8xh100.toml | *predicted* | measured | how |", "|---|---:|---:|---|"]
     lines += [f"| {name} | {pred} | {got} | {how} |" for name, pred, got, how in rows]
     return "\n".join(lines), budget
@@ -131,6 +147,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mfu", type=float, default=ASSUMED_MFU, help="assumed model FLOPs utilisation (0-1)")
     p.add_argument("--measured", type=Path, help="scripts/gpu_check.sh's --json output: fills the measured column")
+    p.add_argument("--beside", type=Path,
+                   help="scripts.bench.beside_record's beside.json: predicts the time from the ratio to the record")
     p.add_argument("--shards", action="store_true",
                    help=f"print only the number of FineWeb train shards whose rows (~{round(100 * ROWS_READ)}%% "
                         f"of a shard) hold {CONFIG}'s budget at the predicted tokens/s, "
@@ -139,7 +157,7 @@ def main() -> None:
     if args.shards:
         print(shards_needed(args.mfu))
         return
-    text, budget = table(args.mfu, measured(args.measured))
+    text, budget = table(args.mfu, measured(args.measured), beside(args.beside))
     print(text)
     print(f"\nsuggested train.budget_s: {budget} (configs/speedrun_8xh100.toml), {GPUS * budget} "
           f"(configs/speedrun_1gpu.toml)")

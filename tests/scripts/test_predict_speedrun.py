@@ -6,6 +6,9 @@ import tomllib
 import pytest
 
 from scripts import predict_speedrun
+from scripts.beside import report
+from scripts.beside.record_script import parse_log
+from tests.scripts.test_beside_report import HP, record_log_text
 from tests.helpers import ROOT, run
 from trainer.config import parse_args
 
@@ -36,6 +39,19 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
     with pytest.raises(SystemExit, match="no speedrun check with a tokens/s figure"):
         predict_speedrun.measured(tmp_path / "check.json")
 
+
+
+def test_the_ratio_beside_the_record_predicts_the_time_from_the_records(tmp_path):
+    """beside.json's speed, as scripts/beside/report.py writes it: ours at 0.8 of the record's tokens/s on one GPU
+    predicts 132.194 / 0.8 = 165 s on 8, since the config takes the record's steps and tokens."""
+    rec = parse_log(record_log_text({0: (10.8, 0), 9: (7.0, 900)}, 9))
+    speed = report.speeds(HP, rec, {9: {"val_loss": 7.1, "tokens": 46080, "elapsed_s": 1.125}}, (0, 9))
+    (tmp_path / "beside.json").write_text(json.dumps({"speed": speed}))
+    out = run([sys.executable, "-m", "scripts.predict_speedrun", "--beside", str(tmp_path / "beside.json")]).stdout
+    assert "| time to 3.28, beside the record | 165 s |  | the record's 132.2 s / " in out and "0.800" in out
+    (tmp_path / "beside.json").write_text(json.dumps({"speed": None}))  # no shared eval on one side
+    with pytest.raises(SystemExit, match="no tokens/s of both sides"):
+        predict_speedrun.beside(tmp_path / "beside.json")
 
 
 def test_run_sh_fetches_the_shards_the_budget_trains_on_with_a_margin(monkeypatch):
