@@ -71,4 +71,4 @@ def test_memory_does_not_grow_with_the_number_of_windows(tmp_path):
     small, _ = traced_peak(tmp_path / "small", 4 * 10**6)
     big, first = traced_peak(tmp_path / "big", 10**9)
     assert big < small + (256 << 10), (small, big)
-    assert first < 1.0
+    assert first < 3.0  # the first batch at once, with room for a busy machine

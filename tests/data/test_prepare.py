@@ -253,7 +253,8 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
         t0 = time.time()
         proc = run([sys.executable, "-m", "data.prepare", *argv, "--out", str(tmp_path / "out")], check=False,
                    env={"HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}, timeout=120)
-        assert time.time() - t0 < 30 and proc.returncode == 1, proc.stderr
+        # fast: an error at once, no retries; 90 s leaves a busy machine room for the imports
+        assert time.time() - t0 < 90 and proc.returncode == 1, proc.stderr
         # one line of ours last (datasets may log its own line about the file first)
         assert proc.stderr.strip().splitlines()[-1].startswith("prepare: error: ") and "Traceback" not in proc.stderr
         for needle in needles:

@@ -35,7 +35,7 @@ def test_start_up_does_not_scan_the_data(tmp_path):
     t0 = time.perf_counter()
     with TokenLoader([big], 16, 1024, fmt="raw", raw_dtype="uint16", bos_id=0, vocab_size=50257) as loader:
         x, y = next(loader)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 3.0  # below the scan's 5 s, with room for a busy machine
     assert x.shape == (16, 1024) and int(x.sum()) == 0 and loader.wait_s > 0
     assert loader.tokens_per_step == 16 * 1024
 

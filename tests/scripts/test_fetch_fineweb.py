@@ -13,7 +13,7 @@ def test_fetch_keeps_valid_files_and_fails_fast_offline(tmp_path):
     for env in ({"HF_HUB_OFFLINE": "1"}, no_network):
         t0 = time.time()
         proc = fetch(out, 2, env)
-        assert proc.returncode == 1 and time.time() - t0 < 10, proc.stderr
+        assert proc.returncode == 1 and time.time() - t0 < 30, proc.stderr  # no retries; room for a busy machine
         assert "fineweb_val_000000.bin" in proc.stderr and "fineweb_train_000002.bin" in proc.stderr
         assert ("HF_HUB_OFFLINE" if env["HF_HUB_OFFLINE"] == "1" else "cannot reach http://127.0.0.1:9") in proc.stderr
     for name in ("fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"):

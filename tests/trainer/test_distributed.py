@@ -108,13 +108,14 @@ def test_the_flag_exchange_is_read_one_call_late_and_the_same_on_every_rank(two_
 
 def test_a_rank_still_compiling_its_warm_up_does_not_time_out_the_ranks_waiting_for_it(tmp_path):
     """The warm-up compiles (minutes on 8 GPUs, cold): its collectives wait train.warmup_timeout_s, the rest
-    train.dist_timeout_s. Rank 1 here starts its warm-up 6 s late against a 3-s group timeout: with a 30-s
-    warm-up timeout the run ends as usual; with the group's own 3 s rank 0 gives up in the first all-reduce."""
+    train.dist_timeout_s. Rank 1 here starts its warm-up 6 s late: with a 30-s warm-up timeout the run ends as
+    usual; with a 3-s one rank 0 gives up in the warm-up's first all-reduce, though the group's own timeout is
+    120 s (long enough that two ranks starting at different speeds on a busy machine never meet it)."""
     data = tiny_data(tmp_path / "data")
 
     def launched(run_id: str, warmup_timeout_s: float):
         args = tiny_args(data, tmp_path / "runs", run_id, "--train.timing=exclude_warmup", "--train.warmup_steps=1",
-                         "--train.max_steps=3", "--train.dist_timeout_s=3",
+                         "--train.max_steps=3", "--train.dist_timeout_s=120",
                          f"--train.warmup_timeout_s={warmup_timeout_s}")
         return torchrun([ROOT / "tests" / "workers" / "slow_rank_worker.py", "6", *args[1:]],
                         env={"PYTHONPATH": str(ROOT)}, check=False, timeout=300)
