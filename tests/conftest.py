@@ -1,5 +1,8 @@
 """Test-wide setup: offline, quiet, single-threaded, caches in a temporary folder.
 
+Inductor's cache too: its key leaves out ATEN_CPU_CAPABILITY, so kernels another run compiled for AVX-512 were
+loaded under avx2 (SIGSEGV) and default (a compile error), and two suites side by side shared one folder.
+
 Set at import time, before any test module imports torch: intra-op threads chosen after torch starts
 are ignored, and two spinning threads per process on a 2-core machine slowed the suite 5x.
 """
@@ -14,6 +17,7 @@ os.environ.update({
     "HF_HOME": os.path.join(_CACHE, "hf"),
     "HF_DATASETS_CACHE": os.path.join(_CACHE, "hf_datasets"),
     "TIKTOKEN_CACHE_DIR": os.path.join(_CACHE, "tiktoken"),
+    "TORCHINDUCTOR_CACHE_DIR": os.path.join(_CACHE, "inductor"),
     "WANDB_DIR": os.path.join(_CACHE, "wandb"),
     "OMP_NUM_THREADS": "1",
     "TOKENIZERS_PARALLELISM": "false",

@@ -256,3 +256,20 @@ def live_peak(work: Callable[[], object]) -> int:
         work()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     return max(accumulate(n for _, n in events), default=0)
+
+
+def bf16_attention_error() -> str | None:
+    """torch's error for a masked bf16 attention forward and backward on this CPU, or None where it runs. With
+    ATEN_CPU_CAPABILITY set below AVX-512 on a CPU with AMX, torch 2.13 picks its AMX kernel from the hardware
+    and then refuses the AVX-512 packing it needs ("pack_vnni2 is only supported when avx512 is supported"): a
+    mismatch of torch's own checks that only a forced capability makes."""
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16, requires_grad=True)
+    try:
+        causal = torch.ones(256, 256, dtype=torch.bool).tril()
+        F.scaled_dot_product_attention(q, q, q, attn_mask=causal).sum().backward()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None

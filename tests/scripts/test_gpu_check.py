@@ -22,23 +22,29 @@ from scripts.gpu_check import kernels as kernel_check, probe as train_probe, run
 from scripts.gpu_check import sizes as check_sizes
 from data.meta import read_meta
 from data.shards import open_shard
-from tests.helpers import ROOT, demo_data, make_shards, run, stock_node
+from tests.helpers import ROOT, bf16_attention_error, demo_data, make_shards, run, stock_node
 from trainer.config import parse_args as parse_train_args
 from trainer.data import resolve_data, val_loader
 from trainer.distributed import Dist
+
+BF16_ATTENTION = bf16_attention_error()  # None where torch runs a masked bf16 attention on this CPU
 
 
 @pytest.mark.slow
 def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp_path):
     out, record = tmp_path / "check.json", tmp_path / "record"
+    # the one FAIL allowed: the kernels' bf16 attention where torch cannot run it on this CPU (a forced capability)
+    unavailable = BF16_ATTENTION
     proc = run(["bash", "scripts/gpu_check.sh", "--cpu", "--json", str(out), "--work", str(tmp_path / "work"),
-                "--record", str(record)], env=stock_node(tmp_path / "node"), timeout=480)
+                "--record", str(record)], env=stock_node(tmp_path / "node"), timeout=480, check=not unavailable)
+    assert proc.returncode == (1 if unavailable else 0), proc.stderr[-3000:]
     assert "from " + str(tmp_path / "node" / "wheels") + ", no index" in proc.stdout  # set up from the folder
     res = json.loads(out.read_text())
     checks = {r["check"]: r for r in res["checks"]}
     assert list(checks) == list(check_sizes.CHECKS)
     assert all(r["status"] == "ok" for r in checks.values()), {n: r.get("output_tail") for n, r in checks.items()}
-    assert [v for v in res["verdicts"] if v["verdict"] == "FAIL"] == []
+    assert [v for v in res["verdicts"] if v["verdict"] == "FAIL"
+            and not (unavailable and v["check"] == "kernels" and unavailable in v["measured"])] == []
     for name in gpu_check.TRAINING:
         r, probe = checks[name], checks[name]["probe"]
         assert probe["stage"] == "done" and r["steps"] >= 2 and r["peak_mem_gb"] > 0 and r["tok_s"] > 0
@@ -73,7 +79,8 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     assert summary["config_name"] == "speedrun_8xh100" and summary["status"] == "completed"  # its steps, not the cap
     kernels = checks["kernels"]["kernels"]
     assert kernels["ring_speedrun"]["mismatches"] == kernels["ring_hackathon"]["mismatches"] == 0
-    assert kernels["flex"]["ok"]["out"] and kernels["flex"]["shape"]["head_dim"] == 128
+    if unavailable is None:
+        assert kernels["flex"]["ok"]["out"] and kernels["flex"]["shape"]["head_dim"] == 128
     # what re-tuning the configs needs, and the record
     assert res["retune"]["speedrun"]["tokens_per_s"] > 0 and res["retune"]["hackathon"]["seq_len"] == 128
     assert json.loads((record / "gpu_check.json").read_text()) == res
@@ -376,6 +383,7 @@ def test_ring_check_catches_batches_overwritten_in_their_buffer(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.skipif(bool(BF16_ATTENTION), reason=f"torch's bf16 attention on this CPU: {BF16_ATTENTION}")
 def test_flex_tolerance_catches_a_mask_one_token_off():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
