@@ -99,19 +99,24 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     return parts
 
 
+def meminfo(field: str) -> int | None:
+    """Bytes of one /proc/meminfo field ("MemAvailable", "MemTotal"), or None where there is none."""
+    path = Path("/proc/meminfo")
+    if not path.exists():
+        return None
+    return next((int(line.split()[1]) * 1024 for line in path.read_text().splitlines()
+                 if line.startswith(f"{field}:")), None)
+
+
 def available(dist: Dist) -> tuple[float, str] | None:
     """Bytes this process may use and where that number comes from; None where it cannot be known."""
     if dist.cuda:
         free, _ = torch.cuda.mem_get_info(dist.device)
         return free, source_of(dist, free)
-    meminfo = Path("/proc/meminfo")
-    if not meminfo.exists():
+    node = meminfo("MemAvailable")
+    if node is None:
         return None
-    kb = next((int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:")),
-              None)
-    if kb is None:
-        return None
-    limit = kb * 1024 / int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    limit = node / int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return limit, source_of(dist, limit)
 
 
