@@ -118,6 +118,9 @@ class GPTConfig:
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
     init_std: float = 0.02  # std of the normal init of matrices and embeddings
     embed_init_std: float = 0.0  # > 0: std of the token and value tables' normal init instead; 0 = init_std
+    # the matrices' random init at their std s: N(0, s), or U(-sqrt(3) s, sqrt(3) s) (record 46's qkv and fc); the
+    # tables (and a head that starts as the token table) stay normal
+    init: Literal["normal", "uniform"] = "normal"
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

@@ -93,8 +93,9 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """Initialise every parameter (also after `to_empty` from the meta device), GPT-2 style.
 
-        Matrices N(0, init_std), tables too (or N(0, embed_init_std)), residual projections scaled by 1/sqrt(2
-        n_layer) (or zero); each of our modules sets the rest of its own (gains 1, gates 0, ...); skip weights 1
+        Matrices N(0, init_std) (uniform of that std under init = "uniform"), tables normal too (or N(0,
+        embed_init_std)), residual projections scaled by 1/sqrt(2 n_layer) (or zero); each of our modules sets the
+        rest of its own (gains 1, gates 0, MUDD's fc as nn.Linear's default, ...); skip weights 1
         (skip_lambda -1.5), backout's lambda 0.5, the MUDD MLPs last (as modded-nanogpt starts them); under
         untie_at the head tied, and the embedding its copy, the value a shared matrix ends with; the window and the
         loss's weights the final ones (set_progress(1)).
@@ -103,7 +104,10 @@ class GPT(nn.Module):
         tables = {id(self.wte), *map(id, self.value_embeds)}
         for m in self.modules():  # in this order: the draws of N(0, init_std) come as they always have
             if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, BigramHash):
-                nn.init.normal_(m.weight, std=(cfg.embed_init_std or cfg.init_std) if id(m) in tables else cfg.init_std)
+                # a head that starts as the token table (tied, or until untie_at) is drawn as a table: normal
+                table = isinstance(m, nn.Embedding) or (m is self.lm_head and cfg.tie_embeddings)
+                std = (cfg.embed_init_std or cfg.init_std) if id(m) in tables else cfg.init_std
+                draw(m.weight, std, "normal" if table else cfg.init)
                 if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, (Norm, Gate, Smear, BigramHash, Attention, Block)):
@@ -121,7 +125,7 @@ class GPT(nn.Module):
             if cfg.zero_init_proj:
                 nn.init.zeros_(w)
             else:
-                nn.init.normal_(w, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+                draw(w, cfg.init_std / math.sqrt(2 * cfg.n_layer), cfg.init)
         for m in self.mudd:  # last: the other parameters draw as without them
             m.reset_parameters()
         if cfg.untie_at:
@@ -307,6 +311,15 @@ class GPT(nn.Module):
         lookup_only = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Embedding))
         shared = self.lm_head.weight is self.wte.weight  # a tied head under untie_at is a parameter of its own
         return self.num_params() - lookup_only + (self.lm_head.weight.numel() if shared else 0)
+
+
+def draw(weight: Tensor, std: float, init: str) -> None:
+    """Fill `weight` at mean 0 and `std`: N(0, std), or under init = "uniform" U(-sqrt(3) std, sqrt(3) std), whose
+    std it is (record 46 starts its qkv and fc so: bounded, no tail)."""
+    if init == "uniform":
+        nn.init.uniform_(weight, -math.sqrt(3) * std, math.sqrt(3) * std)
+    else:
+        nn.init.normal_(weight, std=std)
 
 
 def _read_tied(model: GPT, _keys) -> None:

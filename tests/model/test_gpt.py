@@ -35,7 +35,7 @@ OPTIONS = {  # each option alone on top of TINY, then all of them
     "bigram_signs": dict(bigram_hash=500, bigram_dim=16, bigram_signs=True), "xsa": dict(xsa=[0, 3]),
     "ve_gate": dict(value_embeds=1, ve_gate=True), "skip_gate": dict(unet_skips=True, skip_gate=True),
     "backout": dict(backout=2), "yarn": dict(rotary=True, window=8, window_start=2, yarn=True),
-    "mudd": dict(mudd=[1, 3], mudd_sources=[0, 1]),
+    "mudd": dict(mudd=[1, 3], mudd_sources=[0, 1]), "uniform_init": dict(init="uniform"),
     "record_46": dict(x0_mix=True, x0_mix_init=1.1, value_embeds=1, value_embed_skip=1, value_scale=True,
                       skip_connection=[1, 2], tie_embeddings=False, embed_init_std=1.0),
     "newer_records": dict(RECORDS, attn_gate=True, smear=True, no_attention=[2], bigram_hash=500, bigram_dim=16,
@@ -191,6 +191,7 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     # ". 1 2 ... 0 1 2" over its 12 blocks (block 0 empty), the values of the others scaled, tables N(0, 1), fc at
     # twice Muon's rate, decay with the rate squared, NorMuon by the attention's input columns, gates in NorMuon
     assert m.skip_connection == [3, 6] and m.x0_mix_init == 1.1 and m.embed_init_std == 1.0 and m.value_scale
+    assert m.init == "uniform"  # q, k, v and fc U(-sqrt(3) s, sqrt(3) s) (tests/model/test_uniform_init.py)
     assert m.value_embed_layers == [0, 1, 8, 9, 10] and [m.layer_table(i) for i in (0, 1, 8, 9, 10)] == [1, 2, 0, 1, 2]
     assert o.muon_fc_lr_scale == 2.0 and o.muon_wd_lr_squared and o.normuon_attn_columns and o.muon_gates
 
