@@ -30,7 +30,7 @@ SPEEDRUN_1GPU = {
               "skip_connection": [3, 6], "backout": 8, "no_attention": [6], "no_mlp": [], "xsa": [], "mudd": [],
               "mudd_sources": [], "attention": "flex", "window": 1664, "window_start": 0,
               "window_stages": [384, 896, 1408], "window_block": 128, "window_pattern": "SSSLSSSSSSL", "yarn": True,
-              "doc_causal": True, "bos_id": 50256, "init_std": 0.018, "embed_init_std": 1.0,
+              "doc_causal": True, "bos_id": 50256, "init_std": 0.018042, "embed_init_std": 1.0,
               "init": "uniform"},
     "optim": {"name": "muon", "lr": 0.0006, "weight_decay": 0.1, "betas": [0.65, 0.95], "eps": 3e-13,
               "grad_clip": 0.0, "embed_lr": 0.6, "head_lr": 0.008, "scalar_lr": 0.04, "muon_lr": 0.023,
