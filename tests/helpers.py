@@ -97,6 +97,17 @@ def tiny_args(data: Path, runs: Path, run_id: str, *extra: str) -> list[str]:
     return train_args(data, runs, run_id, f"--model.vocab_size={VOCAB}", "--eval.tokens=2048", *extra)
 
 
+def train_values(run_dir: Path, key: str = "loss") -> list[float]:
+    """The `key` (loss, grad_norm, ...) of every logged step of a run (tiny.toml logs each one)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r[key] for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+def final_val_loss(run_dir: Path) -> float:
+    """The val loss of a finished run's final eval, from its summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())["final_val_loss"]
+
+
 def growing_window_run(folder: Path, *extra: str):
     """train.setup in this process: configs/tiny.toml without evals on a random shard written to `folder`, its
     window growing from 8 to 40 tokens (S layers half) over the 30-step schedule; close its loader and log."""

@@ -81,6 +81,9 @@ class TrainConfig:
     # starts. Record 46 raises its rate a little before its batch: [0.33, 0.66] against thirds
     batch_stage_lr_at: list[float] = field(default_factory=list)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
+    # the dtype gradients are summed in across ranks (DDP's all-reduce, FSDP2's reduce-scatter); each rank still
+    # adds up its micro-steps in fp32. "bfloat16" halves the bytes sent, rounding every gradient to bf16 on the way
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     ddp_always: bool = grouped(False, "speed")
     # torch.compile the model (under FSDP2: each block, and the head with the loss)
@@ -478,6 +481,13 @@ def validate(cfg: Config) -> None:
                                                                           else [value])):
                 raise ConfigError(f"{section}.{key} = {value} must hold finite numbers only")
     check_batch_stages(train)
+    micro_steps = train.grad_accum * max(train.batch_stages, default=1)
+    if train.reduce_dtype == "bfloat16" and train.parallel == "fsdp" and micro_steps > 1:
+        # FSDP2 keeps an unsynced micro-step's gradient in its reduce dtype (MixedPrecisionPolicy's rule)
+        raise ConfigError(f"train.reduce_dtype = 'bfloat16' under train.parallel = 'fsdp' would add up the "
+                          f"{micro_steps} micro-steps of a step in bf16, since FSDP2 accumulates unsynced gradients "
+                          f"in its reduce dtype; use train.parallel = 'ddp' (it accumulates in fp32 and sends bf16), "
+                          f"train.grad_accum = 1 without train.batch_stages, or train.reduce_dtype = 'float32'")
     for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
         if not 0 <= getattr(train, key) <= 1:
             raise ConfigError(f"train.{key} = {getattr(train, key)} must lie in [0, 1]")

@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -112,6 +113,10 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
     # steps (optim.adam_every) stays a view: the next backward adds to it in its bucket before the all-reduce.
     wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
                   **_NO_BUFFER_SYNC)
+    if cfg.reduce_dtype == "bfloat16":
+        # The hook runs on the synced micro-step's backward only: under no_sync the micro-steps add up in the fp32
+        # buckets, and the sum crosses the wire in bf16, to come back into them as fp32.
+        wrapped.register_comm_hook(None, _bf16_all_reduce)
     return ParallelModel(model, wrapped, sharded=False, master=dist.master)
 
 
@@ -119,8 +124,10 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
-    if dist.cuda and cfg.dtype == "bfloat16":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    compute = torch.bfloat16 if dist.cuda and cfg.dtype == "bfloat16" else None  # None: the parameters' fp32
+    wire = torch.bfloat16 if cfg.reduce_dtype == "bfloat16" else torch.float32
+    if compute or wire != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=wire)
     # One FSDP unit per block, so only one block's full weights are gathered at a time. Each block is compiled
     # before it is sharded, as torchtitan does (models/llama3/parallelize.py: compile, then fully_shard): FSDP2's
     # hooks then run around the compiled block, and its all-gathers stay out of the graph.
@@ -135,6 +142,14 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
         model.head_loss = torch.compile(model.head_loss, backend=backend, dynamic=False)
     fully_shard(model, **kwargs)
     return model
+
+
+def _bf16_all_reduce(group, bucket):
+    """torch's bf16_compress_hook (each rank's bucket cast to bf16 and divided by the world size, summed in bf16,
+    copied back into the fp32 bucket), under a name of its own: DDP refuses the hook by name in a torch built
+    without CUDA, though gloo sums bf16 as well. Unannotated: DDP compares a hook's annotations with its own
+    types, and this module's are strings."""
+    return bf16_compress_hook(group, bucket)
 
 
 def autocast(dist: Dist, dtype: str) -> ContextManager:

@@ -42,8 +42,8 @@ SPEEDRUN_1GPU = {
               "muon_gates": True, "muon_qk_pairs": False, "adam_every": 2},
     "train": {"batch_size": 8, "seq_len": 2048, "grad_accum": 8, "batch_stages": [1, 2, 3],
               "batch_stage_lr": [1.0, 1.51, 1.93], "batch_stage_lr_at": [0.33, 0.66],
-              "parallel": "ddp", "ddp_always": False, "compile": True, "dtype": "bfloat16", "budget_s": 1600.0,
-              "plan": True, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 2120, "schedule": "step",
+              "parallel": "ddp", "reduce_dtype": "float32", "ddp_always": False, "compile": True,
+              "dtype": "bfloat16", "budget_s": 1600.0, "plan": True, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 2120, "schedule": "step",
               "extension_steps": 40, "lr_warmup_frac": 0.0, "lr_decay_frac": 0.55, "lr_final_frac": 0.1,
               "lr_final_of": "base", "seed": 0, "checkpoint_path": "",
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
@@ -88,6 +88,12 @@ def test_file_and_overrides_in_both_spellings():
     (["--eval.final_window=64", "--model.window=0"], [("eval.final_window = 64 widens the final eval's windowed "
                                                        "layers, and model.window = 0 attends everywhere")]),
     (["--eval.final_window=-1"], ["eval.final_window must be >= 0 (0 = off), got -1"]),
+    (["--train.reduce_dtype=float16"], ["train.reduce_dtype = 'float16' is not one of float32, bfloat16"]),
+    (["--train.reduce_dtype=bfloat16", "--train.parallel=fsdp"],  # tiny.toml's grad_accum = 2
+     [("train.reduce_dtype = 'bfloat16' under train.parallel = 'fsdp' would add up the 2 micro-steps of a step in "
+       "bf16"), "use train.parallel = 'ddp'", "train.grad_accum = 1 without train.batch_stages"]),
+    (["--train.reduce_dtype=bfloat16", "--train.parallel=fsdp", "--train.grad_accum=1", "--train.batch_stages=[1, 3]"],
+     ["would add up the 3 micro-steps of a step in bf16"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):
     with pytest.raises(ConfigError) as e:

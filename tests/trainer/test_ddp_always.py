@@ -1,7 +1,6 @@
 """train.ddp_always: one process wrapped in DDP over a gloo group of one trains exactly as the plain model does,
 its gradients are views of DDP's buckets, and DDP and Muon's all_gather call no API that this torch deprecates."""
 import gc
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -12,17 +11,11 @@ import torch
 from model import get_model
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, step_optimizers
-from tests.helpers import run, tiny_args, tiny_data
+from tests.helpers import final_val_loss, run, tiny_args, tiny_data, train_values
 from tests.workers.muon_worker import GPT_CONFIG
 from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.parallel import parallelize
-
-
-def train_losses(run_dir: Path) -> list[float]:
-    """The loss of every step (tiny.toml logs each one)."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
 
 
 def header(run_dir: Path) -> str:
@@ -38,10 +31,9 @@ def test_ddp_always_wraps_one_process_and_trains_like_the_plain_model(tmp_path):
         run([sys.executable, *tiny_args(data, runs, run_id, *common, *extra)])
     assert "| 1 process, no wrapper |" in header(runs / "plain")
     assert "| 1 process, ddp |" in header(runs / "ddp")
-    plain, ddp = train_losses(runs / "plain"), train_losses(runs / "ddp")
+    plain, ddp = train_values(runs / "plain"), train_values(runs / "ddp")
     assert len(plain) == 8 and ddp == pytest.approx(plain, rel=1e-6, abs=0)
-    finals = [json.loads((runs / r / "summary.json").read_text())["final_val_loss"] for r in ("plain", "ddp")]
-    assert finals[1] == pytest.approx(finals[0], rel=1e-6, abs=0)
+    assert final_val_loss(runs / "ddp") == pytest.approx(final_val_loss(runs / "plain"), rel=1e-6, abs=0)
 
 
 def two_steps_in_ddp(dist: distributed.Dist) -> str:

@@ -1,0 +1,81 @@
+"""torchrun worker for tests/trainer/test_reduce_dtype.py: the gradients DDP and FSDP2 sync under each
+train.reduce_dtype, on gloo, beside every rank's own fp32 gradients.
+
+usage: torchrun --nproc_per_node=W tests/workers/reduce_worker.py OUT.pt
+Rank 0 saves {"synced": {(case, reduce_dtype): full synced gradients}, "local": {case: [each rank's fp32
+gradients]}, "nan_norm": the DDP bf16 gradient norm when one rank's loss is nan}. DDP takes two micro-steps (the
+first under no_sync), FSDP2 one (train.reduce_dtype = "bfloat16" refuses its accumulation).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from model import get_model
+from tests.helpers import save_on_rank_0
+from tests.workers.step_worker import GPT_CONFIG
+from trainer import distributed
+from trainer.config import TrainConfig
+from trainer.distributed import Dist
+from trainer.exits import exiting_without_teardown
+from trainer.parallel import parallelize
+
+MICRO_STEPS = {"ddp": 2, "fsdp": 1}
+ROWS = 2  # sequences per micro-step per rank
+
+
+def micro_batches(rank: int, micro_steps: int) -> list[torch.Tensor]:
+    """`rank`'s micro-batches of a fixed batch of token rows (inputs and targets in one [ROWS, 17] tensor each)."""
+    world = torch.distributed.get_world_size()
+    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (world * micro_steps * ROWS, 17),
+                        generator=torch.Generator().manual_seed(1))
+    return list(idx.chunk(world)[rank].chunk(micro_steps))
+
+
+def full(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient as the whole tensor: FSDP2's DTensor shard gathered, DDP's as it is."""
+    return (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
+
+
+def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False) -> tuple[dict, torch.Tensor]:
+    """(the gradients after one step's micro-steps and their sync, their norm from clip_grads) under `case`
+    (ddp or fsdp) and `reduce_dtype`; with `poison`, rank 1's loss is nan."""
+    torch.manual_seed(0)
+    model = parallelize(get_model(GPT_CONFIG), TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
+    model.module.set_progress(0.0)
+    batches = micro_batches(dist.rank, MICRO_STEPS[case])
+    for micro, idx in enumerate(batches):
+        with model.grad_sync(micro == len(batches) - 1):
+            loss = model(idx[:, :-1], idx[:, 1:])[1] / len(batches)
+            (loss * float("nan") if poison and dist.rank == 1 else loss).backward()
+    norm = model.clip_grads(0.0)
+    return {name.removeprefix("module."): full(p.grad) for name, p in model.wrapped.named_parameters()}, norm
+
+
+def local(case: str, rank: int) -> dict[str, torch.Tensor]:
+    """The fp32 gradients `rank` adds up over its micro-steps of `case`, by the plain model in this process."""
+    torch.manual_seed(0)
+    model = get_model(GPT_CONFIG)
+    model.set_progress(0.0)
+    batches = micro_batches(rank, MICRO_STEPS[case])
+    for idx in batches:
+        (model(idx[:, :-1], idx[:, 1:])[1] / len(batches)).backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def main(out: str) -> None:
+    dist = distributed.init(60)
+    results: dict = {"synced": {}, "local": {}}
+    for case in MICRO_STEPS:
+        results["local"][case] = [local(case, r) for r in range(dist.world_size)]
+        for reduce_dtype in ("float32", "bfloat16"):
+            results["synced"][case, reduce_dtype] = synced(case, reduce_dtype, dist)[0]
+    results["nan_norm"] = synced("ddp", "bfloat16", dist, poison=True)[1].item()
+    save_on_rank_0(results, out, dist.rank)
+    distributed.close()
+
+
+if __name__ == "__main__":
+    with exiting_without_teardown():
+        main(*sys.argv[1:])
