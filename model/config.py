@@ -79,6 +79,7 @@ class GPTConfig:
     untie_at: float = 0.0  # in (0, 1): a tied head gets weights of its own at this training progress; 0 = never
     zero_init_proj: bool = False  # output projections of attention/MLP (and an untied head) start at zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 = off
+    fp8_head: bool = False  # in training the head multiplies float8 copies of its input and weight (record 46)
     # training loss: weights of the next token and the tokens after it, each later one fading out over a stage of
     # training; [] = the next token alone
     mtp_weights: list[float] = field(default_factory=list)
@@ -164,6 +165,9 @@ class GPTConfig:
         need(self.tie_embeddings or not self.untie_at,
              f"untie_at={self.untie_at} unties a tied head, but tie_embeddings = false: set tie_embeddings = true "
              f"(the head starts as the embedding) or untie_at = 0")
+        need(not self.fp8_head or self.n_embd % 16 == 0,
+             f"fp8_head = true multiplies through torch._scaled_mm, whose CUDA kernels need n_embd={self.n_embd} to "
+             f"be a multiple of 16: change n_embd (768, the records') or set fp8_head = false")
         weights = self.mtp_weights
         need(not weights or (all(type(w) in (int, float) and w >= 0 for w in weights) and weights[0] == 1),
              f"mtp_weights={weights} must be [] (the next token alone) or the next token's weight 1.0 followed by "

@@ -5,7 +5,7 @@ norm -> head -> cross-entropy. Each record piece enters at one named place below
 comes from and which key turns it on: the embedding's extras (model/embeddings.py), masks and windows
 (model/masks.py), rotary and YaRN (model/rotary.py), U-net skips, the one skip connection, backout and MUDD
 connections on the residual stream (here, and model/mudd.py), the head that unties from the embedding (here), the
-loss's extra terms (model/loss.py).
+loss's extra terms (model/loss.py), the head's float8 matmul in training (model/fp8.py).
 The model is a plain nn.Module: DDP/FSDP2, compile and precision are applied from outside (trainer/parallel.py).
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from model.attention import Attention
 from model.block import Block
 from model.config import GPTConfig
 from model.embeddings import BigramHash, Smear
+from model.fp8 import fp8_head
 from model.layers import Gate, Norm
 from model.loss import loss_weights_at, weighted_loss
 from model.masks import layer_masks, mean_keys, short_window, window_at
@@ -208,8 +209,11 @@ class GPT(nn.Module):
         return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=-100)
 
     def logits(self, x: Tensor) -> Tensor:
-        """The blocks' output [..., C] -> fp32 logits [..., vocab_size]: final norm, head, softcap."""
-        logits = self.lm_head(self.norm_f(x))[..., :self.cfg.vocab_size].float()
+        """The blocks' output [..., C] -> fp32 logits [..., vocab_size]: final norm, head (in float8 while training
+        under fp8_head; evals score the head's own weights), softcap."""
+        x = self.norm_f(x)
+        head = fp8_head(x, self.lm_head.weight) if self.cfg.fp8_head and self.training else self.lm_head(x)
+        logits = head[..., :self.cfg.vocab_size].float()
         cap = self.cfg.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

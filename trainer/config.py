@@ -496,6 +496,11 @@ def validate(cfg: Config) -> None:
     if train.seq_len > cfg.model.block_size:
         raise ConfigError(f"train.seq_len = {train.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
                           f"raise model.block_size or lower train.seq_len")
+    rows = train.batch_size * train.seq_len
+    if cfg.model.fp8_head and rows % 16:
+        raise ConfigError(f"model.fp8_head = true: the head's backward multiplies over a micro-step's tokens, "
+                          f"train.batch_size x train.seq_len = {rows}, through torch._scaled_mm, whose CUDA kernels "
+                          f"need a multiple of 16; change either, or set model.fp8_head = false")
     block = cfg.model.block_size
     if not cfg.model.rotary and cfg.eval.seq_len > block:
         raise ConfigError(f"eval.seq_len = {cfg.eval.seq_len} is longer than model.block_size = {block}, the size of "

@@ -77,6 +77,8 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(mtp_weights=[1.0, "x"]), r"mtp_weights=\[1.0, 'x'\] must be \[\]"),
     (dict(mtp_weights=[True]), r"mtp_weights=\[True\] must be \[\]"),
     (dict(prefix_weight=-0.25), "prefix_weight=-0.25 must be >= 0"),
+    (dict(fp8_head=True, n_embd=40), "fp8_head = true multiplies through torch._scaled_mm, whose CUDA kernels need "
+                                     r"n_embd=40 to be a multiple of 16: change n_embd \(768"),
     (dict(x0_mix_init=1.1), "x0_mix_init=1.1 starts the x0 mix, and x0_mix = false has none: set x0_mix = true"),
     (dict(embed_init_std=1.0), "embed_init_std=1.0 would also start the tied head at that std: set "
                                r"tie_embeddings = false \(record 46\)"),

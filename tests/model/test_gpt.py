@@ -17,7 +17,7 @@ from optim.groups import build_optimizers, param_roles
 from tests.helpers import MODERN_GPT as MODERN
 from tests.helpers import TINY_GPT as TINY
 from tests.helpers import live_peak
-from tests.model.tiny import RECORDS, batch, gates, sigmoid_of, tiny
+from tests.model.tiny import RECORDS, batch, gates, sigmoid_of, tiny, train_tied
 from trainer.clock import Clock
 from trainer.config import parse_args
 
@@ -452,26 +452,6 @@ def test_a_head_that_unties_later_starts_as_the_tied_one_with_a_shared_matrixs_g
     # a head of its own counts once in the FLOPs (it is the same matmul) and once more in the parameters
     assert later.flops_per_token(16) == tied.flops_per_token(16)
     assert later.num_params() == tied.num_params() + later.lm_head.weight.numel()
-
-
-def train_tied(m, optimizers, steps: int, untie_at: int | None = None) -> list[float]:
-    """train.py's step on one batch: the untie before step `untie_at`, the head's gradient to the embedding
-    before the optimizers, the embedding's weights to the head after them."""
-    from optim.groups import untie_head
-
-    x, losses = batch(), []
-    for step in range(steps):
-        if step == untie_at:
-            untie_head(m, optimizers)
-        _, loss = m(x[:, :-1], x[:, 1:])
-        loss.backward()
-        m.tie_grads()
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        m.tie_weights()
-        losses.append(loss.item())
-    return losses
 
 
 @pytest.mark.parametrize("optim", [OptimConfig(lr=3e-3), OptimConfig(name="muon", embed_lr=0.05, head_lr=0.05)],

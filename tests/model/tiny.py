@@ -1,10 +1,12 @@
-"""What the model's tests share: a tiny GPT and a batch for it, the records' pieces on top, attention by hand."""
+"""What the model's tests share: a tiny GPT and a batch for it, the records' pieces on top, attention by hand,
+train.py's step with a head that unties."""
 import math
 
 import torch
 
 import model.layers
 from model import get_model
+from optim.groups import untie_head
 from tests.helpers import MODERN_GPT as MODERN
 from tests.helpers import TINY_GPT as TINY
 
@@ -41,6 +43,24 @@ def joined(y: torch.Tensor) -> torch.Tensor:
     """Heads [B, H, T, D] side by side: [B, T, H * D], the output projection's input."""
     B, H, T, D = y.shape
     return y.transpose(1, 2).reshape(B, T, H * D)
+
+
+def train_tied(m, optimizers, steps: int, untie_at: int | None = None) -> list[float]:
+    """train.py's step on one batch: the untie before step `untie_at`, the head's gradient to the embedding
+    before the optimizers, the embedding's weights to the head after them."""
+    x, losses = batch(), []
+    for step in range(steps):
+        if step == untie_at:
+            untie_head(m, optimizers)
+        _, loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        m.tie_grads()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        m.tie_weights()
+        losses.append(loss.item())
+    return losses
 
 
 def window_tensor(w):

@@ -24,8 +24,8 @@ SPEEDRUN_1GPU = {
               "bias": False, "norm": "rmsnorm", "activation": "relu2", "rotary": True, "rope_base": 1024.0,
               "rope_truncate": True, "qk_norm": True, "attn_scale": 0.1, "attn_gate": True, "norm_gain": False,
               "embed_norm": True, "smear": True, "x0_mix": True, "x0_mix_init": 1.1, "tie_embeddings": False,
-              "untie_at": 0.0, "zero_init_proj": True, "logit_softcap": 15.0, "mtp_weights": [], "prefix_weight": 0.0,
-              "value_embeds": 3, "value_embed_skip": 1, "value_scale": True, "bigram_hash": 0,
+              "untie_at": 0.0, "zero_init_proj": True, "logit_softcap": 15.0, "fp8_head": False, "mtp_weights": [],
+              "prefix_weight": 0.0, "value_embeds": 3, "value_embed_skip": 1, "value_scale": True, "bigram_hash": 0,
               "bigram_dim": 0, "bigram_signs": False, "ve_gate": False, "unet_skips": False, "skip_gate": False,
               "skip_connection": [3, 6], "backout": 8, "no_attention": [6], "no_mlp": [], "xsa": [], "mudd": [],
               "mudd_sources": [], "attention": "flex", "window": 1664, "window_start": 0,
@@ -94,6 +94,8 @@ def test_file_and_overrides_in_both_spellings():
        "bf16"), "use train.parallel = 'ddp'", "train.grad_accum = 1 without train.batch_stages"]),
     (["--train.reduce_dtype=bfloat16", "--train.parallel=fsdp", "--train.grad_accum=1", "--train.batch_stages=[1, 3]"],
      ["would add up the 3 micro-steps of a step in bf16"]),
+    (["--model.fp8_head=true", "--train.batch_size=3", "--train.seq_len=30"],
+     ["model.fp8_head = true", "train.batch_size x train.seq_len = 90", "multiple of 16"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):
     with pytest.raises(ConfigError) as e:

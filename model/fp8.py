@@ -1,0 +1,100 @@
+"""The FP8 head (record 46, model.fp8_head): in training the head multiplies float8 copies of its input and weight,
+cast with fixed scales, and its backward a float8 copy of the output gradient, all through torch._scaled_mm.
+
+`fp8_matmul` is x @ w.T as a torch.library custom op with a fake implementation, so that a model compiled with
+fullgraph=True traces it as one node (its casts run as written, outside the graph's fused kernels), and a registered
+backward, which keeps the float8 copies (a quarter of the fp32 ones) and is traced into the compiled backward graph,
+where inductor may fuse the gradient's cast with the loss's backward. Products of float8 values are exact in fp32,
+so the error is the casts' rounding: 3 mantissa bits for x and w (e4m3, relative 2^-4 at most), 2 for the gradient
+(e5m2, 2^-3).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+class Scales(NamedTuple):
+    """What each operand is divided by before its float8 cast (and the product multiplied by after)."""
+    x: float
+    w: float
+    grad: float
+
+
+def head_scales(n_embd: int, rows: int) -> Scales:
+    """The head's fixed scales (the record's), for `rows` tokens of width n_embd.
+
+    x: the final norm's output has RMS 1 per row, so no entry exceeds sqrt(n_embd), which maps to e4m3's largest,
+    448. w: 2^-9 spans |w| <= 0.875. grad: a logit's gradient is at most 1 in the record's loss, a sum over the
+    tokens, and 1 / rows in ours, their mean: that maps to 448, and e5m2 holds values from 2^-24 of it (small
+    probabilities, the micro-steps' division) to 2^7 times it."""
+    return Scales(x=math.sqrt(n_embd) / 448, w=2.0 ** -9, grad=1.0 / (448 * rows))
+
+
+def to_float8(t: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
+    """t / scale cast to `dtype`, values beyond its range clamped to its largest: torch's own cast gives inf in
+    e5m2, and NaN from 480 up in e4m3 on older versions (2.6's). In fp32, as a compiled graph computes a bf16 t:
+    a bf16 quotient would round twice, and eager and compiled runs apart."""
+    top = torch.finfo(dtype).max
+    return t.float().div(scale).clamp(-top, top).to(dtype)
+
+
+def _scalar(value: float, like: Tensor) -> Tensor:
+    # _scaled_mm takes its scales as one-element fp32 tensors on the operands' device
+    return torch.full((), value, dtype=torch.float32, device=like.device)
+
+
+@torch.library.custom_op("shardrun::fp8_matmul", mutates_args=())
+def _fp8_matmul(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    x8, w8 = to_float8(x, x_s, E4M3), to_float8(w, w_s, E4M3)
+    # CUDA takes the first operand row-major, the second column-major (w8.T is) and sizes that are multiples of 16
+    out = torch._scaled_mm(x8, w8.T, scale_a=_scalar(x_s, x), scale_b=_scalar(w_s, x), out_dtype=torch.bfloat16,
+                           use_fast_accum=True)
+    return out, x8, w8
+
+
+@_fp8_matmul.register_fake
+def _(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
+    out = x.new_empty(x.size(0), w.size(0), dtype=torch.bfloat16)
+    return out, torch.empty_like(x, dtype=E4M3), torch.empty_like(w, dtype=E4M3)
+
+
+def _save(ctx, inputs: tuple, output: tuple) -> None:
+    x, w, *scales = inputs
+    ctx.save_for_backward(*output[1:])
+    ctx.scales, ctx.dtypes = Scales(*scales), (x.dtype, w.dtype)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad: Tensor, *_float8_copies: Tensor) -> tuple[Tensor | None, ...]:
+    x8, w8 = ctx.saved_tensors
+    s = ctx.scales
+    g8 = to_float8(grad, s.grad, E5M2)
+    grad_x = torch._scaled_mm(g8, w8.T.contiguous().T, scale_a=_scalar(s.grad, grad), scale_b=_scalar(s.w, grad),
+                              out_dtype=torch.bfloat16)
+    # (x^T g)^T: the long vocabulary dimension is the product's columns, not its rows
+    grad_w = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=_scalar(s.x, grad),
+                              scale_b=_scalar(s.grad, grad), out_dtype=torch.float32).T
+    x_dtype, w_dtype = ctx.dtypes
+    return grad_x.to(x_dtype), grad_w.to(w_dtype), None, None, None
+
+
+_fp8_matmul.register_autograd(_backward, setup_context=_save)
+
+
+def fp8_matmul(x: Tensor, w: Tensor, scales: Scales) -> Tensor:
+    """x [N, K] @ w [M, K].T in bf16, from e4m3 copies of x / scales.x and w / scales.w; the gradients, as through
+    x @ w.T, from an e5m2 copy of the output's / scales.grad (x's in bf16, w's in fp32, then each one's dtype)."""
+    return _fp8_matmul(x, w, *scales)[0]
+
+
+def fp8_head(x: Tensor, w: Tensor) -> Tensor:
+    """The head's logits x [..., C] @ w [V, C].T through fp8_matmul at the head's scales: x is the final norm's
+    output."""
+    rows = x.reshape(-1, x.size(-1))
+    return fp8_matmul(rows, w, head_scales(x.size(-1), rows.size(0))).view(*x.shape[:-1], w.size(0))
