@@ -39,7 +39,7 @@ class Block(nn.Module):
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0
         if self.bigram_lambda is not None:
-            x = x + self.bigram_lambda * bigram
+            x = x + self.bigram_lambda.to(x.dtype) * bigram  # fp32, shape [1]: it would make a bf16 stream fp32
         if self.attn is not None:
             x = x + self.attn(self.norm1(x), ve, mask, yarn_window, value)
         if self.mlp is not None:

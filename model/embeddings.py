@@ -29,7 +29,8 @@ class Smear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         now, before = x[:, 1:], x[:, :-1]
-        return torch.cat((x[:, :1], now + self.lam * self.gate(now) * before), dim=1)
+        # lambda (fp32, shape [1]) in x's dtype: it would make a bf16 stream fp32 (train.bf16_stream)
+        return torch.cat((x[:, :1], now + self.lam.to(x.dtype) * self.gate(now) * before), dim=1)
 
 
 # The records' odd multipliers of the current and the previous token: their products spread over the integers

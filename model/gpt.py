@@ -70,6 +70,9 @@ class GPT(nn.Module):
         # tie_weights). Whether it still does is saved with the weights; `tied` is its copy on the host, read each
         # step without a sync.
         self.tied = bool(cfg.untie_at)
+        # train.bf16_stream, set from outside (trainer/parallel.py): under autocast the residual stream, the head
+        # and the training loss run in autocast's dtype, as record 46's bf16 tables and head make them
+        self.autocast_stream = False
         if cfg.untie_at:
             self.register_buffer("head_tied", torch.ones((), dtype=torch.long))
             self.register_load_state_dict_post_hook(_read_tied)
@@ -144,10 +147,11 @@ class GPT(nn.Module):
 
         With targets the logits are not returned, so the [B, T, V] float copy can be freed early.
         """
-        cfg = self.cfg
-        x = x0 = self.embed(idx)
-        bigram = None if self.bigram is None else self.bigram(idx)
-        tables = [ve(idx) for ve in self.value_embeds]
+        cfg, dtype = self.cfg, self.stream_dtype(idx.device)
+        x = x0 = self.embed(idx, dtype)
+        # the tables' fp32 rows in the stream's dtype, as the record's bf16 tables give them
+        bigram = None if self.bigram is None else self.bigram(idx).to(dtype)
+        tables = [ve(idx).to(dtype) for ve in self.value_embeds]
         ves = [None if (j := cfg.layer_table(i)) is None else tables[j] for i in range(cfg.n_layer)]
         masks = layer_masks(cfg, idx, self.windows)
         # the blocks get the window, not its frequencies: FSDP2's mixed precision casts floating-point block inputs
@@ -161,7 +165,8 @@ class GPT(nn.Module):
                 weight = self.skip_weights[j] if skip_gates is None else self.skip_weights[j] * skip_gates[..., j:j + 1]
                 x = x + weight * skips.pop()
             if i == skip_to:
-                x = x + torch.sigmoid(self.skip_lambda) * skipped
+                # the [1]-shaped fp32 scalars times a bf16 stream would make it fp32: they take its dtype
+                x = x + torch.sigmoid(self.skip_lambda).to(x.dtype) * skipped
             x = block(x, x0, ves[i], masks[i], yarn_window, bigram, value)
             if i in cfg.mudd_sources:
                 outputs[i] = x
@@ -175,45 +180,67 @@ class GPT(nn.Module):
             if i == cfg.backout - 1:
                 early = x
         if self.backout_lambda is not None:
-            x = x - self.backout_lambda * early
+            x = x - self.backout_lambda.to(x.dtype) * early
         return self.head_loss(x, targets)
 
-    def embed(self, idx: Tensor) -> Tensor:
+    def stream_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The residual stream's dtype: autocast's where it runs on `device` and autocast_stream is on (the key
+        train.bf16_stream); else None, for which x.to(None) is x: every tensor keeps the dtype it comes with."""
+        if self.autocast_stream and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return None
+
+    def embed(self, idx: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """idx [B, T] -> the residual stream's start x0 [B, T, C]: the token table's rows (smeared), plus the
-        learned positions where there is no rotary, RMS-normalised under embed_norm."""
+        learned positions where there is no rotary, RMS-normalised under embed_norm; in `dtype` (stream_dtype)."""
         cfg, T = self.cfg, idx.size(1)
         if self.wpe is not None and T > cfg.block_size:  # rotary positions take any length
             raise ValueError(f"sequence length {T} exceeds model block_size={cfg.block_size}, the size of the learned "
                              f"position table; raise [model] block_size or use rotary = true")
-        x = self.wte(idx)
+        x = self.wte(idx).to(dtype)  # the smear mixes in the stream's dtype, as in the record
         if self.smear is not None:
             x = self.smear(x)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
-        return F.rms_norm(x, (x.size(-1),)) if cfg.embed_norm else x
+        # again: the fp32 position table, or a norm autocast runs in fp32, would promote it
+        return (F.rms_norm(x, (x.size(-1),)) if cfg.embed_norm else x).to(dtype)
 
     def head_loss(self, x: Tensor, targets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        """forward's tail on the blocks' output: final norm, head, fp32 (softcapped) logits, cross-entropy.
+        """forward's tail on the blocks' output: final norm, head, (softcapped) logits, cross-entropy; the logits
+        fp32, but for the training loss in the stream's dtype under train.bf16_stream.
 
         A method of its own so that trainer/parallel.py can compile it where the whole forward is not (FSDP2)."""
-        cfg = self.cfg
-        if targets is not None and not torch.is_grad_enabled():
-            return None, self.scored_loss(x, targets)
-        logits = self.logits(x)
         if targets is None:
-            return logits, None
+            return self.logits(x), None
+        if not torch.is_grad_enabled():
+            return None, self.scored_loss(x, targets)
+        dtype = self.stream_dtype(x.device)
+        logits = self.logits(x, dtype)
+        # autocast would cast bf16 logits back to fp32 for the loss (log_softmax and cross_entropy are on its fp32
+        # list): a [tokens x vocab] copy, the traffic they save
+        with contextlib.nullcontext() if dtype is None else torch.autocast(x.device.type, enabled=False):
+            return None, self.loss(logits, targets)
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The training loss of logits [B, T, V]: the next token's mean cross-entropy, or its weighted terms."""
+        cfg = self.cfg
         if self.loss_weights is not None and self.training:  # in this order: no training guard without the terms
             prefixes = self.prefix_targets if cfg.prefix_weight else None
-            return None, weighted_loss(logits, targets, self.loss_weights, cfg.tokens_ahead, prefixes)
+            return weighted_loss(logits, targets, self.loss_weights, cfg.tokens_ahead, prefixes)
         # targets of -100 (padding) are skipped: the mean is over the others, NaN if there are none
-        return None, F.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1), ignore_index=-100)
+        flat = logits.reshape(-1, cfg.vocab_size), targets.reshape(-1)
+        if logits.dtype == torch.float32:
+            return F.cross_entropy(*flat, ignore_index=-100)
+        # bf16: each token's loss rounded once, their mean in fp32 (a bf16 mean would log 3.28 in steps of 1/64)
+        return F.cross_entropy(*flat, ignore_index=-100, reduction="none").float().sum() / (targets != -100).sum()
 
-    def logits(self, x: Tensor) -> Tensor:
-        """The blocks' output [..., C] -> fp32 logits [..., vocab_size]: final norm, head (in float8 while training
-        under fp8_head; evals score the head's own weights), softcap."""
-        x = self.norm_f(x)
+    def logits(self, x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """The blocks' output [..., C] -> logits [..., vocab_size]: final norm, head (in float8 while training under
+        fp8_head; evals score the head's own weights), softcap; fp32, or in `dtype` from the head's input on (the
+        training loss's under train.bf16_stream)."""
+        x = self.norm_f(x).to(dtype)
         head = fp8_head(x, self.lm_head.weight) if self.cfg.fp8_head and self.training else self.lm_head(x)
-        logits = head[..., :self.cfg.vocab_size].float()
+        logits = head[..., :self.cfg.vocab_size].to(dtype or torch.float32)
         cap = self.cfg.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

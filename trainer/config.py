@@ -89,6 +89,9 @@ class TrainConfig:
     # torch.compile the model (under FSDP2: each block, and the head with the loss)
     compile: bool = grouped(False, "speed")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
+    # under bf16 autocast, the residual stream, the head's logits and the training loss in bf16 too, as record 46's
+    # bf16 weights make them (evals still score fp32 logits); CPU runs fp32, where it changes nothing
+    bf16_stream: bool = False
     budget_s: float = grouped(0.0, "budget")  # training-time budget; 0 = none
     plan: bool = True            # apply the config file's [[plan]] row for budget_s; false: the file's own keys
     timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
@@ -488,6 +491,10 @@ def validate(cfg: Config) -> None:
                           f"{micro_steps} micro-steps of a step in bf16, since FSDP2 accumulates unsynced gradients "
                           f"in its reduce dtype; use train.parallel = 'ddp' (it accumulates in fp32 and sends bf16), "
                           f"train.grad_accum = 1 without train.batch_stages, or train.reduce_dtype = 'float32'")
+    if train.bf16_stream and train.dtype != "bfloat16":
+        raise ConfigError(f"train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 "
+                          f"autocast, and train.dtype = {train.dtype!r} runs none: set train.dtype = 'bfloat16' or "
+                          f"train.bf16_stream = false")
     for key in ("lr_warmup_frac", "lr_decay_frac", "lr_final_frac"):
         if not 0 <= getattr(train, key) <= 1:
             raise ConfigError(f"train.{key} = {getattr(train, key)} must lie in [0, 1]")

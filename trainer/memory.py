@@ -32,8 +32,10 @@ GB = 1e9
 NEAR = 0.6
 
 
-def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dict[str, float]:
-    """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors and the logits."""
+def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int, logit_bytes: int = 4) -> dict[str, float]:
+    """What backward keeps for `tokens` tokens of one micro-batch: the blocks' saved tensors (at `dtype_bytes`, as
+    if the residual stream had autocast's dtype; without train.bf16_stream it is fp32, a little more) and the
+    logits (at `logit_bytes`: 2 under train.bf16_stream)."""
     C, hidden = model_cfg.n_embd, model_cfg.mlp_ratio * model_cfg.n_embd
     # Per block with attention and token: in units of C, the norm input and output, q/k/v, the attention output
     # and its contiguous copy (7), the normalised and rotated q and k (2 each), the value-embedding mix (2, below;
@@ -61,10 +63,10 @@ def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int) -> dic
         copy = values and i + 1 not in model_cfg.value_embed_layers
         per_token += (1 + copy) * C + 2 * mudd_width(outputs) + outputs
     parts = {"activations": per_token * tokens * dtype_bytes}
-    # Logits in fp32: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's
-    # output, one more in backward; under bf16 autocast also the head's bf16 output.
-    copies = (4 if model_cfg.logit_softcap else 3) + (0.5 if dtype_bytes == 2 else 0)
-    parts["logits"] = copies * tokens * model_cfg.padded_vocab * 4
+    # The logits: the head's output, its softcap (tanh output and the scaled copy) and log_softmax's output, one
+    # more in backward; where bf16 autocast's head output is cast to fp32 logits, also that bf16 output.
+    copies = (4 if model_cfg.logit_softcap else 3) + (0.5 if dtype_bytes == 2 and logit_bytes == 4 else 0)
+    parts["logits"] = copies * tokens * model_cfg.padded_vocab * logit_bytes
     return parts
 
 
@@ -91,8 +93,8 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     elif world_size > 1:
         parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients
     tokens = (batch_size or train.batch_size) * train.seq_len
-    dtype_bytes = 2 if cuda and train.dtype == "bfloat16" else 4
-    parts.update(activation_bytes(model_cfg, tokens, dtype_bytes))
+    bf16 = cuda and train.dtype == "bfloat16"  # CPU runs fp32 (trainer/parallel.py's autocast)
+    parts.update(activation_bytes(model_cfg, tokens, 2 if bf16 else 4, 2 if bf16 and train.bf16_stream else 4))
     if (model_cfg.window or model_cfg.doc_causal) and not (cuda and model_cfg.attention == "flex"):
         # SDPA with an explicit mask (no FlexAttention) keeps it as B x H x T x T floats (measured on CPU)
         parts["mask"] = (batch_size or train.batch_size) * model_cfg.n_head * train.seq_len ** 2 * 4

@@ -96,8 +96,10 @@ class ParallelModel:
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor") -> ParallelModel:
     """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile; `backend` is
-    torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation)."""
+    torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation).
+    Under cfg.bf16_stream the model keeps its residual stream, head and training loss in autocast's dtype."""
     model.to(dist.device)
+    model.autocast_stream = cfg.bf16_stream  # before compile: dynamo reads it as a constant of the graph
     if dist.world_size > 1 and cfg.parallel == "fsdp":
         return ParallelModel(model, _fully_shard(model, cfg, dist, backend), sharded=True, master=dist.master)
     if cfg.compile:

@@ -57,14 +57,15 @@ def graphs():
     torch._dynamo.reset()
 
 
-def speedrun(graphs: list, config: dict = SPEEDRUN) -> ParallelModel:
+def speedrun(graphs: list, config: dict = SPEEDRUN, **train) -> ParallelModel:
     """The speedrun miniature (or another `config`) as train.py gets it from parallelize in one process, compiled in
-    place; the backend keeps every graph dynamo hands it in `graphs`, then compiles it with BACKEND."""
+    place (with more `train` keys); the backend keeps every graph dynamo hands it in `graphs`, then compiles it with
+    BACKEND."""
     def keep(gm: torch.fx.GraphModule, example_inputs):
         graphs.append(gm)
         return lookup_backend(BACKEND)(gm, example_inputs)
     torch.manual_seed(0)
-    return parallelize(get_model(config), TrainConfig(compile=True), Dist(), backend=keep)
+    return parallelize(get_model(config), TrainConfig(compile=True, **train), Dist(), backend=keep)
 
 
 @pytest.fixture
@@ -99,6 +100,31 @@ def test_train_step_compiles_once_without_graph_breaks(graphs, config):
         compiled.zero_grad(set_to_none=True)
         assert torch.isfinite(loss)
     assert windows == [40, 76, 124, 160]
+    assert_one_graph()
+
+
+@pytest.mark.filterwarnings("ignore:attention='flex'")
+def test_the_bf16_stream_compiles_once_and_computes_what_it_does_eager(graphs):
+    """train.bf16_stream under bf16 autocast (CPU's here): parallelize turns it on, the step is one graph, the
+    loss's autocast-free region included, and its loss and gradients are the eager model's with the key."""
+    config = dict(NEWER, zero_init_proj=False)  # every block and the head in the loss from the first step
+    compiled = speedrun(graphs, config, bf16_stream=True).module
+    torch.manual_seed(0)  # speedrun's draws: the same weights
+    eager = get_model(config)
+    eager.autocast_stream = True
+    assert compiled.autocast_stream
+    for step, progress in enumerate(PROGRESS):
+        x = documents(step)
+        results = []
+        for m in (eager, compiled):  # eager first: its warning of the flex fallback is then no guard's change
+            m.set_progress(progress)
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = m(x[:, :-1], x[:, 1:])
+            loss.backward()
+            results.append([loss, *(p.grad for p in m.parameters())])
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)  # without the key: 0.4% apart
     assert_one_graph()
 
 

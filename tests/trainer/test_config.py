@@ -43,7 +43,8 @@ SPEEDRUN_1GPU = {
     "train": {"batch_size": 8, "seq_len": 2048, "grad_accum": 8, "batch_stages": [1, 2, 3],
               "batch_stage_lr": [1.0, 1.51, 1.93], "batch_stage_lr_at": [0.33, 0.66],
               "parallel": "ddp", "reduce_dtype": "float32", "ddp_always": False, "compile": True,
-              "dtype": "bfloat16", "budget_s": 1600.0, "plan": True, "timing": "exclude_warmup", "warmup_steps": 5, "max_steps": 2120, "schedule": "step",
+              "dtype": "bfloat16", "bf16_stream": False, "budget_s": 1600.0, "plan": True, "timing": "exclude_warmup",
+              "warmup_steps": 5, "max_steps": 2120, "schedule": "step",
               "extension_steps": 40, "lr_warmup_frac": 0.0, "lr_decay_frac": 0.55, "lr_final_frac": 0.1,
               "lr_final_of": "base", "seed": 0, "checkpoint_path": "",
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
@@ -96,6 +97,9 @@ def test_file_and_overrides_in_both_spellings():
      ["would add up the 3 micro-steps of a step in bf16"]),
     (["--model.fp8_head=true", "--train.batch_size=3", "--train.seq_len=30"],
      ["model.fp8_head = true", "train.batch_size x train.seq_len = 90", "multiple of 16"]),
+    (["--train.bf16_stream=true", "--train.dtype=float32"], [
+        "train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 autocast, and "
+        "train.dtype = 'float32' runs none", "set train.dtype = 'bfloat16' or train.bf16_stream = false"]),
 ])
 def test_bad_overrides_name_the_key(args, needles):
     with pytest.raises(ConfigError) as e:

@@ -146,6 +146,36 @@ def test_ve_gate_keeps_the_gated_value_embedding_and_its_gates():
     assert gated["parameters"] - plain["parameters"] == 4 * 6 * H * 12
 
 
+def test_bf16_logits_halve_the_logits_and_leave_the_rest_alone():
+    """train.bf16_stream under bf16 autocast: the same copies of the logits, in bf16 and without the head's bf16
+    output beside the fp32 ones (4 + 0.5 copies of 4 bytes -> 4 of 2, with the softcap); nothing on CPU (fp32)."""
+    plain, key = hackathon(), hackathon("--train.bf16_stream=true")
+    tokens, vocab = plain.train.batch_size * plain.train.seq_len, plain.model.padded_vocab
+    before, after = estimate(plain, 32, cuda=True), estimate(key, 32, cuda=True)
+    assert plain.model.logit_softcap and before["logits"] == 4.5 * tokens * vocab * 4
+    assert {k: after[k] for k in after} == before | {"logits": 4 * tokens * vocab * 2}
+    assert estimate(key, 32, cuda=False) == estimate(plain, 32, cuda=False)
+
+
+@pytest.mark.parametrize("on, dtype", [(True, torch.bfloat16), (False, torch.float32)], ids=["key", "no_key"])
+def test_the_logits_backward_keeps_are_bf16_under_the_key(on, dtype):
+    # what the estimate's 2 bytes rest on: every [tokens x vocabulary] tensor kept for backward (the softcap's tanh,
+    # log_softmax's output) is bf16, under CPU autocast as on a GPU
+    torch.manual_seed(0)
+    model = get_model({**TINY_GPT, "logit_softcap": 15.0})
+    model.autocast_stream = on
+    idx = torch.randint(0, TINY_GPT["vocab_size"], (3, 17))  # 48 tokens, apart from the width 32: no weight's shape
+    kept = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(idx[:, :-1], idx[:, 1:])
+    logits = {t.dtype for t in kept if t.dim() and t.size(-1) >= TINY_GPT["vocab_size"] and t.numel() == 48 * t.size(-1)}
+    assert logits == {dtype}
+
+
 def test_a_head_that_unties_later_holds_its_own_weights_gradients_and_adamw_moments_throughout():
     """model.untie_at: the head is a parameter of its own from the start (its AdamW moments come at the untie, but
     the estimate is of the run's peak); the loss's other terms keep the plain loss's logits."""
