@@ -23,9 +23,11 @@ RECORD_46 = dict(RECORDS, smear=True, x0_mix_init=1.1, value_embed_skip=1, value
 # its signs, the skip and value-embedding gates, XSA
 NEWER = dict(RECORD_46, mudd=[1, 2], mudd_sources=[1], bigram_hash=50, bigram_signs=True, skip_gate=True,
              ve_gate=True, xsa=[1])
-# GPT-2 (LayerNorm with biases, learned positions, a tied head, GELU) and its loss with later tokens (record 53)
+# GPT-2 (LayerNorm with biases, learned positions, a tied head, GELU), its loss with later tokens (record 53), and
+# record 46's pieces with its float8 head (model.fp8_head; a float64 copy runs the same float8 head)
 CONFIGS = {"gpt2": {}, "record_46": RECORD_46, "newer": NEWER,
-           "mtp": dict(logit_softcap=15.0, mtp_weights=[1.0, 0.5, 0.25])}
+           "mtp": dict(logit_softcap=15.0, mtp_weights=[1.0, 0.5, 0.25]),
+           "record_46_fp8_head": dict(RECORD_46, fp8_head=True)}
 
 
 def streamed(options: dict, on: bool = True):
