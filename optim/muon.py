@@ -29,11 +29,12 @@ Newton-Schulz call and one collective. The mode comes from the parameters:
                                  each parameter's row shards to its owner, which splits it into views, and one
                                  more sends each rank its rows of the result.
 Results travel in the precision Newton-Schulz works in (`ns_dtype`: bf16 on CUDA).
+With `compile` (optim.muon_compile) the math between the collectives runs under torch.compile (optim/compiled.py).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from torch import Tensor
 
 from torch.distributed.tensor import DTensor, Shard
 
+from optim.compiled import chosen
 from optim.normuon import moment_size, normalize
 from optim.views import Split, blocks, view_rows
 
@@ -106,6 +108,9 @@ def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz"
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, poly, x, beta=a)
     return (x if wide else x.mT).contiguous().view(g.shape)
+
+
+NewtonSchulz = Callable[..., Tensor]  # newton_schulz itself, or compiled (optim/compiled.py)
 
 
 def ns_flops(rows: int, cols: int, steps: int) -> int:
@@ -186,14 +191,16 @@ def _shaped(o: Tensor, like: Tensor) -> Tensor:
     return o if o.shape[-2:] == like.shape[-2:] else o.mT
 
 
-def _batched(views: list[Tensor], iterations: list[Iteration], dtype: torch.dtype) -> list[Tensor]:
-    """newton_schulz of every [k, rows, cols] stack, all stacks of one wide shape and iteration in one call."""
+def _batched(views: list[Tensor], iterations: list[Iteration], dtype: torch.dtype,
+             iterate: NewtonSchulz) -> list[Tensor]:
+    """iterate (newton_schulz, eager or compiled) of every [k, rows, cols] stack, all stacks of one wide shape and
+    iteration in one call."""
     buckets = defaultdict(list)
     for i, (v, s) in enumerate(zip(views, iterations)):
         buckets[(*_wide(v).shape[-2:], s)].append(i)
     out = [None] * len(views)
     for (*_, s), idx in buckets.items():
-        done = newton_schulz(torch.cat([_wide(views[i]) for i in idx]), *s, dtype=dtype)
+        done = iterate(torch.cat([_wide(views[i]) for i in idx]), *s, dtype=dtype)
         for i, o in zip(idx, done.split([views[i].size(0) for i in idx])):
             out[i] = _shaped(o, views[i])
     return out
@@ -205,16 +212,16 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
 
 
 def _orthogonalize_local(updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
-                         dtype: torch.dtype) -> list[Tensor]:
+                         dtype: torch.dtype, iterate: NewtonSchulz) -> list[Tensor]:
     """Every view of every update here, batched by shape across them all; each result [rows, cols]."""
     stacks = [_views(u, k) for u, k in zip(updates, splits)]
     done = iter(_batched([s for ss in stacks for s in ss], [it for ss, it in zip(stacks, iterations) for _ in ss],
-                         dtype))
+                         dtype, iterate))
     return [_joined([next(done) for _ in ss], u.shape) for u, ss in zip(updates, stacks)]
 
 
 def _orthogonalize_replicated(updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
-                              dtype: torch.dtype) -> list[Tensor]:
+                              dtype: torch.dtype, iterate: NewtonSchulz) -> list[Tensor]:
     """DDP: each view goes to one rank by cost; per wide shape, each rank orthogonalises its share in one call and
     one all_gather gives every rank all the results."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -231,7 +238,7 @@ def _orthogonalize_replicated(updates: list[Tensor], splits: list[Split], iterat
         slots = max(sum(owners[n] == r for n in ns) for r in range(world))  # all_gather sends equal sizes
         send = views[0].new_zeros(slots, rows, cols, dtype=dtype)
         if mine:
-            send[:len(mine)] = newton_schulz(torch.stack([_wide(views[n]) for n in mine]), *s, dtype=dtype)
+            send[:len(mine)] = iterate(torch.stack([_wide(views[n]) for n in mine]), *s, dtype=dtype)
         recv = send.new_empty(world * slots, rows, cols)  # gloo takes the concatenated form only, not [world, ...]
         pending.append((getattr(dist, ALL_GATHER)(recv, send, async_op=True), recv.view(world, slots, rows, cols),
                         ns))
@@ -271,7 +278,7 @@ def _to_owners(params: list[DTensor], updates: list[Tensor], owners: list[int], 
 
 
 def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits: list[Split],
-                           iterations: list[Iteration], dtype: torch.dtype) -> list[Tensor]:
+                           iterations: list[Iteration], dtype: torch.dtype, iterate: NewtonSchulz) -> list[Tensor]:
     """FSDP2: each parameter goes to one rank by cost; per parameter shape, one all_to_all brings the row shards
     of each to its owner, the owner splits and orthogonalises them, and one all_to_all sends the rows back."""
     mesh = params[0].device_mesh
@@ -289,7 +296,7 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
         for j, i in enumerate(mine):
             full[i] = parts[:, j].flatten(0, 1)[:params[i].shape[0]]
     done = dict(zip(full, _orthogonalize_local(list(full.values()), [splits[i] for i in full],
-                                               [iterations[i] for i in full], dtype)))
+                                               [iterations[i] for i in full], dtype, iterate)))
     backs = []
     for _, recv, idx, mine, counts in sends:
         chunk, cols = recv.shape[1:]
@@ -310,17 +317,55 @@ def _orthogonalize_sharded(params: list[DTensor], updates: list[Tensor], splits:
 
 
 def _orthogonalize(params: list[Tensor], updates: list[Tensor], splits: list[Split], iterations: list[Iteration],
-                   dtype: torch.dtype) -> list[Tensor]:
-    """NS of every update's views, shared out across ranks according to how the parameters are distributed."""
+                   dtype: torch.dtype, iterate: NewtonSchulz) -> list[Tensor]:
+    """iterate (newton_schulz, eager or compiled) of every update's views, shared out across ranks according to
+    how the parameters are distributed."""
     sharded = [isinstance(p, DTensor) for p in params]
     if any(sharded):
         if not all(sharded):
             raise ValueError("Muon: its parameters mix DTensor (FSDP2) and plain tensors; shard all or none")
         if params[0].device_mesh.size() > 1:
-            return _orthogonalize_sharded(params, updates, splits, iterations, dtype)
+            return _orthogonalize_sharded(params, updates, splits, iterations, dtype, iterate)
     elif dist.is_available() and dist.is_initialized():  # also a group of one (train.ddp_always): its rehearsal
-        return _orthogonalize_replicated(updates, splits, iterations, dtype)
-    return _orthogonalize_local(updates, splits, iterations, dtype)
+        return _orthogonalize_replicated(updates, splits, iterations, dtype, iterate)
+    return _orthogonalize_local(updates, splits, iterations, dtype, iterate)
+
+
+Scalar = float | Tensor  # a rate, momentum or decay: a number, or when compiled a 0-dim tensor (Muon._scalars)
+
+
+def nesterov(buffers: list[Tensor], grads: list[Tensor], momenta: list[Scalar]) -> list[Tensor]:
+    """Advance each momentum buffer towards its gradient and return the Nesterov updates."""
+    out = []
+    for buf, g, momentum in zip(buffers, grads, momenta):
+        buf.lerp_(g, 1 - momentum)
+        out.append(g.lerp(buf, momentum))
+    return out
+
+
+def _add_product(w: Tensor, factor: Scalar, a: Tensor, b: Tensor | None = None) -> None:
+    """w += factor * a (* b). A number is the op's alpha (value), rounded once with the product, as eager always
+    did; a tensor, which the op takes nowhere but as an operand, is multiplied in first."""
+    if isinstance(factor, Tensor):
+        a, factor = a * factor, 1
+    if b is None:
+        w.add_(a, alpha=factor)
+    else:
+        w.addcmul_(a, b, value=factor)
+
+
+def apply_updates(weights: list[Tensor], updates: list[Tensor], lrs: list[Scalar], decays: list[Scalar],
+                  cautious: list[bool], rates: list[list[tuple[slice, float]]]) -> None:
+    """Decay each weight (`cautious`: only where its update shares its sign), then step it by -lr * scale * its
+    update, its rows of each rate scale (`rates`, see _rate_scales) apart. A decay of the number 0 is no pass."""
+    for w, o, lr, decay, only_agreeing, scales in zip(weights, updates, lrs, decays, cautious, rates):
+        if isinstance(decay, Tensor) or decay:  # else a full read and write of the weights for nothing
+            if only_agreeing:
+                _add_product(w, -decay, w, (o * w >= 0).to(w.dtype))
+            else:
+                w.mul_(1 - decay)
+        for rows, scale in scales:
+            _add_product(w[rows], -lr * scale, o[rows].to(w.dtype))
 
 
 class Muon(torch.optim.Optimizer):
@@ -332,15 +377,17 @@ class Muon(torch.optim.Optimizer):
     `cautious_wd`: decay only the weights whose sign the update shares (W -= lr * U pulls them toward 0);
     `wd_lr_squared`: the decay times lr / initial_lr (initial_lr: the group's base rate, lr at construction);
     `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py (`normuon_columns`: the
-    neurons are the views' columns, whatever their shape)."""
+    neurons are the views' columns, whatever their shape).
+    `compile` (for all groups): the math between the collectives under torch.compile (optim/compiled.py)."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, adjust_lr: str = "original", split: Split = 1,
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
-                 wd_lr_squared: bool = False, normuon_columns: bool = False):
+                 wd_lr_squared: bool = False, normuon_columns: bool = False, compile: bool = False):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
+        self.compile = compile
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
                                       cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2,
@@ -365,23 +412,35 @@ class Muon(torch.optim.Optimizer):
         if not work:
             return loss
         params = [p for p, _ in work]
-        updates = [self._nesterov(p, g["momentum"]) for p, g in work]
+        lrs, momenta, decays = self._scalars(work)
+        updates = chosen(nesterov, self.compile)([self._momentum_buffer(p) for p in params],
+                                                 [_local(p.grad) for p in params], momenta)
         dtype = self.ns_dtype or ns_dtype(params[0].device)
         done = _orthogonalize(params, updates, [g["split"] for _, g in work],
-                              [Iteration(g["ns_steps"], g["ns_coefficients"]) for _, g in work], dtype)
+                              [Iteration(g["ns_steps"], g["ns_coefficients"]) for _, g in work], dtype,
+                              chosen(newton_schulz, self.compile))
         done = self._normuon(work, done)
-        for (p, g), o in zip(work, done):
-            w = _local(p)
+        chosen(apply_updates, self.compile)(
+            [_local(p) for p in params], done, lrs, decays, [g["cautious_wd"] for _, g in work],
+            [_rate_scales(p, g["split"], g["adjust_lr"]) for p, g in work])
+        return loss
+
+    def _scalars(self, work: list[tuple[Tensor, dict]]) -> tuple[list[Scalar], list[Scalar], list[Scalar]]:
+        """Each matrix's rate, momentum and decay: numbers, or when compiled 0-dim tensors (one copy to the device),
+        so that the schedule's new values each step are new inputs to the same graphs, not new graphs. A group
+        without decay keeps the number 0, which skips the decay's pass over the weights."""
+        rows = []
+        for _, g in work:
             decay = g["lr"] * g["weight_decay"]
             if g["wd_lr_squared"]:  # record 46 decays by its rate times (its rate x decay): the rate squared
                 decay *= g["lr"] / g["initial_lr"]
-            if decay and g["cautious_wd"]:
-                w.addcmul_(w, (o * w >= 0).to(w.dtype), value=-decay)
-            elif decay:  # else a full read and write of the weights for nothing
-                w.mul_(1 - decay)
-            for rows, scale in _rate_scales(p, g["split"], g["adjust_lr"]):
-                w[rows].add_(o[rows].to(w.dtype), alpha=-g["lr"] * scale)
-        return loss
+            rows.append((g["lr"], g["momentum"], decay))
+        if not self.compile:
+            return tuple(list(column) for column in zip(*rows))
+        w = _local(work[0][0])
+        lrs, momenta, decays = torch.tensor(rows, dtype=w.dtype, device=w.device).unbind(1)
+        return (list(lrs.unbind()), list(momenta.unbind()),
+                [d if g["weight_decay"] else 0.0 for d, (_, g) in zip(decays.unbind(), work)])
 
     def _normuon(self, work: list[tuple[Tensor, dict]], done: list[Tensor]) -> list[Tensor]:
         """`done` with NorMuon applied to the updates of the groups that ask for it."""
@@ -398,17 +457,15 @@ class Muon(torch.optim.Optimizer):
             [done[i] for i in picked], [p.shape for p in params], [g["split"] for g in groups],
             [_row_offset(p) for p in params], [self.state[p]["second_moment"] for p in params],
             [g["normuon_beta2"] for g in groups], params[0].device_mesh.get_group() if sharded else None,
-            [g["normuon_columns"] for g in groups])
+            [g["normuon_columns"] for g in groups], self.compile)
         done = list(done)
         for i, o in zip(picked, rescaled):
             done[i] = o
         return done
 
-    def _nesterov(self, p: Tensor, momentum: float) -> Tensor:
-        """Advance p's momentum buffer and return the Nesterov update (this rank's part of it)."""
+    def _momentum_buffer(self, p: Tensor) -> Tensor:
+        """p's momentum buffer (this rank's part of it), zeros before the first step."""
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad)
-        buf, g = _local(state["momentum_buffer"]), _local(p.grad)
-        buf.lerp_(g, 1 - momentum)
-        return g.lerp(buf, momentum)
+        return _local(state["momentum_buffer"])

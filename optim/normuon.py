@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from optim.compiled import chosen
 from optim.views import Block, Split, blocks
 
 
@@ -81,16 +82,30 @@ def _rescaled(o: Tensor, sums: Tensor, moment: Tensor, beta2: float, shape: torc
     return out[0] if len(out) == 1 else torch.cat(out or [o.float()])
 
 
+def _all_square_sums(updates: list[Tensor], shapes: list[torch.Size], splits: list[Split], starts: list[int],
+                     columns: list[bool]) -> list[Tensor]:
+    """_square_sums of each update: the part before the all_reduce, one graph when compiled."""
+    return [_square_sums(*args) for args in zip(updates, shapes, splits, starts, columns)]
+
+
+def _all_rescaled(updates: list[Tensor], sums: list[Tensor], moments: list[Tensor], beta2: list[float],
+                  shapes: list[torch.Size], splits: list[Split], starts: list[int],
+                  columns: list[bool]) -> list[Tensor]:
+    """_rescaled of each update: the part after the all_reduce, one graph when compiled."""
+    return [_rescaled(*args) for args in zip(updates, sums, moments, beta2, shapes, splits, starts, columns)]
+
+
 def normalize(updates: list[Tensor], shapes: list[torch.Size], splits: list[Split], starts: list[int],
               moments: list[Tensor], beta2: list[float], group: dist.ProcessGroup | None = None,
-              columns: list[bool] | None = None) -> list[Tensor]:
+              columns: list[bool] | None = None, compile: bool = False) -> list[Tensor]:
     """NorMuon of each update (this rank's rows of it, from row `starts[i]` of a parameter of global shape
     `shapes[i]`), advancing its second moment; `group`: the ranks that hold the other rows (None: all here);
-    `columns[i]`: its neurons are its views' columns (None: the longer side's, for all)."""
+    `columns[i]`: its neurons are its views' columns (None: the longer side's, for all); `compile`: the math on
+    either side of the all_reduce under torch.compile (optim/compiled.py)."""
     columns = columns or [False] * len(updates)
-    sums = [_square_sums(*args) for args in zip(updates, shapes, splits, starts, columns)]
+    sums = chosen(_all_square_sums, compile)(updates, shapes, splits, starts, columns)
     if group is not None:
         flat = torch.cat([s.view(-1) for s in sums])
         dist.all_reduce(flat, group=group)
         sums = [f.view_as(s) for f, s in zip(flat.split([s.numel() for s in sums]), sums)]
-    return [_rescaled(*args) for args in zip(updates, sums, moments, beta2, shapes, splits, starts, columns)]
+    return chosen(_all_rescaled, compile)(updates, sums, moments, beta2, shapes, splits, starts, columns)
