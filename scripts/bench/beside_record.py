@@ -20,6 +20,10 @@ Both schedules are cut to --steps alike: the record's num_scheduled_iterations i
 and ours runs train.max_steps = --steps under train.schedule = "step" with no train.extension_steps, so each side's
 LR, window and batch stages fall at the same fractions of the run as in its full one; the Muon momentum warm-up stays
 300 steps on both (and holds while it lasts, before any cooldown).
+
+The record's loader reads each shard once and then waits for ever, so --steps is bounded by what one epoch of the
+shards holds (the harness counts it and refuses more). --epochs N gives both sides the train shards N times in a
+row, as links in --work (scripts/beside/record_data.py `repeated`): the same tokens in the same order on both.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import numpy as np
 
 from data.shards import open_shard
 from scripts.beside import report
-from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage
+from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, repeated
 from scripts.beside.record_script import RecordError, eval_steps, hyperparameters, record_code, rewrite, step_tokens
 from trainer.config import Config, ConfigError, parse_args as parse_config
 from util.atomic import write_json, write_text
@@ -70,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DATA_PATH: shards in DATA/data/fineweb10B/ (python -m scripts.prose_shards)")
     p.add_argument("--steps", type=int, required=True, help="training steps of each side")
     p.add_argument("--eval-every", type=int, default=0, help="steps between evals (default: a third of --steps)")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="read the train shards this many times in a row, both sides (links in --work)")
     p.add_argument("--out", type=Path, help="results (default runs/beside_record/<date>_<device>)")
     p.add_argument("--work", type=Path, default=Path(".cache/beside_record"),
                    help="the rewritten record script and both sides' run folders (outside git)")
@@ -86,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
+    if args.epochs < 1:
+        p.error("--epochs must be >= 1")
     args.eval_every = args.eval_every or max(args.steps // 3, 1)
     args.data, args.work = args.data.resolve(), args.work.resolve()  # the sides run in other folders
     if args.eval_every <= PROFILE_SKIP + args.profile_steps:
@@ -183,15 +191,17 @@ def coverage_line(args: argparse.Namespace, p: Plan) -> str:
                             RECORD_GRAD_ACCUM, RECORD_MAX_SEQ_LEN, BOS)
     if cover.short_at is not None:
         raise RecordError(f"{args.data}: the record's loader gets {cover.steps} of the {args.steps} steps from these "
-                          f"shards and would then wait for ever: lower --steps or make more shards")
+                          f"shards ({args.epochs} epoch(s)) and would then wait for ever: lower --steps, raise "
+                          f"--epochs or make more shards")
     rows = p.hp["val_batch_size"] // RECORD_GRAD_ACCUM
     val_docs = most_val_documents(shard_files(args.data, "val")[0], rows, p.hp["val_tokens"] // rows, BOS)
     if cover.over_limit or val_docs > docs_limit(rows):
         raise RecordError(f"{args.data}: {cover.over_limit} of the record's training micro-batches hold more "
                           f"documents than its table takes (most {cover.most_docs}), its val rows {val_docs} of "
                           f"{docs_limit(rows)}: documents this short make it fail")
-    return f"data: the record's loader reads all {args.steps} steps from the shards (at most {cover.most_docs} " \
-           f"documents in a micro-batch, {val_docs} in a val row)"
+    epochs = f" read {args.epochs} times in a row" if args.epochs > 1 else ""
+    return f"data: the record's loader reads all {args.steps} steps from the shards{epochs} (at most " \
+           f"{cover.most_docs} documents in a micro-batch, {val_docs} in a val row)"
 
 
 def run_side(cmd: list[str], cwd: Path, env: dict, console: Path, timeout: float) -> str:
@@ -265,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     deadline = time.monotonic() + args.timeout_s
     try:
+        if args.epochs > 1:
+            args.data = repeated(shard_files(args.data, "train"), shard_files(args.data, "val"), args.work / "data",
+                                 args.epochs)
         p = plan(args)
         lines = say_plan(args, p) + [coverage_line(args, p)]
         print("\n".join(lines), flush=True)

@@ -8,9 +8,12 @@ shard. Past the last shard the script does not stop: its loader thread has no fi
 ever. A micro-batch's document starts go into a table of next_multiple(n // 300, 128) entries, the first being 0,
 so more documents than that minus one fail the run. Its val set is read otherwise: rows of consecutive tokens from
 the val shard's start, a document starting at each BOS in them, into the same kind of table.
+Since the loader stops at its last shard, a run longer than the shards' one epoch reads them again from links
+numbered on (`repeated`).
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -67,3 +70,17 @@ def most_val_documents(val_file: Path, rows: int, batches: int, bos: int) -> int
     """The most document starts (BOS tokens) in one of the record's `batches` val rows of `rows` tokens."""
     tokens = open_shard(val_file, fmt="header")
     return max(int(np.count_nonzero(tokens[k * rows:(k + 1) * rows] == bos)) for k in range(batches))
+
+
+def repeated(train: list[Path], val: list[Path], into: Path, epochs: int) -> Path:
+    """A DATA_PATH at `into` that holds the `train` shards `epochs` times in a row and the `val` shards once, as
+    links to them named fineweb_<split>_NNNNNN.bin: the record's sorted glob, and ours, read them epoch after epoch,
+    in the same order each time. Links only: remade whole at each call, so no link of another count stays."""
+    shards = into / "data" / "fineweb10B"
+    shutil.rmtree(into, ignore_errors=True)
+    shards.mkdir(parents=True)
+    for n, shard in enumerate(sorted(train) * epochs, start=1):
+        (shards / f"fineweb_train_{n:06d}.bin").symlink_to(shard.resolve())
+    for shard in val:
+        (shards / shard.name).symlink_to(shard.resolve())
+    return into

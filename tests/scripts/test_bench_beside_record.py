@@ -68,12 +68,19 @@ def test_the_plan_says_each_change_and_refuses_what_would_not_train_alike(bench,
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "eval.batch_size=1"]))
 
 
-def test_data_the_record_would_run_out_of_is_refused(bench):
+def test_data_the_record_would_run_out_of_is_refused_and_epochs_give_it_more(bench):
     tmp, args = bench
     proc = harness([*args, "--steps", "400", "--eval-every", "100"], check=False)
     assert proc.returncode == 1
-    assert re.search(r"the record's loader gets (\d+) of the 400 steps from these shards and would then wait for "
-                     r"ever: lower --steps", proc.stderr)
+    given = re.search(r"the record's loader gets (\d+) of the 400 steps from these shards \(1 epoch\(s\)\) and would "
+                      r"then wait for ever: lower --steps, raise --epochs", proc.stderr)
+    assert given
+    # twice the shards, both sides: the steps past one epoch are read, and the plan is said before the CPU refusal
+    steps = int(given[1]) + 1
+    proc = harness([*args, "--steps", str(steps), "--eval-every", "10", "--epochs", "2", "--side", "record"], check=False)
+    assert f"the record's loader reads all {steps} steps from the shards read 2 times in a row" in proc.stdout
+    assert f"--data.train={tmp / 'work' / 'data'}/data/fineweb10B/fineweb_train_*.bin" in proc.stdout
+    assert proc.returncode == 1 and "the record's script needs CUDA" in proc.stderr
 
 
 @pytest.mark.slow
@@ -82,8 +89,8 @@ def test_on_cpu_the_record_side_is_refused_and_ours_runs_and_the_report_reads_bo
     proc = harness([*args, "--side", "record"], check=False)
     assert proc.returncode == 1 and "the record's script needs CUDA" in proc.stderr
     assert "  num_scheduled_iterations: 90 -> 8" in proc.stdout  # the plan is said before the refusal
-    proc = harness([*args, "--side", "ours"])
-    assert "the record's loader reads all 8 steps" in proc.stdout
+    proc = harness([*args, "--side", "ours", "--epochs", "2"])  # ours reads the shards through the epochs' links
+    assert "the record's loader reads all 8 steps from the shards read 2 times in a row" in proc.stdout
     probe = json.loads((tmp / "work" / "ours" / "probe.json").read_text())
     assert probe["muon_steps"] == 8 and probe["error"] is None
     assert probe["profile"]["time"] == "cpu" and probe["profile"]["step_ms"] > 0
