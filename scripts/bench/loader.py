@@ -49,7 +49,7 @@ BEFORE = "f4d8184"  # the last commit of the two-thread loader
 B, T = 16, 1024
 SHARD_TOKENS = 10**8  # llm.c / modded-nanogpt shard size
 HACKATHON = (49, 10**9)  # files, tokens per file
-SPEEDRUN = {"batch_size": 1, "seq_len": 49152, "bos_id": 50256}  # configs/speedrun_8xh100.toml, per rank
+SPEEDRUN = {"batch_size": 1, "seq_len": 49152, "bos_id": 50256}  # record 46's row in its last batch stage
 STEP_MS = 100.0  # about one speedrun step
 TARGETS = {"data_wait_frac": ("<=", 0.01), "main_thread_slowdown": ("<=", 0.02), "shuffled_warm": (">=", 50e6),
            "shuffled_cold": (">=", 20e6), "first_batch_ms": ("<", 50.0), "shuffled_rss_anon_growth_mb": ("<", 16.0),

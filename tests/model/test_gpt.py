@@ -184,8 +184,8 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
         assert (long, short_window(long, m.window_block)) == (128 * blocks, 128 * (blocks // 2)), step
     assert m.first_window == 384  # what YaRN stretches from, as the record's starts at 3 blocks
     assert cfg.eval.final_window == 2560  # its final eval: 20 blocks, the short ones and YaRN as the last step's
-    # 8 document-masked rows of 2,048 tokens per rank and micro-step, x 1, 2, 3 micro-steps by thirds of the run
-    assert (t.batch_size, t.seq_len, t.batch_stages) == (8, 2048, [1, 2, 3]) and m.block_size >= t.seq_len
+    # its micro-batch: one document-masked row of 16,384 tokens per rank, x 1, 2, 3 micro-steps by thirds of the run
+    assert (t.batch_size, t.seq_len, t.batch_stages) == (1, 16384, [1, 2, 3]) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"
     # its init and optimizer: one sigmoid skip from its block 4 to 7 (ours 3 to 6), x0 mix from 1.1, value tables
     # ". 1 2 ... 0 1 2" over its 12 blocks (block 0 empty), the values of the others scaled, tables N(0, 1), fc at
