@@ -272,14 +272,20 @@ class GPT(nn.Module):
 
     @contextlib.contextmanager
     def widened(self, long: int) -> Iterator[None]:
-        """Inside the block the L layers attend `long` tokens (0: no change) while the S layers and YaRN keep the
-        window of now: record 46's final eval, 2,560 tokens with 768 and YaRN at 1,664."""
-        if long:
-            self.windows[0].fill_(long)
+        """Inside the block the windows are a final eval's: the S layers and YaRN at the run's last window
+        (window_at progress 1), the L layers at `long`; 0: no change. Record 46's final eval: 2,560 tokens with 768
+        and YaRN at 1,664, its last step moving to 1,664 even where its schedule was cut before the extension
+        steps that train at it (scripts/bench/beside_record.py)."""
+        if not long:
+            yield
+            return
+        now = self.window
+        self._use_window(window_at(self.cfg, 1.0))
+        self.windows[0].fill_(long)
         try:
             yield
         finally:
-            self.windows[0].fill_(self.window)
+            self._use_window(now)
 
     def _use_loss_weights(self, weights: list[float]) -> None:
         # only the entries that changed, one fill_ each (no host-device sync): one a step while a term fades

@@ -137,8 +137,8 @@ class EvalConfig:
     batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
-    # > 0: the final eval's L layers attend this many tokens, its S layers and YaRN keep the last step's window
-    # (record 46: 2,560, with 768 and YaRN at 1,664); 0 = the last step's window
+    # > 0: the final eval's L layers attend this many tokens, its S layers and YaRN take the run's last window,
+    # model.window (record 46: 2,560, with 768 and YaRN at 1,664); 0 = the last step's window
     final_window: int = 0
 
 

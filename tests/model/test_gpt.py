@@ -183,7 +183,7 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
         long = window_at(gpt.cfg, clock.progress(step))
         assert (long, short_window(long, m.window_block)) == (128 * blocks, 128 * (blocks // 2)), step
     assert m.first_window == 384  # what YaRN stretches from, as the record's starts at 3 blocks
-    assert cfg.eval.final_window == 2560  # its final eval: 20 blocks, the short ones and YaRN as the last step's
+    assert cfg.eval.final_window == 2560  # its final eval: 20 blocks, the short ones and YaRN at 13's
     # its micro-batch: one document-masked row of 16,384 tokens per rank, x 1, 2, 3 micro-steps by thirds of the run
     assert (t.batch_size, t.seq_len, t.batch_stages) == (1, 16384, [1, 2, 3]) and m.block_size >= t.seq_len
     assert cfg.data.bos_aligned and m.doc_causal and m.attention == "flex"

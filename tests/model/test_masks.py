@@ -83,16 +83,21 @@ def test_window_stages_step_by_equal_stages_then_hold_the_final_window_past_the_
             tiny(window=16, **bad)
 
 
-def test_a_widened_eval_moves_the_long_window_alone_and_gives_it_back():
-    """eval.final_window's model side: the L layers attend 24 tokens inside the block, the S layers and YaRN keep
-    the window of now (16, so 8 and 16); with L layers only and no YaRN that is the model whose window is 24."""
+def test_a_widened_eval_takes_the_last_window_widens_the_long_layers_and_gives_both_back():
+    """eval.final_window's model side: inside the block the L layers attend 24 tokens, the S layers and YaRN take
+    the run's last window (16, so 8 and 16) even before the schedule reached it (record 46's cut run), and leave
+    it after; with L layers only and no YaRN that is the model whose window is 24."""
     m = tiny(window=16, window_stages=[4, 8], window_pattern="LS", rotary=True, yarn=True)
     m.set_progress(1.0)
     with m.widened(24):
         assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 16)
     assert (m.windows.tolist(), m.yarn_window.item()) == ([16, 8], 16)
+    m.set_progress(0.9)  # the last stage's window, 8: the extension's 16 not yet reached
+    with m.widened(24):
+        assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 16)
+    assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([8, 4], 8, 8)
     with m.widened(0):
-        assert m.windows.tolist() == [16, 8]
+        assert m.windows.tolist() == [8, 4]
     idx = batch(B=2, T=40)
     narrow, wide = tiny(window=16, block_size=64), tiny(window=24, block_size=64)
     with torch.no_grad():
