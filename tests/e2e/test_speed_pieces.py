@@ -1,0 +1,39 @@
+"""Record 46's speed pieces together through train.py (docs/PERFORMANCE.md, "Record 46's speed pieces"): two ranks
+under torchrun with Muon, the float8 head, Muon's math compiled and the gradients sent in bf16, each piece tested
+alone elsewhere. Together they train, and each run with them differs from the run without (the keys reach the run).
+bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import demo_data, torchrun, train_args, train_values
+
+PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=bfloat16",
+          "--train.dtype=bfloat16", "--train.bf16_stream=true"]
+MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    data = demo_data(tmp_path_factory.mktemp("demo"), tokens=120_000, val_tokens=10_000, shard_tokens=60_000)
+    out = tmp_path_factory.mktemp("runs")
+    torchrun(train_args(data, out, "with", *MUON, *PIECES), timeout=600)
+    torchrun(train_args(data, out, "without", *MUON), timeout=300)
+    return out
+
+
+def test_the_pieces_train_together_and_change_the_run(runs):
+    summaries = {name: json.loads((runs / name / "summary.json").read_text()) for name in ("with", "without")}
+    assert [s["status"] for s in summaries.values()] == ["completed", "completed"]
+    assert summaries["with"]["steps"] == 8 and summaries["with"]["world_size"] == 2
+    with_pieces, without = train_values(runs / "with"), train_values(runs / "without")
+    assert all(np.isfinite(with_pieces)) and np.mean(with_pieces[-3:]) < with_pieces[0] - 0.5, with_pieces
+    # the same first batch and weights: the float8 head and the bf16 wire round the first step's loss and
+    # gradients apart, within a few percent of the loss
+    assert with_pieces != without
+    assert abs(with_pieces[0] - without[0]) < 0.05 * without[0]
+    assert abs(summaries["with"]["final_val_loss"] - summaries["without"]["final_val_loss"]) < 0.1
+    config = (runs / "with" / "config.toml").read_text()
+    assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "bfloat16"',
+                                           "bf16_stream = true"])
