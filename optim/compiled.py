@@ -13,16 +13,16 @@ from typing import Callable, TypeVar
 
 import torch
 
-F = TypeVar("F", bound=Callable)
+Fn = TypeVar("Fn", bound=Callable)
 
 
 @cache
-def compiled(fn: F) -> F:
+def compiled(fn: Fn) -> Fn:
     """fn under torch.compile, one wrapper per function: a whole graph (a graph break is an error, not a silent
     slow path) with static shapes, as record 46 compiles its Polar Express (dynamic shapes ran much slower there)."""
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
-def chosen(fn: F, compile: bool) -> F:
+def chosen(fn: Fn, compile: bool) -> Fn:
     """fn compiled if `compile`, else fn itself (eager)."""
     return compiled(fn) if compile else fn

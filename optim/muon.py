@@ -388,6 +388,7 @@ class Muon(torch.optim.Optimizer):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         self.compile = compile
+        self._scalars_on_device: Tensor | None = None  # _scalars' device copy when compiled
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
                                       cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2,
@@ -438,7 +439,12 @@ class Muon(torch.optim.Optimizer):
         if not self.compile:
             return tuple(list(column) for column in zip(*rows))
         w = _local(work[0][0])
-        lrs, momenta, decays = torch.tensor(rows, dtype=w.dtype, device=w.device).unbind(1)
+        # from pinned memory into a tensor kept on the device: a copy the host does not wait for (a plain
+        # torch.tensor(..., device=cuda) would wait for the whole backward before every step)
+        host = torch.tensor(rows, dtype=w.dtype, pin_memory=w.is_cuda)
+        if self._scalars_on_device is None or self._scalars_on_device.shape != host.shape:
+            self._scalars_on_device = torch.empty_like(host, device=w.device)
+        lrs, momenta, decays = self._scalars_on_device.copy_(host, non_blocking=True).unbind(1)
         return (list(lrs.unbind()), list(momenta.unbind()),
                 [d if g["weight_decay"] else 0.0 for d, (_, g) in zip(decays.unbind(), work)])
 

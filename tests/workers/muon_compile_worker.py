@@ -1,8 +1,9 @@
 """torchrun worker: Muon's steps with optim.muon_compile off, then on, under DDP and then FSDP2 on gloo; rank 0
-saves the final weights of each run and the graphs dynamo had compiled on each rank after it.
+saves the final weights of each run and the graphs dynamo had compiled on each rank after each of its steps.
 
 usage: torchrun --nproc_per_node=W tests/workers/muon_compile_worker.py OUT.pt
-    (saves {"weights": {(mode, compile): state}, "graphs": {(mode, compile): [graphs compiled so far, per rank]}})
+    (saves {"weights": {(mode, compile): state},
+            "graphs": {(mode, compile): [[graphs compiled so far, after each step] per rank]}})
 tests/optim/test_compiled.py compares the runs, and runs `optimizer` and `schedule` in one process too.
 """
 from __future__ import annotations
@@ -45,14 +46,16 @@ def main(out: str) -> None:
         for compile in (False, True):
             model = wrap(mlp(), "mlp", mode, world)
             opt = optimizer(list(model.parameters()), compile)
+            graphs = []
             for step in range(STEPS):
                 mlp_loss(model, rank, world).backward()
                 schedule(opt, step)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                graphs.append(counters["stats"]["unique_graphs"])
             results["weights"][mode, compile] = full_state(model)
             results["graphs"][mode, compile] = [None] * world
-            dist.all_gather_object(results["graphs"][mode, compile], counters["stats"]["unique_graphs"])
+            dist.all_gather_object(results["graphs"][mode, compile], graphs)
     save_on_rank_0(results, out, rank)
     dist.destroy_process_group()
 
