@@ -6,7 +6,7 @@ fullgraph=True traces it as one node (its casts run as written, outside the grap
 backward, which keeps the float8 copies (a quarter of the fp32 ones) and is traced into the compiled backward graph,
 where inductor may fuse the gradient's cast with the loss's backward. Products of float8 values are exact in fp32,
 so the error is the casts' rounding: 3 mantissa bits for x and w (e4m3, relative 2^-4 at most), 2 for the gradient
-(e5m2, 2^-3).
+(e5m2, 2^-3); `fp8_matmul_bounds` gives the most each result may miss float64's by.
 """
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ import torch
 from torch import Tensor
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# a cast's error, (relative, absolute): half a unit in the last place of a normal value (3 mantissa bits in e4m3, 2 in
+# e5m2), or of a subnormal one (e4m3 below 2^-6, spacing 2^-9; e5m2 below 2^-14, spacing 2^-16)
+E4M3_ERROR, E5M2_ERROR = (2.0 ** -4, 2.0 ** -10), (2.0 ** -3, 2.0 ** -17)
+# a bf16 result's rounding, 2^-8 (7 mantissa bits), twice: the CPU's _scaled_mm rounds before and after the scales
+OUTPUT_ROUNDING = 2.0 ** -7
 
 
 class Scales(NamedTuple):
@@ -98,3 +103,30 @@ def fp8_head(x: Tensor, w: Tensor) -> Tensor:
     output."""
     rows = x.reshape(-1, x.size(-1))
     return fp8_matmul(rows, w, head_scales(x.size(-1), rows.size(0))).view(*x.shape[:-1], w.size(0))
+
+
+def rounding_bound(a: Tensor, b: Tensor, scale: float, errors_a: tuple, errors_b: tuple) -> Tensor:
+    """The most scale * (q(a) @ q(b)) can miss scale * (a @ b) by, elementwise, for float64 a and b in float8 units
+    and q their casts, each off by at most e(v) = relative |v| + absolute (errors_a, errors_b): products of float8
+    values are exact in fp32, and q(a) q(b) - a b = a (q(b) - b) + (q(a) - a) b + (q(a) - a)(q(b) - b)."""
+    ea, eb = (errors[0] * t.abs() + errors[1] for t, errors in ((a, errors_a), (b, errors_b)))
+    # in place: a product as wide as the vocabulary is 16,384 x 50,304 float64s at the speedrun's head, 6.6 GB
+    return (ea @ (b.abs() + eb)).addmm_(a.abs(), eb).mul_(scale)
+
+
+def fp8_matmul_bounds(x: Tensor, w: Tensor, grad: Tensor, scales: Scales) -> dict[str, tuple[Tensor, Tensor]]:
+    """fp8_matmul(x, w, scales)'s output and, for the output gradient `grad`, x's and w's gradients in float64
+    ("out", "grad_x", "grad_w"), each with the most fp8_matmul's may miss it by, elementwise: its float8 casts'
+    (two e4m3 forward, about 2^-3 of sum_k |x_k w_k|; an e5m2 and an e4m3 backward, 2^-3 + 2^-4), and its output's
+    rounding (OUTPUT_ROUNDING, on either side of the casts)."""
+    s = scales
+    x, w, g = x.double() / s.x, w.double() / s.w, grad.double() / s.grad  # in float8 units
+    out = dict.fromkeys(("out", "grad_x", "grad_w"))
+    # the output's pair last: at the speedrun's head it is 2 x 6.6 GB of float64, as is each of g's size that the
+    # gradients' bounds hold for a while
+    for name, a, b, scale, errors in (("grad_x", g, w, s.grad * s.w, E5M2_ERROR),
+                                      ("grad_w", g.T, x, s.grad * s.x, E5M2_ERROR),
+                                      ("out", x, w.T, s.x * s.w, E4M3_ERROR)):
+        want, bound = (a @ b).mul_(scale), rounding_bound(a, b, scale, errors, E4M3_ERROR)
+        out[name] = want, want.abs().add_(bound).mul_(OUTPUT_ROUNDING).add_(bound)
+    return out

@@ -1,6 +1,6 @@
 """The kernels the recipes lean on, checked on the device that will run them (a part of scripts/gpu_check.sh).
 
-    python -m scripts.gpu_check.kernels --out OUT.json --data DIR          # CUDA: the speedrun's attention in bf16
+    python -m scripts.gpu_check.kernels --out OUT.json --data DIR          # CUDA: the speedrun's kernels
     python -m scripts.gpu_check.kernels --out OUT.json --data DIR --cpu    # tiny sizes, as far as a CPU goes
 
 flex  FlexAttention with the speedrun's mask (causal, its window, the document mask), compiled as the compiled
@@ -15,6 +15,16 @@ ring  200 batches through TokenLoader's pinned CUDA staging buffers equal the CP
       speedrun's and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls
       holds their copies back: a staging buffer refilled before its copy ran would show. On CPU: the batches of
       one CPU loader, all held as they came, against another's.
+fp8   model/fp8.py's fp8_matmul (model.fp8_head) at the speedrun's head on one GPU: a micro-step's tokens of
+      configs/speedrun_1gpu.toml (16,384 rows of 768, RMS 1 each, as the final norm gives), a head of N(0, 0.02)
+      weights over the padded vocabulary (50,304), the gradient of a mean cross-entropy, at head_scales' scales:
+      the output and x's and w's gradients against a float64 reference, eager and compiled with fullgraph=True.
+      An error is rel_error's; each passes where it is at most what fp8_matmul_bounds allows (the float8 casts'
+      rounding and the bf16 output's), as a share of the reference's largest magnitude. Also: the seconds to
+      compile it and the milliseconds per forward + backward, eager and compiled, against the bf16 head's
+      (F.linear under bf16 autocast, as the model runs it without the key). CUDA's _scaled_mm wants its first
+      operand row-major, its second column-major and sizes that are multiples of 16; the CPU's does not check:
+      on CPU, 128 rows of 64 and a vocabulary of 256, the same code.
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from data.loader import TokenLoader
+from model.fp8 import fp8_matmul, fp8_matmul_bounds, head_scales
 from model.masks import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
 from trainer import ROOT
 from util.atomic import write_json
@@ -36,6 +47,7 @@ from trainer.config import parse_args as parse_train_args
 
 RING_BATCHES = 200
 FLEX_MAX_T = 4096
+FP8_CPU_SHAPE = (128, 64, 256)  # rows, width, vocabulary: multiples of 16, as CUDA's _scaled_mm needs
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
 
 
@@ -164,6 +176,68 @@ def _compiled_flex(block_mask, sdpa: Callable, q, k, v, dy, ref: dict) -> dict:
     return res
 
 
+def fp8_operands(rows: int, width: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The head's input x [rows, width] (RMS 1 a row, as the final norm gives, in bf16 as under train.bf16_stream),
+    its fp32 weights w [vocab, width] at N(0, 0.02), and the gradient a mean cross-entropy of random logits gives
+    its output, (softmax - one-hot) / rows in bf16: at most 1 / rows, as head_scales expects."""
+    gen = torch.Generator(device).manual_seed(0)
+    x = torch.randn(rows, width, device=device, generator=gen)
+    x = (x / x.square().mean(-1, keepdim=True).sqrt()).bfloat16()
+    w = 0.02 * torch.randn(vocab, width, device=device, generator=gen)
+    grad = torch.softmax(3 * torch.randn(rows, vocab, device=device, generator=gen), -1)
+    targets = torch.randint(0, vocab, (rows,), device=device, generator=gen)
+    grad[torch.arange(rows, device=device), targets] -= 1  # not F.one_hot: int64, 6.6 GB at the speedrun's head
+    return x, w, grad.div_(rows).bfloat16()
+
+
+def fp8_check(cfg, device: torch.device, cpu: bool) -> dict:
+    """fp8_matmul against float64 at the speedrun's head shape, eager and compiled, and its speed against the bf16
+    head's (module docstring); `cfg` is configs/speedrun_1gpu.toml's."""
+    N, K, V = FP8_CPU_SHAPE if cpu else (cfg.train.batch_size * cfg.train.seq_len, cfg.model.n_embd,
+                                         cfg.model.padded_vocab)
+    x, w, grad = fp8_operands(N, K, V, device)
+    s = head_scales(K, N)
+
+    def fp8(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return fp8_matmul(x, w, s)
+
+    def bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, torch.bfloat16):  # the head without the key
+            return F.linear(x, w)
+
+    bounds = fp8_matmul_bounds(x, w, grad, s)
+    res = {"shape": {"rows": N, "width": K, "vocab": V}, "scales": s._asdict(),
+           "bound": {name: (bound.max() / want.abs().max()).item() for name, (want, bound) in bounds.items()},
+           "eager": fp8_errors(fp8, x, w, grad, bounds)}
+    compiled = torch.compile(fp8, fullgraph=True)
+    t0 = time.perf_counter()
+    res["compiled"] = guarded(fp8_errors, compiled, x, w, grad, bounds)  # a compile error keeps the rest
+    res["compile_s"] = time.perf_counter() - t0
+    del bounds  # 13 GB at the speedrun's shape
+    res["ok"] = {run: "error" not in res[run] and all(res[run][name] <= res["bound"][name] for name in res["bound"])
+                 for run in ("eager", "compiled")}
+
+    def forward_backward(matmul: Callable) -> None:
+        matmul(x.detach().requires_grad_(), w.detach().requires_grad_()).backward(grad)
+
+    runs = {"fp8": fp8, "bf16": bf16, **({} if "error" in res["compiled"] else {"fp8_compiled": compiled})}
+    # a few ms each at the speedrun's shape, 20 calls to steady the median; ~0.2 s on CPU even at its sizes
+    res["ms"] = {name: 1000 * seconds_per_call(lambda fn=fn: forward_backward(fn), not cpu, repeat=3 if cpu else 20)
+                 for name, fn in runs.items()}
+    res["speedup"] = res["ms"]["bf16"] / res["ms"].get("fp8_compiled", res["ms"]["fp8"])
+    return res
+
+
+def fp8_errors(matmul: Callable, x, w, grad, bounds: dict) -> dict:
+    """rel_error of matmul(x, w)'s output and of x's and w's gradients for `grad` against the float64 values in
+    `bounds` (fp8_matmul_bounds')."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    out = matmul(x, w)
+    out.backward(grad)
+    results = {"out": out, "grad_x": x.grad, "grad_w": w.grad}
+    return {name: rel_error(got, bounds[name][0]) for name, got in results.items()}
+
+
 def hold_back_copies(device: torch.device) -> None:
     """Queue ~0.5 s of matmuls on the current stream (CUDA): the ring's copies queued after them must wait."""
     if device.type != "cuda":
@@ -194,7 +268,7 @@ def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | No
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run both checks and write their results to --out (rewritten after each)."""
+    """Run the checks and write their results to --out (rewritten after each)."""
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check.kernels", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True, help="gpu_check's data folder (random/ and raw/)")
@@ -215,10 +289,14 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.out, res)
     res["flex"] = guarded(flex_check, speedrun, device, args.cpu)
     write_json(args.out, res)
+    one_gpu = parse_train_args(["--config", str(ROOT / "configs" / "speedrun_1gpu.toml")])
+    res["fp8"] = guarded(fp8_check, one_gpu, device, args.cpu)
+    write_json(args.out, res)
 
 
 def guarded(check: Callable, *args) -> dict:
-    """check(*args), or {"error": what it raised}: one broken kernel must not hide the other results."""
+    """check(*args), or {"error": what it raised}: one broken kernel must not hide the other results (nor a
+    compile error the eager run's)."""
     try:
         return check(*args)
     except Exception as e:  # noqa: BLE001 - reported as the check's verdict

@@ -154,35 +154,42 @@ def speed_verdicts(row: dict, probe: dict, cpu: bool) -> list[dict]:
 
 def kernel_verdicts(row: dict, cpu: bool) -> list[dict]:
     """The verdicts of scripts/gpu_check/kernels.py's results."""
-    k = row.get("kernels") or {}
-    out = [line("kernels", "ran to the end", "PASS" if row["status"] == "ok" else "FAIL", row["status"],
+    k, status = row.get("kernels") or {}, row["status"]
+    out = [line("kernels", "ran to the end", "PASS" if status == "ok" else "FAIL", status,
                 f"exit 0 within {row.get('timeout_s', '?')} s")]
     for key, what in (("ring_speedrun", "pinned ring = CPU path, speedrun shape (BOS-aligned)"),
                       ("ring_hackathon", "pinned ring = CPU path, hackathon shape")):
         r = k.get(key)
-        if r is None:
-            out.append(line("kernels", what, "FAIL", f"not reached: {row['status']}", "runs"))
-            continue
-        if "error" in r:
-            out.append(line("kernels", what, "FAIL", r["error"][:200], "runs"))
+        if (missing := not_run(r, what, status)) is not None:
+            out.append(missing)
             continue
         ok = r["mismatches"] == 0 and r["state_equal"]
         state = "equal" if r["state_equal"] else "differs"
         out.append(line("kernels", what, "PASS" if ok else "FAIL",
                         f"{r['batches'] - r['mismatches']}/{r['batches']} equal, state {state}"
                         + (" (CPU vs CPU, all held)" if cpu else ""), "byte for byte"))
-    flex = k.get("flex")
-    if flex is None:
-        return out + [line("kernels", "FlexAttention vs SDPA (bf16)", "FAIL", f"not reached: {row['status']}", "runs")]
-    if "error" in flex or "status" in flex:
-        out.append(line("kernels", "FlexAttention vs SDPA (bf16)", "FAIL" if "error" in flex else "n/a",
-                        (flex.get("error") or flex.get("status"))[:200], "runs"))
-        return out
+    return out + flex_verdicts(k.get("flex"), status, cpu) + fp8_verdicts(k.get("fp8"), status, cpu)
+
+
+def not_run(result: dict | None, what: str, status: str) -> dict | None:
+    """The line of a kernel check that did not run: not reached or raised (FAIL), or n/a here; None if it ran."""
+    if result is None:
+        return line("kernels", what, "FAIL", f"not reached: {status}", "runs")
+    if "error" in result or "status" in result:
+        return line("kernels", what, "FAIL" if "error" in result else "n/a",
+                    (result.get("error") or result.get("status"))[:200], "runs")
+    return None
+
+
+def flex_verdicts(flex: dict | None, status: str, cpu: bool) -> list[dict]:
+    """FlexAttention against SDPA: output, gradients, its backward's compile and speed."""
+    if (missing := not_run(flex, "FlexAttention vs SDPA (bf16)", status)) is not None:
+        return [missing]
     tol, errs, ok = flex["tolerance"], flex["flex"], flex["ok"]
     shape = flex["shape"]
     at = f"head {shape['head_dim']}, T {shape['seq_len']}, window {shape['window']}, doc mask {shape['doc_causal']}"
-    out.append(line("kernels", f"flex = SDPA, output ({at})", "PASS" if ok["out"] else "FAIL",
-                    f"{errs['out']:.4f} (SDPA {flex['sdpa']['out']:.4f})", f"<= {tol['out']:.4f}"))
+    out = [line("kernels", f"flex = SDPA, output ({at})", "PASS" if ok["out"] else "FAIL",
+                f"{errs['out']:.4f} (SDPA {flex['sdpa']['out']:.4f})", f"<= {tol['out']:.4f}")]
     grads = ("dq", "dk", "dv")
     worst = max(grads, key=lambda g: errs[g] / tol[g])
     verdict = "n/a on CPU (no flex backward)" if cpu else "PASS" if all(ok[g] for g in grads) else "FAIL"
@@ -195,6 +202,32 @@ def kernel_verdicts(row: dict, cpu: bool) -> list[dict]:
         out.append(line("kernels", "flex backward compiles (head 128, doc mask)", "PASS",
                         f"{flex['compile_s']:.1f} s; fwd+bwd {fmt(ms.get('flex'), '.2f')} ms vs SDPA dense mask "
                         f"{fmt(ms.get('sdpa'), '.2f')} ms", "compiles and runs"))
+    return out
+
+
+def fp8_verdicts(fp8: dict | None, status: str, cpu: bool) -> list[dict]:
+    """The FP8 head's matmul against float64, eager and compiled, within the float8 rounding bound, and its speed
+    against the bf16 head's (a measurement, no threshold)."""
+    if (missing := not_run(fp8, "FP8 head matmul = float64 (model/fp8.py)", status)) is not None:
+        return [missing]
+    shape, bound = fp8["shape"], fp8["bound"]
+    at = f"{shape['rows']:,} x {shape['width']} @ {shape['vocab']:,}"
+    names, out = ("out", "grad_x", "grad_w"), []  # in this order: the JSON's keys come back sorted
+    for run, what in (("eager", f"FP8 head matmul = float64, output and gradients ({at})"),
+                      ("compiled", "FP8 head matmul = float64, compiled (fullgraph=True)")):
+        errs = fp8[run]
+        if "error" in errs:
+            out.append(line("kernels", what, "FAIL", errs["error"][:200], "compiles and runs"))
+            continue
+        out.append(line("kernels", what, "PASS" if fp8["ok"][run] else "FAIL",
+                        ", ".join(f"{name} {errs[name]:.4f}" for name in names),
+                        "<= " + ", ".join(f"{bound[name]:.4f}" for name in names) + " (float8 rounding)"))
+    ms = fp8["ms"]
+    out.append(line("kernels", "FP8 head fwd+bwd vs bf16 head", "n/a on CPU" if cpu else "info",
+                    f"{ms['fp8']:.2f} ms eager, {fmt(ms.get('fp8_compiled'), '.2f')} compiled "
+                    f"({fp8['compile_s']:.1f} s to compile) vs bf16 {ms['bf16']:.2f} ms: "
+                    f"{fp8['speedup']:.2f} x bf16's speed",
+                    "measured: the key's gain"))
     return out
 
 

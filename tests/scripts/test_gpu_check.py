@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from data.val import PAD_TARGET
+from model.fp8 import fp8_matmul, fp8_matmul_bounds, head_scales
 from scripts.gpu_check import kernels as kernel_check, probe as train_probe, runner as gpu_check, verdicts
 from scripts.gpu_check import sizes as check_sizes
 from data.meta import read_meta
@@ -81,6 +82,9 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     assert kernels["ring_speedrun"]["mismatches"] == kernels["ring_hackathon"]["mismatches"] == 0
     if unavailable is None:
         assert kernels["flex"]["ok"]["out"] and kernels["flex"]["shape"]["head_dim"] == 128
+    # the float8 head's matmul ran its code path at a tiny shape, eager and compiled, and within its bound
+    assert kernels["fp8"]["ok"] == {"eager": True, "compiled": True} and "fp8_compiled" in kernels["fp8"]["ms"]
+    assert [v["verdict"] for v in res["verdicts"] if v["what"].startswith("FP8 head")] == ["PASS", "PASS", "n/a on CPU"]
     # what re-tuning the configs needs, and the record
     assert res["retune"]["speedrun"]["tokens_per_s"] > 0 and res["retune"]["hackathon"]["seq_len"] == 128
     assert json.loads((record / "gpu_check.json").read_text()) == res
@@ -218,18 +222,46 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
             "sdpa": {"out": 0.003, "dq": 0.004, "dk": 0.004, "dv": 0.004}, "compile_s": 30.0, "ms": {}}
     flex["tolerance"] = {k: kernel_check.tolerance(v) for k, v in flex["sdpa"].items()}
     flex["ok"] = {k: flex["flex"][k] <= flex["tolerance"][k] for k in flex["sdpa"]}
+    errors = {"out": 0.04, "grad_x": 0.05, "grad_w": 0.05}
+    fp8 = {"shape": {"rows": 16384, "width": 768, "vocab": 50304}, "bound": {"out": 0.2, "grad_x": 0.2, "grad_w": 0.2},
+           "eager": errors, "compiled": errors, "ok": {"eager": True, "compiled": True}, "compile_s": 5.0,
+           "ms": {"fp8": 4.0, "fp8_compiled": 3.0, "bf16": 6.0}, "speedup": 2.0}
 
     def kernel_lines(kernels: dict) -> list[str]:
         return [v["verdict"] for v in verdicts.kernel_verdicts({"status": "ok", "kernels": kernels}, cpu=False)]
 
-    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex}) == ["PASS"] * 6
-    assert kernel_lines({"ring_speedrun": {**ring, "mismatches": 3}, "ring_hackathon": ring, "flex": flex})[1] == "FAIL"
+    fine = {"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex, "fp8": fp8}
+    assert kernel_lines(fine) == ["PASS"] * 8 + ["info"]
+    assert kernel_lines({**fine, "ring_speedrun": {**ring, "mismatches": 3}})[1] == "FAIL"
     loose = {**flex, "ok": {**flex["ok"], "dk": False}}
-    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring, "flex": loose})[3:] == ["PASS", "FAIL", "PASS"]
-    assert kernel_lines({"ring_speedrun": ring, "ring_hackathon": ring,
-                         "flex": {"error": "OutOfResources: shared memory"}})[3] == "FAIL"
+    assert kernel_lines({**fine, "flex": loose})[3:6] == ["PASS", "FAIL", "PASS"]
+    assert kernel_lines({**fine, "flex": {"error": "OutOfResources: shared memory"}})[3:] == ["FAIL", "PASS", "PASS",
+                                                                                              "info"]
+    # the float8 head: a compiled result past its bound, a compile that raised (the eager lines stay), a check
+    # that raised (a CUDA layout error)
+    assert kernel_lines({**fine, "fp8": {**fp8, "ok": {"eager": True, "compiled": False}}})[6:] == ["PASS", "FAIL",
+                                                                                                     "info"]
+    assert kernel_lines({**fine, "fp8": {**fp8, "compiled": {"error": "BackendCompilerFailed: inductor"},
+                                         "ok": {"eager": True, "compiled": False}}})[6:] == ["PASS", "FAIL", "info"]
+    failed = verdicts.kernel_verdicts({"status": "ok", "kernels": {**fine, "fp8": {
+        "error": "RuntimeError: mat2 must be col_major"}}}, cpu=False)[6:]
+    assert [(v["verdict"], v["measured"]) for v in failed] == [("FAIL", "RuntimeError: mat2 must be col_major")]
     # a check stopped before a part: that part is a FAIL line, not a missing one
-    assert kernel_lines({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL"]
+    assert kernel_lines({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL", "FAIL"]
+
+
+def test_the_fp8_check_passes_the_float8_head_and_fails_a_result_off_by_more_than_its_rounding():
+    cfg = parse_train_args(["--config", "configs/speedrun_1gpu.toml"])
+    res = kernel_check.guarded(kernel_check.fp8_check, cfg, torch.device("cpu"), True)
+    assert res["ok"] == {"eager": True, "compiled": True}, res
+    assert all(0 < res["eager"][name] < res["bound"][name] < 0.5 for name in res["bound"]), res
+    assert set(res["ms"]) == {"fp8", "fp8_compiled", "bf16"} and res["speedup"] > 0
+    # the same operands and references, a product half again too large: every result past its bound
+    x, w, grad = kernel_check.fp8_operands(*kernel_check.FP8_CPU_SHAPE, torch.device("cpu"))
+    s = head_scales(x.size(1), x.size(0))
+    off = kernel_check.fp8_errors(lambda x, w: 1.5 * fp8_matmul(x, w, s), x, w, grad,
+                                  fp8_matmul_bounds(x, w, grad, s))
+    assert all(off[name] > res["bound"][name] for name in res["bound"]), (off, res["bound"])
 
 
 def test_compile_counts_see_a_graph_break_and_a_recompile():
