@@ -2,11 +2,12 @@
 cast with fixed scales, and its backward a float8 copy of the output gradient, all through torch._scaled_mm.
 
 `fp8_matmul` is x @ w.T as a torch.library custom op with a fake implementation, so that a model compiled with
-fullgraph=True traces it as one node (its casts run as written, outside the graph's fused kernels), and a registered
-backward, which keeps the float8 copies (a quarter of the fp32 ones) and is traced into the compiled backward graph,
-where inductor may fuse the gradient's cast with the loss's backward. Products of float8 values are exact in fp32,
-so the error is the casts' rounding: 3 mantissa bits for x and w (e4m3, relative 2^-4 at most), 2 for the gradient
-(e5m2, 2^-3); `fp8_matmul_bounds` gives the most each result may miss float64's by.
+fullgraph=True traces it as one node (its casts run as written, outside the graph's fused kernels), and a backward
+that keeps the float8 copies (a quarter of the fp32 ones) and is a custom op too: CUDA's _scaled_mm wants its first
+operand row-major and its second column-major, layouts that a compiler left free to choose strides could change.
+Products of float8 values are exact in fp32, so the error is the casts' rounding: 3 mantissa bits for x and w
+(e4m3, relative 2^-4 at most), 2 for the gradient (e5m2, 2^-3); `fp8_matmul_bounds` gives the most each result may
+miss float64's by. (The forward's fast accumulation on Hopper keeps fewer bits than fp32: the GPU check measures it.)
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
 
 @torch.library.custom_op("shardrun::fp8_matmul", mutates_args=())
 def _fp8_matmul(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    x8, w8 = to_float8(x, x_s, E4M3), to_float8(w, w_s, E4M3)
+    x8, w8 = to_float8(x.contiguous(), x_s, E4M3), to_float8(w.contiguous(), w_s, E4M3)
     # CUDA takes the first operand row-major, the second column-major (w8.T is) and sizes that are multiples of 16
     out = torch._scaled_mm(x8, w8.T, scale_a=_scalar(x_s, x), scale_b=_scalar(w_s, x), out_dtype=torch.bfloat16,
                            use_fast_accum=True)
@@ -76,15 +77,28 @@ def _save(ctx, inputs: tuple, output: tuple) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad: Tensor, *_float8_copies: Tensor) -> tuple[Tensor | None, ...]:
-    x8, w8 = ctx.saved_tensors
-    s = ctx.scales
-    g8 = to_float8(grad, s.grad, E5M2)
-    grad_x = torch._scaled_mm(g8, w8.T.contiguous().T, scale_a=_scalar(s.grad, grad), scale_b=_scalar(s.w, grad),
+@torch.library.custom_op("shardrun::fp8_matmul_backward", mutates_args=())
+def _fp8_matmul_backward(grad: Tensor, x8: Tensor, w8: Tensor, x_s: float, w_s: float,
+                         grad_s: float) -> tuple[Tensor, Tensor]:
+    g8 = to_float8(grad.contiguous(), grad_s, E5M2)
+    grad_x = torch._scaled_mm(g8, w8.T.contiguous().T, scale_a=_scalar(grad_s, grad), scale_b=_scalar(w_s, grad),
                               out_dtype=torch.bfloat16)
     # (x^T g)^T: the long vocabulary dimension is the product's columns, not its rows
-    grad_w = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=_scalar(s.x, grad),
-                              scale_b=_scalar(s.grad, grad), out_dtype=torch.float32).T
+    grad_w = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, scale_a=_scalar(x_s, grad),
+                              scale_b=_scalar(grad_s, grad), out_dtype=torch.float32).T
+    return grad_x, grad_w
+
+
+@_fp8_matmul_backward.register_fake
+def _(grad: Tensor, x8: Tensor, w8: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor]:
+    # grad_w as the real one is laid out: the transpose of a [K, M] product
+    return (grad.new_empty(grad.size(0), w8.size(1), dtype=torch.bfloat16),
+            grad.new_empty(w8.size(1), w8.size(0), dtype=torch.float32).T)
+
+
+def _backward(ctx, grad: Tensor, *_float8_copies: Tensor) -> tuple[Tensor | None, ...]:
+    x8, w8 = ctx.saved_tensors
+    grad_x, grad_w = _fp8_matmul_backward(grad, x8, w8, *ctx.scales)
     x_dtype, w_dtype = ctx.dtypes
     return grad_x.to(x_dtype), grad_w.to(w_dtype), None, None, None
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import model.attention
+import model.gpt
 import model.masks
 from tests.model.tiny import RECORDS, batch, tiny
 
@@ -48,10 +49,17 @@ def stream_dtypes(m, idx: torch.Tensor, targets: torch.Tensor | None) -> set[tor
         seen.update(a.dtype for a in [*args, *outputs] if isinstance(a, torch.Tensor) and a.is_floating_point())
     hooks = [module.register_forward_pre_hook(note) for module in [*m.blocks, m.norm_f, m.lm_head]]
     hooks += [m.smear.register_forward_hook(note)] if m.smear is not None else []
+    fp8_head = model.gpt.fp8_head  # the float8 head reads lm_head's weight, not the module: its input noted here
+
+    def noted_fp8_head(x, w):
+        note(None, (x,))
+        return fp8_head(x, w)
+    model.gpt.fp8_head = noted_fp8_head
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             m(idx, targets)
     finally:
+        model.gpt.fp8_head = fp8_head
         for hook in hooks:
             hook.remove()
     return seen
@@ -83,6 +91,17 @@ def test_the_stream_stays_bf16_through_flex_attention(monkeypatch):
         warnings.simplefilter("ignore")  # flex's own "called without torch.compile" notice
         seen = stream_dtypes(m, idx, None)
     assert seen == {torch.bfloat16} and calls == [torch.bfloat16] * m.cfg.n_layer
+
+
+@pytest.mark.parametrize("options", [RECORD_46, {}], ids=["record_46", "gpt2"])
+def test_the_stream_stays_bf16_where_autocast_runs_the_norms_in_fp32(monkeypatch, options):
+    # CUDA's autocast may run rms_norm and layer_norm in fp32, CPU's keeps bf16: their fp32 outputs, as CUDA's,
+    # must not turn the stream (the embedding's norm) or the head's input (the final norm) back to fp32
+    for name in ("rms_norm", "layer_norm"):
+        monkeypatch.setattr(torch.nn.functional, name,
+                            lambda *a, _norm=getattr(torch.nn.functional, name), **k: _norm(*a, **k).float())
+    x = batch(T=17)
+    assert stream_dtypes(streamed(options), x[:, :-1], x[:, 1:]) == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("options", CONFIGS.values(), ids=CONFIGS.keys())

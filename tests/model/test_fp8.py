@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from model import fp8
 from model.fp8 import (E4M3, E5M2, OUTPUT_ROUNDING, Scales, fp8_matmul, fp8_matmul_bounds, head_scales,
                        to_float8)
 from optim.config import OptimConfig
@@ -86,6 +87,18 @@ def test_values_beyond_the_float8_range_are_clamped_to_its_largest_never_nan_or_
     # and a gradient 1000 x past its scale saturates at e5m2's largest, not inf
     _, grad_x, grad_w = fp8_and_grads(x, w, grad * 1000 * N, s)
     assert grad_x.isfinite().all() and grad_w.isfinite().all()
+
+def test_both_ops_fake_implementations_match_the_real_ones_shapes_dtypes_and_strides():
+    # what a compiled graph plans its buffers from, CUDA's layouts included (grad_w is a transposed product)
+    x, w = torch.randn(32, 64, dtype=torch.bfloat16), 0.02 * torch.randn(128, 64, requires_grad=True)
+    s = head_scales(64, 32)
+    checks = torch.library.opcheck(fp8._fp8_matmul, (x, w, *s), test_utils=("test_faketensor",
+                                                                            "test_autograd_registration"))
+    x8, w8 = to_float8(x, s.x, E4M3), to_float8(w.detach(), s.w, E4M3)
+    grad = torch.randn(32, 128, dtype=torch.bfloat16) / 32
+    checks |= torch.library.opcheck(fp8._fp8_matmul_backward, (grad, x8, w8, *s), test_utils=("test_faketensor",))
+    assert set(checks.values()) == {"SUCCESS"}
+
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

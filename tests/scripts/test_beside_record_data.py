@@ -1,6 +1,9 @@
 """The record's loader, restated: what shards give its steps, where they run out, documents over its table."""
+import pytest
+
 from data.shards import open_shard
 from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, repeated
+from scripts.beside.record_script import RecordError
 from tests.scripts.beside_fixtures import record_shards
 
 
@@ -45,13 +48,19 @@ def test_val_rows_count_the_documents_that_start_in_them(tmp_path):
 def test_repeated_shards_give_the_loader_each_epoch_in_the_same_order(tmp_path):
     data = record_shards(tmp_path / "data", [[250] * 10, [250] * 10], val_tokens=500)
     source = data / "data" / "fineweb10B"
+    (source / "meta.json").write_text('{"vocab_size": 50257}')
     into = repeated(files(data), [source / "fineweb_val_000000.bin"], tmp_path / "three", 3)
     linked = files(into)
     assert [p.name for p in linked] == [f"fineweb_train_{n:06d}.bin" for n in range(1, 7)]
     assert [p.resolve() for p in linked] == files(data) * 3
     assert (into / "data" / "fineweb10B" / "fineweb_val_000000.bin").resolve() == source / "fineweb_val_000000.bin"
+    assert (into / "data" / "fineweb10B" / "meta.json").read_text() == '{"vocab_size": 50257}'
     # one epoch gives 5 steps of 800 tokens (test above); three give 15, and the 16th runs out
     cover = record_coverage(linked, lambda s: 800, 100, 2, 2048, 50256)
     assert (cover.steps, cover.short_at) == (15, 15)
-    # remade whole: fewer epochs leave no link of the earlier count behind
+    # fewer epochs leave no link of the earlier count behind; a file that is not a link is refused, and kept
     assert len(files(repeated(files(data), [], tmp_path / "three", 2))) == 4
+    (into / "data" / "fineweb10B" / "notes.txt").write_text("mine")
+    with pytest.raises(RecordError, match="notes.txt: not a link to a shard"):
+        repeated(files(data), [], into, 2)
+    assert (into / "data" / "fineweb10B" / "notes.txt").read_text() == "mine"
