@@ -2,7 +2,7 @@
 cast with fixed scales, and its backward a float8 copy of the output gradient, all through torch._scaled_mm.
 
 `fp8_matmul` is x @ w.T as a torch.library custom op with a fake implementation, so that a model compiled with
-fullgraph=True traces it as one node (its casts run as written, outside the graph's fused kernels), and a backward
+fullgraph=True traces it as one node (its casts compiled apart, see _cast), and a backward
 that keeps the float8 copies (a quarter of the fp32 ones) and is a custom op too: CUDA's _scaled_mm wants its first
 operand row-major and its second column-major, layouts that a compiler left free to choose strides could change.
 Products of float8 values are exact in fp32, so the error is the casts' rounding: 3 mantissa bits for x and w
@@ -50,6 +50,18 @@ def to_float8(t: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
     return t.float().div(scale).clamp(-top, top).to(dtype)
 
 
+# On CUDA the casts run compiled, each one pass over its tensor, as the record's op compiles its body: eager, the
+# cast of a [tokens x vocab] gradient writes three fp32 copies of it (3.3 GB each at the speedrun's head), more
+# time than the float8 matmul saves. Inside a custom op the compiled function runs as it is called, whether or not
+# the model around it is compiled.
+_compiled_to_float8 = torch.compile(to_float8, dynamic=False)
+
+
+def _cast(t: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
+    """to_float8(t, scale, dtype): compiled on CUDA, eager elsewhere (CPUs run the op in tests and rehearsals)."""
+    return (_compiled_to_float8 if t.is_cuda else to_float8)(t.contiguous(), scale, dtype)
+
+
 def _scalar(value: float, like: Tensor) -> Tensor:
     # _scaled_mm takes its scales as one-element fp32 tensors on the operands' device
     return torch.full((), value, dtype=torch.float32, device=like.device)
@@ -57,7 +69,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
 
 @torch.library.custom_op("shardrun::fp8_matmul", mutates_args=())
 def _fp8_matmul(x: Tensor, w: Tensor, x_s: float, w_s: float, grad_s: float) -> tuple[Tensor, Tensor, Tensor]:
-    x8, w8 = to_float8(x.contiguous(), x_s, E4M3), to_float8(w.contiguous(), w_s, E4M3)
+    x8, w8 = _cast(x, x_s, E4M3), _cast(w, w_s, E4M3)
     # CUDA takes the first operand row-major, the second column-major (w8.T is) and sizes that are multiples of 16
     out = torch._scaled_mm(x8, w8.T, scale_a=_scalar(x_s, x), scale_b=_scalar(w_s, x), out_dtype=torch.bfloat16,
                            use_fast_accum=True)
@@ -80,7 +92,7 @@ def _save(ctx, inputs: tuple, output: tuple) -> None:
 @torch.library.custom_op("shardrun::fp8_matmul_backward", mutates_args=())
 def _fp8_matmul_backward(grad: Tensor, x8: Tensor, w8: Tensor, x_s: float, w_s: float,
                          grad_s: float) -> tuple[Tensor, Tensor]:
-    g8 = to_float8(grad.contiguous(), grad_s, E5M2)
+    g8 = _cast(grad, grad_s, E5M2)
     grad_x = torch._scaled_mm(g8, w8.T.contiguous().T, scale_a=_scalar(grad_s, grad), scale_b=_scalar(w_s, grad),
                               out_dtype=torch.bfloat16)
     # (x^T g)^T: the long vocabulary dimension is the product's columns, not its rows

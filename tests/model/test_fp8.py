@@ -88,6 +88,14 @@ def test_values_beyond_the_float8_range_are_clamped_to_its_largest_never_nan_or_
     _, grad_x, grad_w = fp8_and_grads(x, w, grad * 1000 * N, s)
     assert grad_x.isfinite().all() and grad_w.isfinite().all()
 
+def test_the_compiled_cast_cuda_runs_rounds_as_the_eager_one():
+    # one fused pass on CUDA (fp8._cast), the same fp32 arithmetic: bit for bit, here on CPU's inductor
+    t = torch.randn(64, 96, dtype=torch.bfloat16) * 300
+    for scale, dtype in ((0.5, E4M3), (2.0 ** -9, E4M3), (1 / 448, E5M2)):
+        assert torch.equal(fp8._compiled_to_float8(t, scale, dtype).view(torch.uint8),
+                           to_float8(t, scale, dtype).view(torch.uint8))
+
+
 def test_both_ops_fake_implementations_match_the_real_ones_shapes_dtypes_and_strides():
     # what a compiled graph plans its buffers from, CUDA's layouts included (grad_w is a transposed product)
     x, w = torch.randn(32, 64, dtype=torch.bfloat16), 0.02 * torch.randn(128, 64, requires_grad=True)
