@@ -1,5 +1,6 @@
 """scripts/predict_speedrun.py: the predicted table in docs/PERFORMANCE.md and the speedrun budgets are its output."""
 import json
+import re
 import sys
 import tomllib
 
@@ -20,6 +21,9 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
     assert f"--measured {newest.relative_to(ROOT)}" in performance
     text, budget = predict_speedrun.table(predict_speedrun.ASSUMED_MFU, predict_speedrun.measured(newest))
     assert text in performance
+    # the README quotes the predicted time, as a prediction
+    seconds = re.search(r"\| time to 3\.28 \| (\d+) s \|", text)[1]
+    assert f"(predicted: {seconds} s on 8 x H100 at an assumed 30% MFU" in (ROOT / "README.md").read_text()
     budgets = [tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())["train"]["budget_s"]
                for name in ("speedrun_8xh100", "speedrun_1gpu")]
     assert budgets == [budget, 8 * budget]
