@@ -11,8 +11,9 @@ miss float64's by. (The forward's fast accumulation on Hopper keeps fewer bits t
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -54,12 +55,16 @@ def to_float8(t: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
 # cast of a [tokens x vocab] gradient writes three fp32 copies of it (3.3 GB each at the speedrun's head), more
 # time than the float8 matmul saves. Inside a custom op the compiled function runs as it is called, whether or not
 # the model around it is compiled.
-_compiled_to_float8 = torch.compile(to_float8, dynamic=False)
+@functools.cache
+def compiled_to_float8() -> Callable[[Tensor, float, torch.dtype], Tensor]:
+    """to_float8 under torch.compile, made at the first call: torch.compile at import would load dynamo (~2 s) into
+    every process that imports the model."""
+    return torch.compile(to_float8, dynamic=False)
 
 
 def _cast(t: Tensor, scale: float, dtype: torch.dtype) -> Tensor:
     """to_float8(t, scale, dtype): compiled on CUDA, eager elsewhere (CPUs run the op in tests and rehearsals)."""
-    return (_compiled_to_float8 if t.is_cuda else to_float8)(t.contiguous(), scale, dtype)
+    return (compiled_to_float8() if t.is_cuda else to_float8)(t.contiguous(), scale, dtype)
 
 
 def _scalar(value: float, like: Tensor) -> Tensor:

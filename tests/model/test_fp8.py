@@ -92,7 +92,7 @@ def test_the_compiled_cast_cuda_runs_rounds_as_the_eager_one():
     # one fused pass on CUDA (fp8._cast), the same fp32 arithmetic: bit for bit, here on CPU's inductor
     t = torch.randn(64, 96, dtype=torch.bfloat16) * 300
     for scale, dtype in ((0.5, E4M3), (2.0 ** -9, E4M3), (1 / 448, E5M2)):
-        assert torch.equal(fp8._compiled_to_float8(t, scale, dtype).view(torch.uint8),
+        assert torch.equal(fp8.compiled_to_float8()(t, scale, dtype).view(torch.uint8),
                            to_float8(t, scale, dtype).view(torch.uint8))
 
 
