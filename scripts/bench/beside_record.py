@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     deadline = time.monotonic() + args.timeout_s
     try:
         if args.epochs > 1:
-            args.data = repeated(shard_files(args.data, "train"), shard_files(args.data, "val"), args.work / "epoch_links",
-                                 args.epochs)
+            args.data = repeated(shard_files(args.data, "train"), shard_files(args.data, "val"),
+                                 args.work / "epoch_links", args.epochs)
         p = plan(args)
         lines = say_plan(args, p) + [coverage_line(args, p)]
         print("\n".join(lines), flush=True)

@@ -75,21 +75,21 @@ def most_val_documents(val_file: Path, rows: int, batches: int, bos: int) -> int
 
 def repeated(train: list[Path], val: list[Path], into: Path, epochs: int) -> Path:
     """A DATA_PATH at `into` that holds the `train` shards `epochs` times in a row and the `val` shards once, as
-    links to them named fineweb_<split>_NNNNNN.bin, and the train shards' meta.json: the record's sorted glob, and ours, read them epoch after epoch,
-    in the same order each time. The links of an earlier call go first; anything else there is refused, not
-    removed."""
-    shards = into / "data" / "fineweb10B"
+    links to them named fineweb_<split>_NNNNNN.bin, and the train shards' meta.json: the record's sorted glob, and
+    ours, read them epoch after epoch, in the same order each time. The links of an earlier call go first; anything
+    else there is refused, not removed."""
+    shards, train = into / "data" / "fineweb10B", sorted(train)
     shards.mkdir(parents=True, exist_ok=True)
     for old in shards.iterdir():
         if not old.is_symlink():
             raise RecordError(f"{old}: not a link to a shard: --work's {into.name}/ is the harness's own, give --work "
                               f"a folder of its own")
         old.unlink()
-    for n, shard in enumerate(sorted(train) * epochs, start=1):
+    for n, shard in enumerate(train * epochs, start=1):
         (shards / f"fineweb_train_{n:06d}.bin").symlink_to(shard.resolve())
     for shard in val:
         (shards / shard.name).symlink_to(shard.resolve())
-    meta = sorted(train)[0].parent / META  # what our side reads of the shards (tokenizer, vocab_size, ...)
+    meta = train[0].parent / META  # what our side reads of the shards (tokenizer, vocab_size, ...)
     if meta.is_file():
         (shards / META).symlink_to(meta.resolve())
     return into

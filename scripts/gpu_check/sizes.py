@@ -58,15 +58,14 @@ GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
                 "data": 15,
                 # imports and setup ~15 s; cold compile of the 12-layer flex model fwd+bwd, split at DDP's buckets,
                 # ~180 s; 5 warm-up steps + 12 s of training at ~125 ms a step; the eval shape (1 x 262,144, fwd
-                # only) compiled cold ~25 s; 3 evals of 4 such sequences ~10 s; ~20 s margin (it ran 241 s)
+                # only) compiled cold ~25 s; 3 evals of 4 such sequences ~10 s; ~20 s margin
                 "speedrun": 260,
                 # the speedrun's model and shapes: its graphs loaded from the cache, dynamo still traces (~25 s);
                 # setup ~15 s; 15 s of training; 3 evals ~10 s; ~5 s margin
                 "text": 72,
                 # flex fwd+bwd compiled cold at 2 x 4,096 tokens, head 128 (~7 s); a float64 reference; 2 x 200
-                # loader batches (~5 s); imports ~10 s (26 s in all, measured); the FP8 head's matmul at 16,384 x
-                # 768 @ 50,304, compiled fwd+bwd (~5 s, not yet measured), its float64 reference (~12 TFLOP) and 3
-                # x 20 timed calls (~1 s); ~10 s margin
+                # loader batches (~5 s); imports ~10 s; the FP8 head's matmul at 16,384 x 768 @ 50,304, compiled
+                # fwd+bwd (~5 s), its float64 reference (~12 TFLOP) and 3 x 20 timed calls (~1 s); ~10 s margin
                 "kernels": 45,
                 # cold compile of the 12-layer SDPA model fwd+bwd at 32 x 1,024 (~35 s after the speedrun's
                 # kernels are cached, ~45 s alone) and of its eval graph (~20 s); setup ~15 s; 3 warm-up steps +

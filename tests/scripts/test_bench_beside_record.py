@@ -77,7 +77,8 @@ def test_data_the_record_would_run_out_of_is_refused_and_epochs_give_it_more(ben
     assert given
     # twice the shards, both sides: the steps past one epoch are read, and the plan is said before the CPU refusal
     steps = int(given[1]) + 1
-    proc = harness([*args, "--steps", str(steps), "--eval-every", "10", "--epochs", "2", "--side", "record"], check=False)
+    proc = harness([*args, "--steps", str(steps), "--eval-every", "10", "--epochs", "2", "--side", "record"],
+                   check=False)
     assert f"the record's loader reads all {steps} steps from the shards read 2 times in a row" in proc.stdout
     assert f"--data.train={tmp / 'work' / 'epoch_links'}/data/fineweb10B/fineweb_train_*.bin" in proc.stdout
     assert proc.returncode == 1 and "the record's script needs CUDA" in proc.stderr

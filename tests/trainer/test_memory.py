@@ -172,7 +172,8 @@ def test_the_logits_backward_keeps_are_bf16_under_the_key(on, dtype):
         return t
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(idx[:, :-1], idx[:, 1:])
-    logits = {t.dtype for t in kept if t.dim() and t.size(-1) >= TINY_GPT["vocab_size"] and t.numel() == 48 * t.size(-1)}
+    logits = {t.dtype for t in kept
+              if t.dim() and t.size(-1) >= TINY_GPT["vocab_size"] and t.numel() == 48 * t.size(-1)}
     assert logits == {dtype}
 
 
