@@ -1,5 +1,6 @@
 """TokenLoader: this rank's training batches from memory-mapped shards, deterministic and exactly resumable.
-data.streams says which windows a batch holds; the caller's thread copies them into a fresh tensor.
+data.streams says which windows a batch holds (each one or more token ranges of a file); the caller's thread
+copies them into a fresh tensor.
 Construction reads only the file headers.
 """
 from __future__ import annotations
@@ -9,25 +10,29 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from util.plural import plural
-from data.regions import check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files, split_tail
+from data.regions import Spans, check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files, split_tail
 from data.streams import START, Sequential, Shuffled, Window
 
 T = TypeVar("T")
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
+DEFAULTS = {"doc_cut": 0}  # keys of the stream's definition that a state holds only when set otherwise
 
 
 class TokenLoader:
     """Infinite iterator of (inputs, targets) int64 [batch_size, seq_len] batches on `device`: views of one
     [batch_size, seq_len + 1] tensor of windows (not contiguous: use reshape, not view). `prefetch`: how many
-    batches ahead the kernel is asked for pages. `wait_s` adds up the seconds __next__ took."""
+    batches ahead the kernel is asked for pages. `doc_cut` > 0 (with bos_id, shuffle off): each row is documents
+    in order, each cut at doc_cut tokens. `wait_s` adds up the seconds __next__ took."""
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], batch_size: int, seq_len: int, *,
                  rank: int = 0, world_size: int = 1, seed: int | None = 0, bos_id: int | None = None,
                  device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, vocab_size: int | None = None,
-                 holdout_tokens: int = 0, prefetch: int = 4, shuffle: bool = True, shuffle_shards: int = 0):
+                 holdout_tokens: int = 0, prefetch: int = 4, shuffle: bool = True, shuffle_shards: int = 0,
+                 doc_cut: int = 0):
         if min(batch_size, seq_len, world_size, prefetch) < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size, seq_len, world_size, prefetch >= 1 and 0 <= rank < world_size; got "
                              f"{batch_size=}, {seq_len=}, {world_size=}, {prefetch=}, {rank=}")
@@ -35,6 +40,10 @@ class TokenLoader:
             raise ValueError(f"seed must be >= 0 or None, got {seed}")
         if shuffle_shards < 0:
             raise ValueError(f"shuffle_shards must be >= 0 (0: shuffle over all files), got {shuffle_shards}")
+        shuffle = shuffle and seed is not None
+        if doc_cut and (doc_cut < 0 or bos_id is None or shuffle):
+            raise ValueError(f"doc_cut = {doc_cut} cuts documents inside rows read in order: it needs doc_cut >= 0, "
+                             f"a bos_id and shuffle off; got {bos_id=}, {shuffle=}")
         paths = resolve_files(files)
         regions = open_regions(paths, fmt, raw_dtype)
         if holdout_tokens:
@@ -43,14 +52,13 @@ class TokenLoader:
         self.shape, self.device, self.prefetch = (batch_size, seq_len + 1), torch.device(device), prefetch
         self.tokens_per_step = world_size * batch_size * seq_len  # target tokens of a global batch
         self.wait_s = 0.0
-        shuffle = shuffle and seed is not None
         self._spec = {"files": [p.name for p in paths], "seed": seed, "seq_len": seq_len, "bos_id": bos_id,
                       "holdout_tokens": holdout_tokens, "shuffle": shuffle,
-                      "shuffle_shards": shuffle_shards if shuffle else 0}
+                      "shuffle_shards": shuffle_shards if shuffle else 0, **({"doc_cut": doc_cut} if doc_cut else {})}
         self._vocab = None if vocab_size is None or meta_vouches(paths, vocab_size) else vocab_size
         place = rank, world_size, batch_size
         self._stream = (Shuffled(regions, seq_len + 1, seed, bos_id, shuffle_shards, *place) if shuffle else
-                        Sequential(regions, seq_len + 1, seed, bos_id, *place))
+                        Sequential(regions, seq_len + 1, seed, bos_id, doc_cut, *place))
         self._state = START
         # On CUDA two pinned buffers take turns: one is filled while the device copy of the other runs.
         self._staging = [torch.empty(self.shape, dtype=torch.int64, pin_memory=True)
@@ -67,10 +75,10 @@ class TokenLoader:
         self.wait_s += time.perf_counter() - t0
         return out[:, :-1], out[:, 1:]
 
-    def next_places(self) -> list[tuple[Path, int]]:
-        """Where this rank's next batch lies, (file, its first token) per row, the stream moved on as __next__
+    def next_places(self) -> list[tuple[Path, Spans]]:
+        """Where this rank's next batch lies, (file, its token ranges) per row, the stream moved on as __next__
         moves it but no token read: for counting which tokens a stream reads (scripts/data_coverage.py)."""
-        return self._take(lambda windows: [(region.path, start) for region, start in windows])
+        return self._take(lambda windows: [(region.path, spans) for region, spans in windows])
 
     def _take(self, read: Callable[[list[Window]], T]) -> T:
         """read(this rank's windows of the next global batch), the cursor moved past it only if read returns."""
@@ -92,11 +100,12 @@ class TokenLoader:
         else:
             out = torch.empty(self.shape, dtype=torch.int64)
         rows = out.numpy()
-        for row, (region, start) in zip(rows, windows):
-            row[:] = region.array[start:start + len(row)]
+        for row, (region, spans) in zip(rows, windows):
+            np.concatenate([region.array[lo:hi] for lo, hi in spans], out=row)
         if self._vocab is not None and rows.max() >= self._vocab:
-            for row, (region, start) in zip(rows, windows):  # the first row that holds one names it
-                check_vocabulary(row, self._vocab, region.path, start)
+            for region, spans in windows:  # the first range that holds one names it
+                for lo, hi in spans:
+                    check_vocabulary(region.array[lo:hi], self._vocab, region.path, lo)
         if not self._staging:
             return out
         moved = out.to(self.device, non_blocking=True)
@@ -118,11 +127,12 @@ class TokenLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
-        for key, want in self._spec.items():
-            had = state.get(key)
+        for key in [*self._spec, *DEFAULTS.keys() - self._spec.keys()]:
+            had, want = state.get(key, DEFAULTS.get(key)), self._spec.get(key, DEFAULTS.get(key))
             if had != want:
                 shown = plural(len(want), "file") if key == "files" else repr(want)
                 raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "
-                                 f"with the same data files, seed, seq_len, bos_id, holdout and shuffle settings")
+                                 f"with the same data files, seed, seq_len, bos_id, holdout, shuffle and doc_cut "
+                                 f"settings")
         self._state = tuple(int(state[k]) for k in CURSOR)
         self._stream.seek(self._state)

@@ -15,6 +15,7 @@ from data.meta import MetaError, read_meta, vouches
 from data.shards import ShardError, open_shard
 from util.plural import plural
 
+Spans = list[tuple[int, int]]  # the [lo, hi) token ranges of one window, in order
 BOS_SCAN = 1 << 12  # tokens searched for the next BOS at a time: bounded memory, few calls per document
 READ_AHEAD = 128 << 10  # bytes per WILLNEED request: the kernel reads at most read_ahead_kb of one (Linux's default)
 
@@ -55,6 +56,23 @@ class Region:
         fits before `hi`."""
         start = pos if bos_id is None else self._next_bos(pos, bos_id, stop or self.hi)
         return start if start is not None and start + length <= self.hi else None
+
+    def cut_window(self, pos: int, length: int, bos_id: int, cut: int) -> tuple[Spans, int] | None:
+        """The next window of `length` tokens at or after `pos` made of whole documents in order, each starting at
+        a bos_id and cut at `cut` tokens (the rest skipped), the last where the window is full: its spans, and where
+        the next window is searched from (past the last document's start). None if none fits before `hi`."""
+        spans, taken = [], 0
+        start = self._next_bos(pos, bos_id, self.hi)
+        while start is not None:
+            end = min(self.hi, start + min(cut, length - taken))
+            after = self._next_bos(start + 1, bos_id, end)  # the next document, if it starts before the cut
+            end = end if after is None else after
+            spans.append((start, end))
+            taken += end - start
+            if taken == length:
+                return spans, start + 1
+            start = self._next_bos(end, bos_id, self.hi) if after is None else after
+        return None
 
     def _next_bos(self, pos: int, bos_id: int, stop: int) -> int | None:
         for at in range(pos, stop, BOS_SCAN):

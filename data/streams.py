@@ -3,7 +3,9 @@ A global batch is the next world_size * batch_size windows, rank r's the r-th ba
 after it is the same on every rank, so a run may resume with another world size or batch size.
 
 Sequential: each epoch walks the files (data.order.file_order) front to back; a window starts where the last
-ended or, with bos_id, at the next bos_id from there. Cursor: (epoch, file index, position).
+ended or, with bos_id, at the next bos_id from there. With a cut as well, a window is documents in order, each cut
+at `cut` tokens, the next window starting at the document after its last (Region.cut_window: record 46's rows).
+Cursor: (epoch, file index, position).
 
 Shuffled: slot k of a file is tokens [kL, (k+1)L). An epoch's files are taken shuffle_shards at a time (0: all)
 and a block's slots visited in data.order's keyed order. With bos_id a slot's window starts at its first
@@ -21,11 +23,11 @@ from typing import Iterator
 import numpy as np
 
 from data.order import Block, file_order
-from data.regions import Region, no_window, read_ahead
+from data.regions import Region, Spans, no_window, read_ahead
 
 ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: few enough that a first batch is quick
 
-Window = tuple[Region, int]  # a region and the token its window starts at
+Window = tuple[Region, Spans]  # a region and the token ranges its window reads
 Cursor = tuple[int, int, int]
 START: Cursor = (0, 0, 0)  # where a stream starts: its files' windows start at token 0 (a holdout cuts an end)
 Slot = tuple[int, int, int, int, int]  # epoch, block, position in the block's order, file, its first token
@@ -59,6 +61,18 @@ class Stream:
 class Sequential(Stream):
     """The sequential stream (see the module doc). No hints: the kernel's own read-ahead serves it."""
 
+    def __init__(self, regions: list[Region], length: int, seed: int | None, bos_id: int | None, cut: int,
+                 rank: int, world_size: int, batch_size: int):
+        self.cut = cut
+        super().__init__(regions, length, seed, bos_id, rank, world_size, batch_size)
+
+    def window(self, region: Region, pos: int) -> tuple[Spans, int] | None:
+        """The next window of `region` at or after `pos`, and where the one after it is searched from."""
+        if self.cut:
+            return region.cut_window(pos, self.length, self.bos_id, self.cut)
+        start = region.window_start(pos, self.length, self.bos_id)
+        return None if start is None else ([(start, start + self.length)], start + self.length)
+
     def windows(self, epoch: int, index: int, pos: int | None) -> Iterator[tuple[Cursor, Window]]:
         windowless = set()  # files found to hold no window at all (e.g. no BOS token)
         while True:
@@ -66,9 +80,9 @@ class Sequential(Stream):
             for index in range(index, len(order)):
                 region = self.regions[order[index]]
                 pos = region.lo if pos is None else pos
-                while (start := region.window_start(pos, self.length, self.bos_id)) is not None:
-                    pos = start + self.length
-                    yield (epoch, index, pos), (region, start)
+                while (found := self.window(region, pos)) is not None:
+                    spans, pos = found
+                    yield (epoch, index, pos), (region, spans)
                 if pos == region.lo:  # not a window in this file, now or in any later epoch
                     windowless.add(int(order[index]))
                     if len(windowless) == len(self.regions):
@@ -124,7 +138,7 @@ class Shuffled(Stream):
             start = self.regions[f].window_start(start, self.length, self.bos_id, start + self.length)
             if start is not None:
                 dry = 0
-                yield (epoch, index, pos + 1), (self.regions[f], start)
+                yield (epoch, index, pos + 1), (self.regions[f], [(start, start + self.length)])
                 continue
             dry += 1
             if dry > total:  # a whole epoch's slots without a window

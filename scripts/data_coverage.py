@@ -4,9 +4,10 @@
     python -m scripts.data_coverage --fineweb-like 20000000 --seq-len 16384   # no shards needed
 
 The streams are TokenLoader's own, BOS-aligned (the bos id is meta.json's eot_token unless --bos-id says):
-shuffled (data.shuffle, the default), sequential (data.shuffle = false) and sorted (with data.sorted_shards, the
-record's order). Each is run for one epoch, one row a batch, through TokenLoader.next_places, which moves the
-stream as training does without reading tokens; a row reads its seq_len + 1 tokens. Beside them, record 46's
+shuffled (data.shuffle, the default), sequential (data.shuffle = false), sorted (with data.sorted_shards, the
+record's order) and cut (sorted, each document cut at --record-cut: data.doc_cut, the record's rows). Each is run
+for one epoch, one row a batch, through TokenLoader.next_places, which moves the stream as training does without
+reading tokens; a row reads its seq_len + 1 tokens. Beside them, record 46's
 loader (scripts/beside/record_data.py's restatement) at its micro-batches of 1, 2 and 3 times --record-row tokens
 (16,384: its rows on a GPU in its three batch stages), each document cut at --record-cut: each reads its n + 1
 tokens once, from the shards in sorted order.
@@ -28,8 +29,10 @@ from data.regions import resolve_files
 from data.shards import open_shard, write_shard
 from scripts.beside.record_data import record_coverage
 
-# name -> (uses data.seed, data.shuffle): TokenLoader reads the files in sorted order when its seed is None
-STREAMS = {"shuffled": (True, True), "sequential": (True, False), "sorted": (False, False)}
+# name -> (uses data.seed, data.shuffle, cuts documents at --record-cut): TokenLoader reads the files in sorted
+# order when its seed is None
+STREAMS = {"shuffled": (True, True, False), "sequential": (True, False, False), "sorted": (False, False, False),
+           "cut": (False, False, True)}
 RECORD_STAGES = (1, 2, 3)  # record 46's micro-batch on a GPU in its three batch stages, in rows of --record-row
 # FineWeb's document lengths in GPT-2 tokens, as a log-normal: median 550, 4.9% over 2,048 (sigma 0.795)
 FINEWEB_LIKE = {"median": 550, "sigma": 0.795}
@@ -46,20 +49,20 @@ class Coverage:
 
 
 def coverage(files: list[Path], seq_len: int, bos_id: int | None, *, seed: int | None = 0,
-             shuffle: bool = True) -> Coverage:
-    """Run TokenLoader (seed, shuffle as it takes them) over one epoch and count each token's reads."""
-    length = seq_len + 1
-    # +1 at a row's first token, -1 past its last: a running sum is then each token's count of reads
+             shuffle: bool = True, doc_cut: int = 0) -> Coverage:
+    """Run TokenLoader (seed, shuffle, doc_cut as it takes them) over one epoch and count each token's reads."""
+    # +1 at a range's first token, -1 past its last: a running sum is then each token's count of reads
     marks = {path: np.zeros(len(open_shard(path)) + 1, dtype=np.int32)
              for path in files}
     rows = 0
-    loader = TokenLoader(files, 1, seq_len, seed=seed, bos_id=bos_id, shuffle=shuffle)
+    loader = TokenLoader(files, 1, seq_len, seed=seed, bos_id=bos_id, shuffle=shuffle, doc_cut=doc_cut)
     while True:
-        [(path, start)] = loader.next_places()
+        [(path, spans)] = loader.next_places()
         if loader.state_dict()["epoch"] > 0:  # the first row of the next epoch
             break
-        marks[path][start] += 1
-        marks[path][start + length] -= 1
+        for lo, hi in spans:
+            marks[path][lo] += 1
+            marks[path][hi] -= 1
         rows += 1
     reads = np.concatenate([np.cumsum(m[:-1]) for m in marks.values()])
     total = len(reads)
@@ -88,8 +91,9 @@ def report(files: list[Path], bos_id: int, args: argparse.Namespace) -> None:
     tokens = sum(len(open_shard(f)) for f in files)
     print(f"{len(files)} files, {tokens:,} tokens, rows of {args.seq_len + 1:,} tokens from bos_id {bos_id}")
     print(f"{'stream':<14} {'rows':>9} {'read 0x':>8} {'1x':>8} {'2x+':>8}")
-    for name, (seeded, shuffle) in STREAMS.items():
-        c = coverage(files, args.seq_len, bos_id, seed=args.seed if seeded else None, shuffle=shuffle)
+    for name, (seeded, shuffle, cut) in STREAMS.items():
+        c = coverage(files, args.seq_len, bos_id, seed=args.seed if seeded else None, shuffle=shuffle,
+                     doc_cut=args.record_cut if cut else 0)
         print(f"{name:<14} {c.rows:>9,} {c.never:>8.2%} {c.once:>8.2%} {c.again:>8.2%}")
     for stage in RECORD_STAGES:
         n = stage * args.record_row

@@ -52,6 +52,8 @@ CONFIGS = {
     "shuf_u32": ("u32", 4, 63, 1, {}, 0),
     "shuf_bos_u32": ("u32", 4, 63, 1, {"bos_id": BOS}, 0),
     "shuf_mixed": ("mixed", 4, 63, 1, {}, 0),
+    "seq_bos_cut": ("u16", 4, 63, 1, {"shuffle": False, "bos_id": BOS, "doc_cut": 40}, 0),
+    "seq_bos_cut_resume_w2": ("u16", 2, 63, 2, {"seed": None, "bos_id": BOS, "doc_cut": 40}, 777),
     "shuf_bos_mixed_w2": ("mixed", 2, 63, 2, {"bos_id": BOS}, 0),
     "seq_holdout": ("u16", 4, 63, 1, {"shuffle": False, "holdout_tokens": 500}, 0),
     "shuf_holdout": ("u16", 4, 63, 1, {"holdout_tokens": 500}, 0),

@@ -58,6 +58,9 @@ class DataConfig:
     # with shuffle = false: every epoch reads the shards in their sorted order, as modded-nanogpt does; false: in
     # an order seeded by data.seed and the epoch
     sorted_shards: bool = False
+    # with bos_aligned and shuffle = false: each row is documents in order, each cut at this many tokens (the rest
+    # skipped), the last where the row is full, as record 46's rows are; 0 = rows of consecutive tokens
+    doc_cut: int = 0
     seed: int = 0                # seeds the order of the shards and of the windows, per epoch
     vocab_check: bool = grouped(True, "neutral")  # refuse token ids >= model.vocab_size
 
@@ -452,6 +455,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.sorted_shards reads each shard front to back in sorted order, but data.shuffle = "
                           "true shuffles the windows over all shards; set data.shuffle = false or data.sorted_shards "
                           "= false")
+    if cfg.data.doc_cut > 0 and (cfg.data.shuffle or not cfg.data.bos_aligned):
+        raise ConfigError(f"data.doc_cut = {cfg.data.doc_cut} cuts documents inside rows read in order from a BOS: "
+                          f"set data.bos_aligned = true and data.shuffle = false, or data.doc_cut = 0")
     if train.budget_s < 0:
         raise ConfigError(f"train.budget_s = {train.budget_s} is negative; give seconds > 0 (or 0 for no budget "
                           f"with train.schedule = 'step')")
@@ -472,7 +478,7 @@ def validate(cfg: Config) -> None:
                 "train.warmup_timeout_s", "eval.tokens"]
     not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
                     "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
-                    "data.shuffle_shards"]
+                    "data.shuffle_shards", "data.doc_cut"]
     for dotted in positive + not_negative:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1

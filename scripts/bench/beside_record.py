@@ -49,7 +49,6 @@ from util.process import run_group
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "scripts" / "beside" / "standin"
 RECORD_GRAD_ACCUM = 8   # the record's grad_accum_steps = 8 // world_size, at world size 1
-RECORD_MAX_SEQ_LEN = 2048
 BOS = 50256             # GPT-2's <|endoftext|>, which opens every document of the shards
 PROFILE_SKIP = 2        # timed steps before the profiled ones: the first step of a loop warms its caches
 TERM_GRACE_S = 15.0     # a side told to stop at its timeout has this long to write what it measured
@@ -156,7 +155,12 @@ def plan(args: argparse.Namespace) -> Plan:
 
 def check_alike(hp: dict, cfg: Config, record: Path) -> None:
     """Refuse sides whose steps hold different tokens or whose evals score different cuts of the val set."""
-    train = cfg.train
+    train, data, cut = cfg.train, cfg.data, hp["train_max_seq_len"]
+    if not (data.sorted_shards and data.bos_aligned and data.doc_cut == cut):
+        raise RecordError(f"{record}: the record's rows are documents from its shards in sorted order, each cut at "
+                          f"{cut} tokens; ours has data.sorted_shards = {data.sorted_shards}, bos_aligned = "
+                          f"{data.bos_aligned}, doc_cut = {data.doc_cut}: give our side data.shuffle=false, "
+                          f"data.sorted_shards=true, data.bos_aligned=true and data.doc_cut={cut} with --ours-set")
     ours = [train.batch_size * train.seq_len * train.grad_accum * k for k in train.batch_stages or [1]]
     if list(hp["train_bs_schedule"]) != ours:
         raise RecordError(f"{record}: the record's steps hold {list(hp['train_bs_schedule'])} tokens by stage, ours "
@@ -188,7 +192,7 @@ def say_plan(args: argparse.Namespace, p: Plan) -> list[str]:
 def coverage_line(args: argparse.Namespace, p: Plan) -> str:
     """How many of the steps the shards give the record's loader; RecordError if fewer than asked."""
     cover = record_coverage(shard_files(args.data, "train"), lambda s: step_tokens(p.hp, s), args.steps,
-                            RECORD_GRAD_ACCUM, RECORD_MAX_SEQ_LEN, BOS)
+                            RECORD_GRAD_ACCUM, p.hp["train_max_seq_len"], BOS)
     if cover.short_at is not None:
         raise RecordError(f"{args.data}: the record's loader gets {cover.steps} of the {args.steps} steps from these "
                           f"shards ({args.epochs} epoch(s)) and would then wait for ever: lower --steps, raise "

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from data.meta import META
+from data.regions import Spans
 from data.shards import open_shard
 from scripts.beside.record_script import RecordError
 
@@ -40,31 +41,40 @@ def docs_limit(tokens: int) -> int:
     return -(-(tokens // 300) // 128) * 128 - 1
 
 
+def record_rows(files: list[Path], lengths: Iterable[int], max_seq_len: int, bos: int) -> Iterator[tuple[Path, Spans]]:
+    """The record's micro-batches by the rule above, one for each n of `lengths`: (its shard, the token ranges of
+    its n + 1 tokens). Ends where the shards can give no more."""
+    shards = iter(sorted(files))
+    starts, size, i, path = np.empty(0, dtype=np.int64), 0, 0, None
+    for n in lengths:
+        while True:
+            spans, taken, j = [], 0, i
+            while taken < n + 1 and j < len(starts):
+                end = starts[j + 1] if j + 1 < len(starts) else size
+                spans.append((int(starts[j]), int(starts[j] + min(end - starts[j], max_seq_len, n + 1 - taken))))
+                taken, j = taken + spans[-1][1] - spans[-1][0], j + 1
+            if taken == n + 1:
+                break
+            path = next(shards, None)
+            if path is None:
+                return
+            tokens = open_shard(path, fmt="header")
+            starts, size, i = np.flatnonzero(tokens == bos), len(tokens), 0
+        i = j
+        yield path, spans
+
+
 def record_coverage(files: list[Path], step_tokens: Callable[[int], int], steps: int, grad_accum: int,
                     max_seq_len: int, bos: int) -> Coverage:
     """How many of `steps` steps (each of step_tokens(step) tokens in grad_accum micro-batches) the record's loader
     can read from `files` by the rule above."""
-    shards = iter(sorted(files))
-    starts, size, i = np.empty(0, dtype=np.int64), 0, 0
-    most, over = 0, 0
-    for step in range(steps):
-        n = step_tokens(step) // grad_accum
-        for _ in range(grad_accum):
-            while True:
-                taken, docs, j = 0, 0, i
-                while taken < n + 1 and j < len(starts):
-                    end = starts[j + 1] if j + 1 < len(starts) else size
-                    taken += min(end - starts[j], max_seq_len, n + 1 - taken)
-                    docs, j = docs + 1, j + 1
-                if taken == n + 1:
-                    break
-                path = next(shards, None)
-                if path is None:
-                    return Coverage(step, step, most, over)
-                tokens = open_shard(path, fmt="header")
-                starts, size, i = np.flatnonzero(tokens == bos), len(tokens), 0
-            i, most, over = j, max(most, docs), over + (docs > docs_limit(n))
-    return Coverage(steps, None, most, over)
+    lengths = (step_tokens(step) // grad_accum for step in range(steps) for _ in range(grad_accum))
+    micro, most, over = 0, 0, 0
+    for micro, (_, spans) in enumerate(record_rows(files, lengths, max_seq_len, bos), start=1):
+        n = sum(hi - lo for lo, hi in spans) - 1
+        most, over = max(most, len(spans)), over + (len(spans) > docs_limit(n))
+    done = micro // grad_accum
+    return Coverage(done, None if done == steps else done, most, over)
 
 
 def most_val_documents(val_file: Path, rows: int, batches: int, bos: int) -> int:

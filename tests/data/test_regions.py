@@ -63,7 +63,7 @@ def test_the_windows_of_the_next_batches_are_hinted_ahead(tmp_path):
             f.truncate(64 << 20)
     kw = {"fmt": "raw", "raw_dtype": "uint32", "rank": 1, "world_size": 2, "prefetch": prefetch}
     twin = Shuffled(open_regions(paths, "raw", "uint32"), seq_len + 1, 0, None, 0, 1, 2, B)  # reads no token
-    coming = [w for _ in range(prefetch + 1) for w in twin.next_batch(0)[0]][B:]
+    coming = [(r, lo) for _ in range(prefetch + 1) for r, [(lo, _)] in twin.next_batch(0)[0]][B:]
     with TokenLoader(paths, B, seq_len, **kw) as loader:
         next(loader)
         deadline = time.time() + 20

@@ -156,3 +156,65 @@ def test_the_stream_is_the_recorded_one(digest_data, name):
     """For a fixed seed the batches and states are bit for bit those recorded (tests/stream_digests.py)."""
     assert RECORDED["batches"] == stream_digests.BATCHES
     assert stream_digests.stream_digest(digest_data, name) == RECORDED["stream"][name]
+
+
+@pytest.mark.parametrize("world", [1, 3])
+
+
+def test_cut_rows_are_documents_in_order_each_cut_and_the_ranks_split_them(tmp_path, world):
+    """doc_cut (record 46's rows): a row is documents in order, each from its BOS to the next, cut at doc_cut
+    tokens or where the row is full, the rest skipped; the next row starts at the document after the last; the
+    ranks take consecutive rows, and a resume goes on exactly."""
+    tokens = coded_shards(tmp_path, [120 * L, 7 * L + 3, 80 * L], bos_seed=0)  # documents of 3 to 3L tokens
+    cut, steps, files = L // 2, 40, sorted(tmp_path.glob("*.bin"))
+    kw = {"seed": None, "bos_id": BOS, "doc_cut": cut}
+
+    def rows(world: int, batch: int, rank: int = 0) -> list:
+        with TokenLoader(files, batch, T, rank=rank, world_size=world, **kw) as loader:
+            return [row for _ in range(steps) for row in loader.next_places()]
+    single = rows(1, B * world)
+    assert interleave([[rows(world, B, r)[s * B:(s + 1) * B] for s in range(steps)] for r in range(world)]) == single
+    bos = {f: np.flatnonzero(t == BOS) for f, t in zip(files, tokens)}
+    cuts = 0
+    for row, after in zip(single, single[1:] + [None]):
+        path, spans = row
+        starts = bos[path]
+        assert sum(hi - lo for lo, hi in spans) == L
+        for k, (lo, hi) in enumerate(spans):
+            nxt = starts[starts > lo]
+            doc_end = int(nxt[0]) if len(nxt) else len(tokens[files.index(path)])
+            last = k == len(spans) - 1
+            assert lo in starts and (hi == min(doc_end, lo + cut) or last and hi < min(doc_end, lo + cut))
+            if not last:  # the next range is the next document: only a cut document's rest skipped
+                assert spans[k + 1][0] == doc_end
+            cuts += hi < doc_end
+        if after is not None and after[0] == path:  # the next row: at the first document past this one's last
+            assert after[1][0][0] == starts[starts > spans[-1][0]][0]
+    assert cuts > len(single)  # documents were cut inside rows, not only at their ends
+    with TokenLoader(files, B, T, **kw) as loader:
+        for _ in range(3):
+            next(loader)
+        state = loader.state_dict()
+        coming = [torch.cat(next(loader), dim=1) for _ in range(20)]
+    with TokenLoader(files, B, T, **kw) as resumed, TokenLoader(files, B, T, **kw) as placed:
+        resumed.load_state_dict(state)
+        placed.load_state_dict(state)
+        for want in coming:
+            got, where = torch.cat(next(resumed), dim=1), placed.next_places()
+            assert torch.equal(got, want)
+            for (path, spans), row in zip(where, torch.cat([got[:, :T], got[:, -1:]], dim=1)):
+                read = np.concatenate([tokens[files.index(path)][lo:hi] for lo, hi in spans])
+                assert np.array_equal(row.numpy(), read)  # the tokens are those of the ranges
+
+
+def test_cut_rows_need_a_bos_id_and_the_order_of_the_files(tmp_path):
+    coded_shards(tmp_path, [20 * L], bos_seed=0)
+    for kw in [{"shuffle": False}, {"bos_id": BOS}, {"bos_id": BOS, "shuffle": False, "doc_cut": -1}]:
+        with pytest.raises(ValueError, match="cuts documents inside rows read in order"):
+            TokenLoader(str(tmp_path / "*.bin"), B, T, **{"doc_cut": 8, **kw})
+    with TokenLoader(str(tmp_path / "*.bin"), B, T, bos_id=BOS, shuffle=False, doc_cut=8) as loader:
+        state = loader.state_dict()
+    with TokenLoader(str(tmp_path / "*.bin"), B, T, bos_id=BOS, shuffle=False) as whole:
+        with pytest.raises(ValueError, match="doc_cut was 8 but this loader has 0"):
+            whole.load_state_dict(state)
+        whole.load_state_dict({k: v for k, v in state.items() if k != "doc_cut"})  # a state of rows uncut

@@ -147,11 +147,12 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tm
 
 
 def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batch_stages(tmp_path):
-    """data.sorted_shards (record 46's order) on 2 ranks, tiny.toml's 2 micro-steps in stages [1, 2, 3]: every rank
-    SIGKILLed right after the resume state of step 15 (mid second stage) is saved, then relaunched, trains the rows
-    the uninterrupted run trains: the same losses, step by step, and the same loader state at the end."""
+    """data.sorted_shards and data.doc_cut (record 46's rows: documents in order, each cut at 32 tokens here) on 2
+    ranks, tiny.toml's 2 micro-steps in stages [1, 2, 3]: every rank SIGKILLed right after the resume state of step
+    15 (mid second stage) is saved, then relaunched, trains the rows the uninterrupted run trains: the same losses,
+    step by step, and the same loader state at the end."""
     data = short_docs_data(tmp_path / "docs", tokens=200_000, val_tokens=20_000, shard_tokens=70_000)
-    order = ["--data.bos_aligned=true", "--data.shuffle=false", "--data.sorted_shards=true",
+    order = ["--data.bos_aligned=true", "--data.shuffle=false", "--data.sorted_shards=true", "--data.doc_cut=32",
              "--train.batch_stages=[1, 2, 3]"]
     torchrun(train_args(data, tmp_path, "straight", *order))
     die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=15"]
@@ -166,6 +167,7 @@ def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batc
     assert [r["loss"] for r in crash] == [r["loss"] for r in straight]
     loaders = [[state["loader"] for state in rank_states(tmp_path / run)] for run in ("straight", "crash")]
     assert loaders[0] == loaders[1] and loaders[0][0]["seed"] is None and loaders[0][0]["epoch"] == 0
+    assert loaders[0][0]["doc_cut"] == 32
 
 
 def test_starter_flags_run_end_to_end_on_raw_chunks(tmp_path):

@@ -12,10 +12,16 @@ from scripts.bench import beside_record
 from tests.helpers import ROOT, run
 from tests.scripts.beside_fixtures import record_log, record_script, record_shards
 
-# A tiny shape of ours that matches the fixture's record: 2 x 160 tokens a micro-step, 8 micro-steps, stages
-# x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon, so that its steps are counted; extension steps, as
-# the speedrun config has, which the harness cuts as it cuts the record's
+# A tiny shape of ours that matches the fixture's record: its rows (documents in sorted order, cut at 160 tokens),
+# 2 x 160 tokens a micro-step, 8 micro-steps, stages x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon,
+# so that its steps are counted; extension steps, as the speedrun config has, which the harness cuts as it cuts the
+# record's
 TINY = '''base = "{root}/configs/tiny.toml"
+[data]
+bos_aligned = true
+shuffle = false
+sorted_shards = true
+doc_cut = 160
 [model]
 vocab_size = 50257
 block_size = 160
@@ -66,6 +72,9 @@ def test_the_plan_says_each_change_and_refuses_what_would_not_train_alike(bench,
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "train.batch_stages=[]"]))
     with pytest.raises(beside_record.RecordError, match="forwards of 320 tokens"):
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "eval.batch_size=1"]))
+    with pytest.raises(beside_record.RecordError, match="each cut at 160 tokens; ours has data.sorted_shards = True, "
+                                                        "bos_aligned = True, doc_cut = 0"):
+        beside_record.plan(beside_record.parse_args([*args, "--ours-set", "data.doc_cut=0"]))
 
 
 def test_data_the_record_would_run_out_of_is_refused_and_epochs_give_it_more(bench):

@@ -1,8 +1,13 @@
-"""The record's loader, restated: what shards give its steps, where they run out, documents over its table."""
+"""The record's loader, restated: what shards give its steps, where they run out, documents over its table; our
+loader's rows with data.doc_cut are its rows."""
+import itertools
+
 import pytest
 
+from data.loader import TokenLoader
 from data.shards import open_shard
-from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, repeated
+from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, record_rows, repeated
+from scripts.data_coverage import fineweb_like
 from scripts.beside.record_script import RecordError
 from tests.scripts.beside_fixtures import record_shards
 
@@ -64,3 +69,14 @@ def test_repeated_shards_give_the_loader_each_epoch_in_the_same_order(tmp_path):
     with pytest.raises(RecordError, match="notes.txt: not a link to a shard"):
         repeated(files(data), [], into, 2)
     assert (into / "data" / "fineweb10B" / "notes.txt").read_text() == "mine"
+
+
+def test_our_loader_with_doc_cut_reads_the_records_rows(tmp_path):
+    """data.doc_cut's rows are those of the record's loader, range for range, FineWeb-like documents cut too."""
+    shards = fineweb_like(tmp_path, 400_000, 50256, seed=2)  # ~700 documents, near half over the cut below
+    n, cut = 1000, 600
+    record = list(record_rows(shards, itertools.repeat(n), cut, 50256))
+    with TokenLoader(shards, 1, n, seed=None, bos_id=50256, shuffle=False, doc_cut=cut) as loader:
+        ours = [row for _ in record for row in loader.next_places()]
+    assert ours == record and len(record) > 150
+    assert sum(hi - lo == cut for _, spans in record for lo, hi in spans) > 100  # documents were cut

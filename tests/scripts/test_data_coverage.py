@@ -36,8 +36,8 @@ def test_the_command_prints_each_stream_with_the_bos_id_of_meta_json(tmp_path, c
     out = capsys.readouterr().out
     assert "2 files, 27,000 tokens, rows of 65 tokens from bos_id 256" in out
     lines = [line.split() for line in out.splitlines()[2:]]
-    assert [line[0] for line in lines] == ["shuffled", "sequential", "sorted", "record", "record", "record"]
-    assert [line[1] for line in lines[3:]] == ["512", "1,024", "1,536"]  # the record's micro-batches, in tokens
+    assert [line[0] for line in lines] == ["shuffled", "sequential", "sorted", "cut", "record", "record", "record"]
+    assert [line[1] for line in lines[4:]] == ["512", "1,024", "1,536"]  # the record's micro-batches, in tokens
     assert all(line[-1] == "0.00%" for line in lines[1:])  # none of them reads a token twice
 
 

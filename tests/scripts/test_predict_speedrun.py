@@ -61,8 +61,8 @@ def test_the_ratio_beside_the_record_predicts_the_time_from_the_records(tmp_path
 def test_run_sh_fetches_the_shards_the_budget_trains_on_with_a_margin(monkeypatch):
     cfg = parse_args(["--config", predict_speedrun.CONFIG])
     tok_s = predict_speedrun.tokens_per_s(predict_speedrun.flops_per_token(cfg)[0], predict_speedrun.ASSUMED_MFU)
-    # 25% more than the budget trains on at the predicted speed, in the rows that read 95% of a shard
-    need = cfg.train.budget_s * tok_s * 1.25 / 0.95
+    # 25% more than the budget trains on at the predicted speed, in the rows that read 91% of a shard
+    need = cfg.train.budget_s * tok_s * 1.25 / 0.91
     # gpu_track's own line, run as run.sh runs it
     line = next(line.strip() for line in (ROOT / "run.sh").read_text().splitlines()
                 if line.strip().startswith("shards="))

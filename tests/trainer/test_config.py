@@ -19,7 +19,7 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 SPEEDRUN_1GPU = {
     "data": {"train": "shards/fineweb10B/fineweb_train_*.bin", "val": "shards/fineweb10B/fineweb_val_*.bin",
              "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": False, "shuffle_shards": 0,
-             "sorted_shards": True, "seed": 0, "vocab_check": True},
+             "sorted_shards": True, "doc_cut": 2048, "seed": 0, "vocab_check": True},
     "model": {"vocab_size": 50257, "block_size": 16384, "n_layer": 11, "n_head": 6, "n_embd": 768, "mlp_ratio": 4,
               "bias": False, "norm": "rmsnorm", "activation": "relu2", "rotary": True, "rope_base": 1024.0,
               "rope_truncate": True, "qk_norm": True, "attn_scale": 0.1, "attn_gate": True, "norm_gain": False,
@@ -90,6 +90,10 @@ def test_file_and_overrides_in_both_spellings():
     (["--eval.final_window=64", "--model.window=0"], [("eval.final_window = 64 widens the final eval's windowed "
                                                        "layers, and model.window = 0 attends everywhere")]),
     (["--eval.final_window=-1"], ["eval.final_window must be >= 0 (0 = off), got -1"]),
+    (["--data.doc_cut=-1", "--data.shuffle=false"], ["data.doc_cut must be >= 0 (0 = off), got -1"]),
+    (["--data.doc_cut=32"], ["data.doc_cut = 32 cuts documents inside rows read in order from a BOS",
+                             "data.bos_aligned = true and data.shuffle = false"]),
+    (["--data.doc_cut=32", "--data.shuffle=false", "--data.bos_aligned=false"], ["data.doc_cut = 32 cuts"]),
     (["--train.reduce_dtype=float16"], ["train.reduce_dtype = 'float16' is not one of float32, bfloat16"]),
     (["--train.reduce_dtype=bfloat16", "--train.parallel=fsdp"],  # tiny.toml's grad_accum = 2
      [("train.reduce_dtype = 'bfloat16' under train.parallel = 'fsdp' would add up the 2 micro-steps of a step in "

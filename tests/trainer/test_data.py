@@ -104,6 +104,8 @@ def test_sorted_shards_read_in_order_each_token_once_in_rows_from_bos_the_ranks_
     glued = [row for s in range(steps) for mine in per_rank for row in mine[s * batch:(s + 1) * batch]]
     cfg.train.batch_size = world * batch
     assert rows(1, steps) == [glued]  # rank r takes rows [r * B, (r + 1) * B) of each global batch
+    assert all(hi == lo + length for _, [(lo, hi)] in glued)  # one range a row: no document cut
+    glued = [(f, lo) for f, [(lo, _)] in glued]
     places = [(files.index(f), start) for f, start in glued]
     ends = [i + 1 for i, (a, b) in enumerate(zip(places, places[1:])) if b < a]  # where the files start again
     assert len(ends) == 2
