@@ -182,10 +182,11 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
                 *common, *sizes.recipe_overrides.get("speedrun", [])]
     if name == "text":
         # The speedrun's run in all that reaches its graphs (vocabulary, shapes, DDP), on at_gpt2_ids' shards.
-        # Not BOS-aligned: stdlib files average ~17,600 bytes, so aligned windows would skip ~90% of the text and
-        # repeat the rest until the model memorised it. The document mask still applies where files meet.
+        # Not BOS-aligned (so no document cut): stdlib files average ~17,600 bytes, so aligned windows would skip
+        # ~90% of the text and repeat the rest until the model memorised it. The document mask still applies where
+        # files meet.
         return ([*speedrun, f"--data.train={data}/demo/demo_train_*.bin", f"--data.val={data}/demo/demo_val_*.bin",
-                 "--data.bos_aligned=false"], math.log(GPT2_VOCAB))
+                 "--data.bos_aligned=false", "--data.doc_cut=0"], math.log(GPT2_VOCAB))
     return ([*speedrun, f"--data.train={data}/random/random_train_*.bin",
              f"--data.val={data}/random/random_val_*.bin"], math.log(GPT2_VOCAB))
 
