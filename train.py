@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
-from optim.groups import build_optimizers, set_lr, step_optimizers, untie_when_due  # noqa: E402
+from optim.groups import adamw_params, build_optimizers, set_lr, step_optimizers, untie_when_due  # noqa: E402
 from trainer import distributed  # noqa: E402
 from trainer.checkpoint import (load_resume, restore, save_checkpoint, save_resume, training_state,  # noqa: E402
                                 warn_if_the_saves_do_not_fit)
@@ -108,7 +108,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     gpt = GPT(cfg.model)
     if prefixes:
         gpt.set_prefix_targets(prefixes)
-    model = parallelize(gpt, cfg.train, dist)
+    model = parallelize(gpt, cfg.train, dist, apart=adamw_params(gpt, cfg.optim))
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
     if resumed:
@@ -129,7 +129,8 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     tensors stay on the device: nothing in a step waits for the GPU.
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
-    the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every).
+    the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every),
+    AdamW's last: under train.adam_sync = "adam_steps" its gradients cross the ranks while Muon steps.
     Under model.untie_at the head follows the embedding until the untie: its gradient joins the embedding's before
     the norm, and it takes the embedding's weights after the optimizers. The flag exchange follows in train()."""
     step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
@@ -150,7 +151,8 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's
     norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
-    step_optimizers(run.optimizers, step, adam_every)
+    adam_due = (step + 1) % adam_every == 0
+    step_optimizers(run.optimizers, step, adam_every, before_adam=run.model.sync_apart() if adam_due else None)
     gpt.tie_weights()
     return total / accum, norm, run.loader.wait_s - waited
 
@@ -160,7 +162,8 @@ def warm_up(run: Run) -> None:
     train_cfg = run.cfg.train
     if train_cfg.timing != "exclude_warmup" or train_cfg.warmup_steps <= 0:
         return
-    t0, initial = time.perf_counter(), copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader))
+    t0 = time.perf_counter()
+    initial = copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader, run.model.apart))
     batches = iter(run.loader)
     with distributed.timeout(train_cfg.warmup_timeout_s, after=train_cfg.dist_timeout_s):  # they compile
         for _ in range(train_cfg.warmup_steps):
@@ -181,8 +184,9 @@ def save(run: Run) -> None:
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if dist.master:
         save_checkpoint(run.checkpoint_path, cfg.to_dict(), model_state, run.progress.step)
-    state = {**training_state(run.model.module, run.optimizers, run.loader), "clock": run.clock.state_dict(),
-             "progress": asdict(run.progress), "metrics_bytes": run.log.metrics_bytes()}
+    state = {**training_state(run.model.module, run.optimizers, run.loader, run.model.apart),
+             "clock": run.clock.state_dict(), "progress": asdict(run.progress),
+             "metrics_bytes": run.log.metrics_bytes()}
     save_resume(run.run_dir, dist, run.progress.step, state, cfg.to_dict(), replicated=not run.model.sharded)
     run.saved_step = run.progress.step
     run.progress.wall["checkpoint_s"] += time.perf_counter() - t0

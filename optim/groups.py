@@ -12,6 +12,8 @@ All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 
@@ -58,6 +60,12 @@ def param_roles(model: nn.Module, muon_gates: bool = False) -> dict[str, list[nn
         else:
             roles["matrix" if id(p) in hidden else "scalar"].append(p)
     return roles
+
+
+def adamw_params(model: nn.Module, cfg: OptimConfig) -> list[nn.Parameter]:
+    """The parameters build_optimizers gives AdamW: every one under optim.name = "adamw", else all but Muon's."""
+    roles = param_roles(model, cfg.name == "muon" and cfg.muon_gates)
+    return [p for role, params in roles.items() if cfg.name == "adamw" or role != "matrix" for p in params]
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
@@ -120,17 +128,24 @@ def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
     return (2 * model_cfg.head_dim,) * model_cfg.n_head + (model_cfg.n_embd,)
 
 
-def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1) -> None:
+def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1,
+                    before_adam: Callable[[], None] | None = None) -> None:
     """Step the optimizers due at `step` (0-based) and drop the gradients they applied. Muon steps every step;
     AdamW only at steps adam_every - 1, 2 * adam_every - 1, ... (with 2, the odd ones, as the records), and keeps
-    its gradients in between, which the next backwards add to: its step applies their sum."""
+    its gradients in between, which the next backwards add to: its step applies their sum. AdamW steps last,
+    after `before_adam` (train.adam_sync: its gradients may still be crossing the ranks while Muon steps)."""
     # Held gradients are averaged over the ranks already, the same on each: DDP's average of held + new is then
-    # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself.
+    # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself. Under
+    # train.adam_sync = "adam_steps" each rank holds its own sum, and AdamW's step averages it.
     adam_due = (step + 1) % adam_every == 0
-    for opt in optimizers:
-        if adam_due or not isinstance(opt, torch.optim.AdamW):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    for opt in sorted(optimizers, key=lambda o: isinstance(o, torch.optim.AdamW)):
+        if isinstance(opt, torch.optim.AdamW):
+            if not adam_due:
+                continue
+            if before_adam is not None:
+                before_adam()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
 
 def untie_when_due(model: GPT, optimizers: list[torch.optim.Optimizer], progress: float, step: int,

@@ -6,7 +6,8 @@ what load_checkpoint does.
 
 Resume state lives in <run>/resume/: each save goes to a new folder step<N>/ holding one rank<r>.pt per
 rank (loader, clock, RNG; model, optimizer and the gradients held for a later AdamW step (optim.adam_every):
-under FSDP2 each rank's shard, under DDP in rank0.pt only).
+under FSDP2 each rank's shard, under DDP in rank0.pt only, but for the held gradients each rank adds up on its own
+under train.adam_sync = "adam_steps", which every rank writes).
 After a barrier rank 0 points resume/done.json at it and only then deletes older folders, so a crash
 mid-save leaves the previous complete state in use. done.json also holds the config the state was saved
 under: a resume compares the new config with it before anything in the run folder changes (trainer/runs.py
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Collection, Iterator
 
 import torch
 from torch import nn
@@ -102,12 +103,18 @@ def rng_state() -> dict[str, torch.Tensor | None]:
     return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
-def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader) -> dict[str, Any]:
+def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader,
+                   own: Collection[nn.Parameter] = ()) -> dict[str, Any]:
     """The plain `module` (this rank's shard under FSDP2), the optimizers, the gradients the module holds between
-    steps (AdamW's under optim.adam_every), the loader and the RNG: what warm-up and resume restore."""
+    steps (AdamW's under optim.adam_every: "grads", or "own_grads" for the parameters in `own`, whose gradients
+    each rank holds as its own: ParallelModel.apart), the loader and the RNG: what warm-up and resume restore."""
     # copies: a DDP gradient is a view of its bucket, whose whole storage torch.save would write
-    grads = {name: _local(p.grad).clone() for name, p in module.named_parameters() if p.grad is not None}
-    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers], "grads": grads,
+    ids = {id(p) for p in own}
+    grads = {name: (id(p) in ids, _local(p.grad).clone()) for name, p in module.named_parameters()
+             if p.grad is not None}
+    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers],
+            "grads": {name: g for name, (mine, g) in grads.items() if not mine},
+            "own_grads": {name: g for name, (mine, g) in grads.items() if mine},
             "loader": loader.state_dict(), "rng": rng_state()}
 
 
@@ -116,7 +123,8 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
     """Put the module, optimizers, held gradients (none for the others), loader and RNG back to a saved
     training_state."""
     module.load_state_dict(state["model"])
-    grads = state.get("grads", {})  # a state saved before gradients were held across steps holds none
+    # a state saved before gradients were held across steps holds none, one saved before own_grads no own ones
+    grads = {**state.get("grads", {}), **state.get("own_grads", {})}
     for name, p in module.named_parameters():
         p.grad = None
         if name in grads:

@@ -87,6 +87,11 @@ class TrainConfig:
     # the dtype gradients are summed in across ranks (DDP's all-reduce, FSDP2's reduce-scatter); each rank still
     # adds up its micro-steps in fp32. "bfloat16" halves the bytes sent, rounding every gradient to bf16 on the way
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    # when AdamW's gradients cross the ranks under DDP: "every_step", in DDP's buckets with the others (held ones
+    # too, under optim.adam_every); "adam_steps", on AdamW's steps only, each rank adding up its own in between, sent
+    # after the backward while Muon steps (record 46's). With "adam_steps" the logged gradient norm counts each
+    # rank's own AdamW gradients, before they are averaged
+    adam_sync: Literal["every_step", "adam_steps"] = "every_step"
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     ddp_always: bool = grouped(False, "speed")
     # torch.compile the model (under FSDP2: each block, and the head with the loss)
@@ -497,6 +502,12 @@ def validate(cfg: Config) -> None:
                           f"{micro_steps} micro-steps of a step in bf16, since FSDP2 accumulates unsynced gradients "
                           f"in its reduce dtype; use train.parallel = 'ddp' (it accumulates in fp32 and sends bf16), "
                           f"train.grad_accum = 1 without train.batch_stages, or train.reduce_dtype = 'float32'")
+    if train.adam_sync == "adam_steps" and (train.parallel != "ddp" or cfg.optim.name != "muon"
+                                            or cfg.optim.grad_clip > 0):
+        raise ConfigError(f"train.adam_sync = 'adam_steps' sends AdamW's gradients apart from DDP's, while Muon steps: "
+                          f"it needs train.parallel = 'ddp' (got {train.parallel!r}), optim.name = 'muon' (got "
+                          f"{cfg.optim.name!r}) and optim.grad_clip = 0 (got {cfg.optim.grad_clip}: the clip would "
+                          f"read them before they are averaged); or set train.adam_sync = 'every_step'")
     if train.bf16_stream and train.dtype != "bfloat16":
         raise ConfigError(f"train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 "
                           f"autocast, and train.dtype = {train.dtype!r} runs none: set train.dtype = 'bfloat16' or "

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.distributed.tensor import DTensor
@@ -37,6 +38,8 @@ class ParallelModel:
     wrapped: nn.Module           # what training calls: DDP / FSDP2 / compiled (the module itself but under DDP)
     sharded: bool                # FSDP2 over several ranks: each holds a shard of the model and optimizer state
     master: bool                 # rank 0, which gets the full state
+    apart: Sequence[nn.Parameter] = ()  # what DDP leaves alone: sync_apart averages their gradients (train.adam_sync)
+    wire: torch.dtype = torch.float32   # the dtype sync_apart sends them in (train.reduce_dtype)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.wrapped(*args, **kwargs)
@@ -67,6 +70,24 @@ class ParallelModel:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
+    def sync_apart(self) -> Callable[[], None]:
+        """Start averaging over the ranks the gradients of the parameters DDP leaves alone (`apart`), in the wire's
+        dtype, as DDP does its buckets' (each divided by the world size, then summed); returns the call that waits
+        for the sums and leaves them in the gradients. Until then nothing may read or write those gradients."""
+        pending = []
+        world = torch_dist.get_world_size() if self.apart else 1
+        for p in self.apart:
+            if p.grad is not None:
+                sent = p.grad.div_(world) if p.grad.dtype == self.wire else p.grad.to(self.wire).div_(world)
+                pending.append((p.grad, sent, torch_dist.all_reduce(sent, async_op=True)))
+
+        def finish() -> None:
+            for grad, sent, work in pending:
+                work.wait()
+                if sent is not grad:
+                    grad.copy_(sent)
+        return finish
+
     def grad_sync(self, sync: bool) -> ContextManager:
         """A context for one micro-step's backward that skips the gradient all-reduce unless `sync`."""
         if isinstance(self.wrapped, DDP):
@@ -94,10 +115,13 @@ class ParallelModel:
         return norm
 
 
-def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor") -> ParallelModel:
+def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor",
+                apart: Sequence[nn.Parameter] = ()) -> ParallelModel:
     """Move `model` to dist.device and wrap it for cfg.parallel (DDP or FSDP2) and cfg.compile; `backend` is
     torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation).
-    Under cfg.bf16_stream the model keeps its residual stream, head and training loss in autocast's dtype."""
+    Under cfg.bf16_stream the model keeps its residual stream, head and training loss in autocast's dtype. Under
+    cfg.adam_sync = "adam_steps", DDP leaves the parameters in `apart` (AdamW's) alone: ParallelModel.sync_apart
+    averages their gradients."""
     model.to(dist.device)
     model.autocast_stream = cfg.bf16_stream  # before compile: dynamo reads it as a constant of the graph
     if dist.world_size > 1 and cfg.parallel == "fsdp":
@@ -113,13 +137,19 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
     # The gradients are views of DDP's buckets rather than a second copy of them; zero_grad's set_to_none drops
     # the views only, and the next backward's gradients are copied into the buckets again. A gradient kept across
     # steps (optim.adam_every) stays a view: the next backward adds to it in its bucket before the all-reduce.
+    apart = list(apart) if cfg.adam_sync == "adam_steps" else []
+    if apart:  # by every name: DDP finds a tied parameter under each of its modules' names
+        ids = {id(p) for p in apart}
+        DDP._set_params_and_buffers_to_ignore_for_model(
+            model, [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids])
     wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
                   **_NO_BUFFER_SYNC)
     if cfg.reduce_dtype == "bfloat16":
         # The hook runs on the synced micro-step's backward only: under no_sync the micro-steps add up in the fp32
         # buckets, and the sum crosses the wire in bf16, to come back into them as fp32.
         wrapped.register_comm_hook(None, _bf16_all_reduce)
-    return ParallelModel(model, wrapped, sharded=False, master=dist.master)
+    wire = torch.bfloat16 if cfg.reduce_dtype == "bfloat16" else torch.float32
+    return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart, wire=wire)
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable) -> nn.Module:

@@ -1,7 +1,8 @@
 """Record 46's speed pieces together through train.py (docs/PERFORMANCE.md, "Record 46's speed pieces"): two ranks
-under torchrun with Muon, the float8 head, Muon's math compiled and the gradients sent in bf16, each piece tested
-alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
-tests/trainer/test_reduce_dtype.py). Here: together they train, and the run differs from the one without them.
+under torchrun with Muon, the float8 head, Muon's math compiled, the gradients sent in bf16 and AdamW's apart from
+DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
+tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together they train, and the run differs
+from the one without them.
 bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key."""
 import json
 
@@ -11,7 +12,7 @@ import pytest
 from tests.helpers import demo_data, torchrun, train_args, train_values
 
 PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=bfloat16",
-          "--train.dtype=bfloat16", "--train.bf16_stream=true"]
+          "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true"]
 MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
 
 
@@ -38,4 +39,4 @@ def test_the_pieces_train_together_and_change_the_run(runs):
     assert abs(summaries["with"]["final_val_loss"] - summaries["without"]["final_val_loss"]) < 0.1
     config = (runs / "with" / "config.toml").read_text()
     assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "bfloat16"',
-                                           "bf16_stream = true"])
+                                           'adam_sync = "adam_steps"', "bf16_stream = true"])

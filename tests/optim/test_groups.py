@@ -5,7 +5,7 @@ import torch
 
 from model import get_model
 from optim.config import OptimConfig
-from optim.groups import build_optimizers, param_roles, set_lr, step_optimizers, untie_when_due
+from optim.groups import adamw_params, build_optimizers, param_roles, set_lr, step_optimizers, untie_when_due
 from tests.helpers import MODERN_GPT as MODERN, TINY_GPT as TINY
 from tests.workers.muon_worker import GPT_CONFIG, gpt
 
@@ -88,6 +88,30 @@ def test_adam_every_1_steps_every_optimizer_and_drops_every_gradient():
     _loss(model, 0).backward()
     step_optimizers(opts, 0)
     assert all(p.grad is None and not torch.equal(p, w) for p, w in zip(model.parameters(), before) if p.ndim == 2)
+
+
+@pytest.mark.parametrize("cfg", [OptimConfig(), OptimConfig(name="muon"), OptimConfig(name="muon", muon_gates=True)])
+def test_adamw_params_are_those_build_optimizers_gives_adamw(cfg):
+    model = get_model({**TINY, **MODERN, "attn_gate": True})
+    adam = [p for opt in build_optimizers(model, cfg) if isinstance(opt, torch.optim.AdamW)
+            for g in opt.param_groups for p in g["params"]]
+    assert sorted(map(id, adamw_params(model, cfg))) == sorted(map(id, adam)) and adam
+
+
+def test_adamw_steps_last_after_before_adam_and_only_on_its_steps():
+    model = gpt()
+    opts = build_optimizers(model, OptimConfig(name="muon", adam_every=2))
+    muon_params = [p for g in opts[1].param_groups for p in g["params"]]
+    seen = []
+
+    def before_adam() -> None:  # Muon has stepped (its gradients dropped), AdamW not yet (its gradients there)
+        seen.append((all(p.grad is None for p in muon_params), all(p.grad is not None for p in adamw_params(
+            model, OptimConfig(name="muon")))))
+    for step in range(2):
+        _loss(model, step).backward()
+        step_optimizers(opts, step, 2, before_adam=before_adam)
+        assert len(seen) == step  # not at step 0, which is not AdamW's
+    assert seen == [(True, True)]
 
 
 def test_qk_pairs_split_the_qkv_group_by_pairs_of_heads():
