@@ -4,8 +4,9 @@ after it is the same on every rank, so a run may resume with another world size 
 
 Sequential: each epoch walks the files (data.order.file_order) front to back; a window starts where the last
 ended or, with bos_id, at the next bos_id from there. With a cut as well, a window is documents in order, each cut
-at `cut` tokens, the next window starting at the document after its last (Region.cut_window: record 46's rows).
-Cursor: (epoch, file index, position).
+at `cut` tokens, the next window starting at the document after its last (Region.cut_window), and a global batch
+comes from one file, whose last batch is skipped if it cannot give it whole: record 46's rows, which then depend on
+world_size * batch_size at the files' ends. Cursor: (epoch, file index, position).
 
 Shuffled: slot k of a file is tokens [kL, (k+1)L). An epoch's files are taken shuffle_shards at a time (0: all)
 and a block's slots visited in data.order's keyed order. With bos_id a slot's window starts at its first
@@ -73,6 +74,18 @@ class Sequential(Stream):
         start = region.window_start(pos, self.length, self.bos_id)
         return None if start is None else ([(start, start + self.length)], start + self.length)
 
+    def taken(self, region: Region, pos: int) -> list[tuple[Spans, int]]:
+        """The windows of `region` from `pos` that the stream takes together: the next one; with a cut, the next
+        global batch's, all of them or none (a file's last batch that it cannot give whole is skipped, as record
+        46's loader skips it)."""
+        found = []
+        for _ in range(self.per_step if self.cut else 1):
+            window = self.window(region, found[-1][1] if found else pos)
+            if window is None:
+                return []
+            found.append(window)
+        return found
+
     def windows(self, epoch: int, index: int, pos: int | None) -> Iterator[tuple[Cursor, Window]]:
         windowless = set()  # files found to hold no window at all (e.g. no BOS token)
         while True:
@@ -80,9 +93,9 @@ class Sequential(Stream):
             for index in range(index, len(order)):
                 region = self.regions[order[index]]
                 pos = region.lo if pos is None else pos
-                while (found := self.window(region, pos)) is not None:
-                    spans, pos = found
-                    yield (epoch, index, pos), (region, spans)
+                while found := self.taken(region, pos):
+                    for spans, pos in found:
+                        yield (epoch, index, pos), (region, spans)
                 if pos == region.lo:  # not a window in this file, now or in any later epoch
                     windowless.add(int(order[index]))
                     if len(windowless) == len(self.regions):

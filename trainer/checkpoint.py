@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor  # imported also to register it: we
 
 from data.loader import TokenLoader
 from model import get_model
+from optim.groups import adamw_params
 from trainer import distributed
 from trainer.config import ConfigError
 from trainer.distributed import Dist
@@ -244,15 +245,20 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:
     """Rank 0 warns before the first step where the free space is short of what the run's saves will hold at
-    their peak: checkpoint.pt holds the model's state dict, the resume state that and at most two optimizer
-    moments per parameter (AdamW's), and each file's old copy stays until its new one is complete."""
+    their peak: checkpoint.pt holds the model's state dict, the resume state that, at most two optimizer moments
+    per parameter (AdamW's) and AdamW's held gradients (optim.adam_every), and each file's old copy stays until its
+    new one is complete."""
     if not (run.dist.master and run.cfg.train.save_checkpoint):
         return
     # full sizes, also of DTensor shards; a tied head counts twice, as checkpoint.pt's CPU copies store it
     model = sum(v.numel() * v.element_size() for v in run.model.module.state_dict().values())
     moments = 2 * sum(p.numel() * p.element_size() for p in run.model.module.parameters())
+    held = 0
+    if run.cfg.optim.adam_every > 1:  # AdamW's gradients between its steps: every rank's own under train.adam_sync
+        held = sum(p.numel() * p.element_size() for p in adamw_params(run.model.module, run.cfg.optim))
+        held *= run.dist.world_size if run.model.apart else 1
     # in the order save() writes them; the resume state is on disk where its done.json is
-    files = [(run.checkpoint_path, model), (done_path(run.run_dir), model + moments)]
+    files = [(run.checkpoint_path, model), (done_path(run.run_dir), model + moments + held)]
     every, budget = run.cfg.train.checkpoint_every_s, run.cfg.train.budget_s
     # periodic saves, then the final one; a time budget that ends before the first periodic save leaves only the
     # final one (evals off the clock can stretch the wall time that periodic saves follow: then one more comes)
@@ -263,7 +269,7 @@ def warn_if_the_saves_do_not_fit(run: Run) -> None:
         if free < need:
             which = "first" if free < first[folder] else "second"
             run.log.print(f"warning: {folder} has {free:,} bytes free, but the run's saves need about {need:,} "
-                          f"there (checkpoint.pt: the model's {model:,} bytes; the resume state: those and "
-                          f"{moments:,} of optimizer moments; each file's old copy stays until its new one is "
-                          f"complete); its {which} save will fail: free space or move log.dir / "
-                          f"train.checkpoint_path")
+                          f"there (checkpoint.pt: the model's {model:,} bytes; the resume state: those, "
+                          f"{moments:,} of optimizer moments and {held:,} of held gradients; each file's old copy "
+                          f"stays until its new one is complete); its {which} save will fail: free space or move "
+                          f"log.dir / train.checkpoint_path")

@@ -29,6 +29,9 @@ from trainer.distributed import Dist
 # once at construction, which is harmless.
 _NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                    else {"broadcast_buffers": False})
+# sync_apart sends gradients smaller than this in one buffer: a collective each would cost more in launches than
+# in bytes (the scalars)
+COALESCE = 1 << 16
 
 
 @dataclass
@@ -74,18 +77,23 @@ class ParallelModel:
         """Start averaging over the ranks the gradients of the parameters DDP leaves alone (`apart`), in the wire's
         dtype, as DDP does its buckets' (each divided by the world size, then summed); returns the call that waits
         for the sums and leaves them in the gradients. Until then nothing may read or write those gradients."""
+        grads = [p.grad for p in self.apart if p.grad is not None]
+        small = [g for g in grads if g.numel() < COALESCE]
         pending = []
-        world = torch_dist.get_world_size() if self.apart else 1
-        for p in self.apart:
-            if p.grad is not None:
-                sent = p.grad.div_(world) if p.grad.dtype == self.wire else p.grad.to(self.wire).div_(world)
-                pending.append((p.grad, sent, torch_dist.all_reduce(sent, async_op=True)))
+        for group in [[g] for g in grads if g.numel() >= COALESCE] + ([small] if small else []):
+            if len(group) == 1 and group[0].dtype == self.wire:
+                sent = group[0]  # in place
+            else:
+                sent = torch.cat([g.reshape(-1) for g in group]).to(self.wire)
+            sent.div_(torch_dist.get_world_size())
+            pending.append((group, sent, torch_dist.all_reduce(sent, async_op=True)))
 
         def finish() -> None:
-            for grad, sent, work in pending:
+            for group, sent, work in pending:
                 work.wait()
-                if sent is not grad:
-                    grad.copy_(sent)
+                if sent is not group[0]:
+                    for g, part in zip(group, sent.split([g.numel() for g in group])):
+                        g.copy_(part.view_as(g))
         return finish
 
     def grad_sync(self, sync: bool) -> ContextManager:
@@ -138,10 +146,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
     # the views only, and the next backward's gradients are copied into the buckets again. A gradient kept across
     # steps (optim.adam_every) stays a view: the next backward adds to it in its bucket before the all-reduce.
     apart = list(apart) if cfg.adam_sync == "adam_steps" else []
-    if apart:  # by every name: DDP finds a tied parameter under each of its modules' names
-        ids = {id(p) for p in apart}
-        DDP._set_params_and_buffers_to_ignore_for_model(
-            model, [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids])
+    if apart:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, _ddp_names(model, apart))
     wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
                   **_NO_BUFFER_SYNC)
     if cfg.reduce_dtype == "bfloat16":
@@ -150,6 +156,16 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
         wrapped.register_comm_hook(None, _bf16_all_reduce)
     wire = torch.bfloat16 if cfg.reduce_dtype == "bfloat16" else torch.float32
     return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart, wire=wire)
+
+
+def _ddp_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
+    """Every name under which DDP may meet `params` in `model`: its own dotted names, and its reducer's
+    "<module>.<name>" under each module that holds one (a tied parameter under both modules; ".name" for the root's
+    own, such as GPT.skip_lambda)."""
+    ids = {id(p) for p in params}
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids]
+    return names + [f"{m}.{n}" for m, module in model.named_modules(remove_duplicate=False)
+                    for n, p in module.named_parameters(recurse=False) if id(p) in ids]
 
 
 def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable) -> nn.Module:

@@ -1,10 +1,10 @@
 """How a record's script reads its training shards, restated to count what shards hold for it before a GPU runs it.
 
-The rule (record 46's BOSFinder, at world size 1): the shards are read in sorted order, each once. A micro-batch of
-n tokens is n + 1 consecutive tokens gathered from documents in order, each starting at a BOS token and cut at
-the next BOS, at max_seq_len tokens, or where the n + 1 are complete; the rest of a cut document is skipped, the
-next micro-batch starting at the next BOS. A micro-batch that would pass a shard's last BOS starts over at the next
-shard. Past the last shard the script does not stop: its loader thread has no file to give and the run waits for
+The rule (record 46's BOSFinder): the shards are read in sorted order, each once. A rank's micro-batch of n tokens
+is n + 1 consecutive tokens gathered from documents in order, each starting at a BOS token and cut at the next BOS,
+at max_seq_len tokens, or where the n + 1 are complete; the rest of a cut document is skipped, the next micro-batch
+starting at the next BOS. The ranks' micro-batches of a step are consecutive rows of one shard: where a shard
+cannot give them all, they all start over at the next shard. Past the last shard the script does not stop: its loader thread has no file to give and the run waits for
 ever. A micro-batch's document starts go into a table of next_multiple(n // 300, 128) entries, the first being 0,
 so more documents than that minus one fail the run. Its val set is read otherwise: rows of consecutive tokens from
 the val shard's start, a document starting at each BOS in them, into the same kind of table.
@@ -41,19 +41,26 @@ def docs_limit(tokens: int) -> int:
     return -(-(tokens // 300) // 128) * 128 - 1
 
 
-def record_rows(files: list[Path], lengths: Iterable[int], max_seq_len: int, bos: int) -> Iterator[tuple[Path, Spans]]:
-    """The record's micro-batches by the rule above, one for each n of `lengths`: (its shard, the token ranges of
-    its n + 1 tokens). Ends where the shards can give no more."""
+def record_rows(files: list[Path], lengths: Iterable[int], max_seq_len: int, bos: int,
+                world: int = 1) -> Iterator[tuple[Path, list[Spans]]]:
+    """The record's micro-batches by the rule above, one for each n of `lengths`: its shard and each of `world`
+    ranks' token ranges of n + 1 tokens, consecutive rows, all from one shard (a shard that cannot give every
+    rank's row gives none). Ends where the shards can give no more."""
     shards = iter(sorted(files))
     starts, size, i, path = np.empty(0, dtype=np.int64), 0, 0, None
     for n in lengths:
         while True:
-            spans, taken, j = [], 0, i
-            while taken < n + 1 and j < len(starts):
-                end = starts[j + 1] if j + 1 < len(starts) else size
-                spans.append((int(starts[j]), int(starts[j] + min(end - starts[j], max_seq_len, n + 1 - taken))))
-                taken, j = taken + spans[-1][1] - spans[-1][0], j + 1
-            if taken == n + 1:
+            rows, j = [], i
+            while len(rows) < world:
+                spans, taken = [], 0
+                while taken < n + 1 and j < len(starts):
+                    end = starts[j + 1] if j + 1 < len(starts) else size
+                    spans.append((int(starts[j]), int(starts[j] + min(end - starts[j], max_seq_len, n + 1 - taken))))
+                    taken, j = taken + spans[-1][1] - spans[-1][0], j + 1
+                if taken < n + 1:
+                    break
+                rows.append(spans)
+            if len(rows) == world:
                 break
             path = next(shards, None)
             if path is None:
@@ -61,7 +68,7 @@ def record_rows(files: list[Path], lengths: Iterable[int], max_seq_len: int, bos
             tokens = open_shard(path, fmt="header")
             starts, size, i = np.flatnonzero(tokens == bos), len(tokens), 0
         i = j
-        yield path, spans
+        yield path, rows
 
 
 def record_coverage(files: list[Path], step_tokens: Callable[[int], int], steps: int, grad_accum: int,
@@ -70,7 +77,7 @@ def record_coverage(files: list[Path], step_tokens: Callable[[int], int], steps:
     can read from `files` by the rule above."""
     lengths = (step_tokens(step) // grad_accum for step in range(steps) for _ in range(grad_accum))
     micro, most, over = 0, 0, 0
-    for micro, (_, spans) in enumerate(record_rows(files, lengths, max_seq_len, bos), start=1):
+    for micro, (_, [spans]) in enumerate(record_rows(files, lengths, max_seq_len, bos), start=1):
         n = sum(hi - lo for lo, hi in spans) - 1
         most, over = max(most, len(spans)), over + (len(spans) > docs_limit(n))
     done = micro // grad_accum

@@ -123,6 +123,8 @@ def test_next_places_are_where_the_batches_come_from_and_move_the_stream_alike(t
     with TokenLoader(paths, B, T, rank=1, world_size=2, **kw) as read, \
             TokenLoader(paths, B, T, rank=1, world_size=2, **kw) as placed:
         for _ in range(60):  # past an epoch's end
-            places = [(paths.index(f), lo) for f, [(lo, hi)] in placed.next_places() if hi == lo + T + 1]
+            where = placed.next_places()
+            assert all(hi == lo + L for _, [(lo, hi)] in where)  # one range a row, a whole window
+            places = [(paths.index(f), lo) for f, [(lo, _)] in where]
             assert places == windows(*next(read)) and placed.state_dict() == read.state_dict()
         assert read.state_dict()["epoch"] >= 1

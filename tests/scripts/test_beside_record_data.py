@@ -7,6 +7,7 @@ import pytest
 from data.loader import TokenLoader
 from data.shards import open_shard
 from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, record_rows, repeated
+from scripts import data_coverage
 from scripts.data_coverage import fineweb_like
 from scripts.beside.record_script import RecordError
 from tests.scripts.beside_fixtures import record_shards
@@ -71,12 +72,17 @@ def test_repeated_shards_give_the_loader_each_epoch_in_the_same_order(tmp_path):
     assert (into / "data" / "fineweb10B" / "notes.txt").read_text() == "mine"
 
 
-def test_our_loader_with_doc_cut_reads_the_records_rows(tmp_path):
-    """data.doc_cut's rows are those of the record's loader, range for range, FineWeb-like documents cut too."""
-    shards = fineweb_like(tmp_path, 400_000, 50256, seed=2)  # ~700 documents, near half over the cut below
+@pytest.mark.parametrize("world", [1, 3])
+def test_our_loader_with_doc_cut_reads_the_records_rows(tmp_path, monkeypatch, world):
+    """data.doc_cut's rows are those of the record's loader, range for range, rank by rank, FineWeb-like documents
+    cut too, and where a shard cannot give every rank's row of a step (its last rows skipped)."""
+    monkeypatch.setattr(data_coverage, "FINEWEB_LIKE_SHARD", 100_000)
+    shards = fineweb_like(tmp_path, 400_000, 50256, seed=2)  # 4 shards of ~170 documents, near half over the cut
     n, cut = 1000, 600
-    record = list(record_rows(shards, itertools.repeat(n), cut, 50256))
-    with TokenLoader(shards, 1, n, seed=None, bos_id=50256, shuffle=False, doc_cut=cut) as loader:
-        ours = [row for _ in record for row in loader.next_places()]
-    assert ours == record and len(record) > 150
-    assert sum(hi - lo == cut for _, spans in record for lo, hi in spans) > 100  # documents were cut
+    record = list(record_rows(shards, itertools.repeat(n), cut, 50256, world))
+    loaders = [TokenLoader(shards, 1, n, rank=r, world_size=world, seed=None, bos_id=50256, shuffle=False,
+                           doc_cut=cut) for r in range(world)]
+    for path, rows in record:
+        assert [loader.next_places() for loader in loaders] == [[(path, spans)] for spans in rows]
+    assert len(record) * world > 150 and len({path for path, _ in record}) == 4
+    assert sum(hi - lo == cut for _, rows in record for spans in rows for lo, hi in spans) > 100  # documents cut

@@ -4,8 +4,8 @@ of optim.adam_every = 2 with each train.reduce_dtype.
 usage: torchrun --nproc_per_node=2 tests/workers/adam_sync_worker.py OUT.pt
 Rank 0 saves, per reduce_dtype, every rank's gradients: "local" (each backward in a plain model: what the rank
 adds up), "held" (after the first step's backward, which AdamW does not take), "muon" (the Muon matrices' after the
-second backward, which DDP synced), "synced" (AdamW's after the second step's sync_apart), and "apart" (the names
-of AdamW's parameters).
+second backward, which DDP synced), "synced" (AdamW's after the second step's sync_apart), "apart" (the names
+of AdamW's parameters) and "marked" (whether each is marked for torch.compile's DDPOptimizer to leave out).
 """
 from __future__ import annotations
 
@@ -22,15 +22,19 @@ from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.exits import exiting_without_teardown
+from trainer import parallel
 from trainer.parallel import parallelize
 
 OPTIM = OptimConfig(name="muon", adam_every=2)
+# with the GPT's own parameters (the skip's and the backout's scalars), which DDP names apart from the blocks'
+CONFIG = {**GPT_CONFIG, "skip_connection": [0, 1], "backout": 1}
+parallel.COALESCE = 1000  # the table (97 x 24) crosses in place, the norms and scalars in one buffer
 
 
 def batch(rank: int, step: int) -> torch.Tensor:
     """`rank`'s rows (inputs and targets in one [2, 17] tensor) of step `step`'s fixed batch."""
     world = torch.distributed.get_world_size()
-    idx = torch.randint(0, GPT_CONFIG["vocab_size"], (world * 2, 17), generator=torch.Generator().manual_seed(step))
+    idx = torch.randint(0, CONFIG["vocab_size"], (world * 2, 17), generator=torch.Generator().manual_seed(step))
     return idx.chunk(world)[rank]
 
 
@@ -41,7 +45,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def local(rank: int) -> list[dict[str, torch.Tensor]]:
     """The gradients of each step's backward on `rank`'s rows, by a plain model in this process."""
     torch.manual_seed(0)
-    model = get_model(GPT_CONFIG)
+    model = get_model(CONFIG)
     model.set_progress(0.0)
     out = []
     for step in range(2):
@@ -55,12 +59,13 @@ def local(rank: int) -> list[dict[str, torch.Tensor]]:
 def two_steps(reduce_dtype: str, dist: Dist) -> dict:
     """Two backwards of the same weights under DDP with AdamW's parameters apart: the gradients after each."""
     torch.manual_seed(0)
-    gpt = get_model(GPT_CONFIG)
+    gpt = get_model(CONFIG)
     gpt.set_progress(0.0)
     apart = adamw_params(gpt, OPTIM)
     model = parallelize(gpt, TrainConfig(adam_sync="adam_steps", reduce_dtype=reduce_dtype), dist, apart=apart)
     names = {name for name, p in gpt.named_parameters() if any(p is q for q in apart)}
-    out = {"apart": names}
+    # what torch.compile's DDPOptimizer reads to leave them out of its buckets, as DDP's reducer does
+    out = {"apart": sorted(names), "marked": all(getattr(p, "_ddp_ignored", False) for p in apart)}
     for step in range(2):
         idx = batch(dist.rank, step)
         model(idx[:, :-1], idx[:, 1:])[1].backward()
