@@ -81,10 +81,8 @@ class ParallelModel:
         small = [g for g in grads if g.numel() < COALESCE]
         pending = []
         for group in [[g] for g in grads if g.numel() >= COALESCE] + ([small] if small else []):
-            if len(group) == 1 and group[0].dtype == self.wire:
-                sent = group[0]  # in place
-            else:
-                sent = torch.cat([g.reshape(-1) for g in group]).to(self.wire)
+            # one gradient in the wire's dtype is sent in place (to() returns it), others as a copy
+            sent = (group[0] if len(group) == 1 else torch.cat([g.reshape(-1) for g in group])).to(self.wire)
             sent.div_(torch_dist.get_world_size())
             pending.append((group, sent, torch_dist.all_reduce(sent, async_op=True)))
 
@@ -92,7 +90,7 @@ class ParallelModel:
             for group, sent, work in pending:
                 work.wait()
                 if sent is not group[0]:
-                    for g, part in zip(group, sent.split([g.numel() for g in group])):
+                    for g, part in zip(group, sent.reshape(-1).split([g.numel() for g in group])):
                         g.copy_(part.view_as(g))
         return finish
 
