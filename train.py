@@ -151,8 +151,7 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's
     norm = run.model.clip_grads(run.cfg.optim.grad_clip)
 
-    adam_due = (step + 1) % adam_every == 0
-    step_optimizers(run.optimizers, step, adam_every, before_adam=run.model.sync_apart() if adam_due else None)
+    step_optimizers(run.optimizers, step, adam_every, adam_sync=run.model.sync_apart)
     gpt.tie_weights()
     return total / accum, norm, run.loader.wait_s - waited
 

@@ -129,21 +129,23 @@ def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
 
 
 def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1,
-                    before_adam: Callable[[], None] | None = None) -> None:
+                    adam_sync: Callable[[], Callable[[], None]] | None = None) -> None:
     """Step the optimizers due at `step` (0-based) and drop the gradients they applied. Muon steps every step;
     AdamW only at steps adam_every - 1, 2 * adam_every - 1, ... (with 2, the odd ones, as the records), and keeps
-    its gradients in between, which the next backwards add to: its step applies their sum. AdamW steps last,
-    after `before_adam` (train.adam_sync: its gradients may still be crossing the ranks while Muon steps)."""
+    its gradients in between, which the next backwards add to: its step applies their sum. AdamW steps last: on its
+    steps `adam_sync()` is called first and what it returns right before AdamW's step (train.adam_sync: its
+    gradients cross the ranks while Muon steps)."""
     # Held gradients are averaged over the ranks already, the same on each: DDP's average of held + new is then
     # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself. Under
     # train.adam_sync = "adam_steps" each rank holds its own sum, and AdamW's step averages it.
     adam_due = (step + 1) % adam_every == 0
+    synced = adam_sync() if adam_due and adam_sync is not None else None
     for opt in sorted(optimizers, key=lambda o: isinstance(o, torch.optim.AdamW)):
         if isinstance(opt, torch.optim.AdamW):
             if not adam_due:
                 continue
-            if before_adam is not None:
-                before_adam()
+            if synced is not None:
+                synced()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -75,10 +75,11 @@ def fineweb_like(folder: Path, tokens: int, bos_id: int, seed: int = 0) -> list[
     rng = np.random.default_rng(seed)
     files, left = [], tokens
     while left > 0:
-        lengths = []
-        while sum(lengths) < min(left, FINEWEB_LIKE_SHARD):
+        lengths, size = [], 0
+        while size < min(left, FINEWEB_LIKE_SHARD):
             lengths.append(max(2, int(rng.lognormal(np.log(FINEWEB_LIKE["median"]), FINEWEB_LIKE["sigma"]))))
-        ids = rng.integers(0, bos_id, sum(lengths))
+            size += lengths[-1]
+        ids = rng.integers(0, bos_id, size)
         ids[np.cumsum([0, *lengths[:-1]])] = bos_id
         files.append(folder / f"fineweb_train_{len(files) + 1:06d}.bin")
         write_shard(files[-1], ids, dtype=np.uint16)

@@ -110,13 +110,12 @@ def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], l
     steps (AdamW's under optim.adam_every: "grads", or "own_grads" for the parameters in `own`, whose gradients
     each rank holds as its own: ParallelModel.apart), the loader and the RNG: what warm-up and resume restore."""
     # copies: a DDP gradient is a view of its bucket, whose whole storage torch.save would write
-    ids = {id(p) for p in own}
-    grads = {name: (id(p) in ids, _local(p.grad).clone()) for name, p in module.named_parameters()
-             if p.grad is not None}
-    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers],
-            "grads": {name: g for name, (mine, g) in grads.items() if not mine},
-            "own_grads": {name: g for name, (mine, g) in grads.items() if mine},
-            "loader": loader.state_dict(), "rng": rng_state()}
+    ids, grads, own_grads = {id(p) for p in own}, {}, {}
+    for name, p in module.named_parameters():
+        if p.grad is not None:
+            (own_grads if id(p) in ids else grads)[name] = _local(p.grad).clone()
+    return {"model": module.state_dict(), "optim": [o.state_dict() for o in optimizers], "grads": grads,
+            "own_grads": own_grads, "loader": loader.state_dict(), "rng": rng_state()}
 
 
 def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader,

@@ -152,8 +152,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
         # The hook runs on the synced micro-step's backward only: under no_sync the micro-steps add up in the fp32
         # buckets, and the sum crosses the wire in bf16, to come back into them as fp32.
         wrapped.register_comm_hook(None, _bf16_all_reduce)
-    wire = torch.bfloat16 if cfg.reduce_dtype == "bfloat16" else torch.float32
-    return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart, wire=wire)
+    return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart,
+                         wire=getattr(torch, cfg.reduce_dtype))
 
 
 def _ddp_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
@@ -171,7 +171,7 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
 
     kwargs = {}
     compute = torch.bfloat16 if dist.cuda and cfg.dtype == "bfloat16" else None  # None: the parameters' fp32
-    wire = torch.bfloat16 if cfg.reduce_dtype == "bfloat16" else torch.float32
+    wire = getattr(torch, cfg.reduce_dtype)  # its values are torch's names of the dtypes
     if compute or wire != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=wire)
     # One FSDP unit per block, so only one block's full weights are gathered at a time. Each block is compiled

@@ -1,5 +1,7 @@
 """The parameter groups: every parameter in one role, Muon's groups and AdamW's, weight decay on matrices only,
 Q and K in pairs of heads, and the steps: AdamW every adam_every steps on the summed gradients, Muon every step."""
+from typing import Callable
+
 import pytest
 import torch
 
@@ -98,20 +100,24 @@ def test_adamw_params_are_those_build_optimizers_gives_adamw(cfg):
     assert sorted(map(id, adamw_params(model, cfg))) == sorted(map(id, adam)) and adam
 
 
-def test_adamw_steps_last_after_before_adam_and_only_on_its_steps():
+def test_adamw_steps_last_after_its_sync_and_only_on_its_steps():
     model = gpt()
     opts = build_optimizers(model, OptimConfig(name="muon", adam_every=2))
     muon_params = [p for g in opts[1].param_groups for p in g["params"]]
-    seen = []
+    started, seen = [], []
+
+    def start() -> Callable[[], None]:  # before Muon's step: its gradients still there
+        started.append(all(p.grad is not None for p in muon_params))
+        return before_adam
 
     def before_adam() -> None:  # Muon has stepped (its gradients dropped), AdamW not yet (its gradients there)
         seen.append((all(p.grad is None for p in muon_params), all(p.grad is not None for p in adamw_params(
             model, OptimConfig(name="muon")))))
     for step in range(2):
         _loss(model, step).backward()
-        step_optimizers(opts, step, 2, before_adam=before_adam)
-        assert len(seen) == step  # not at step 0, which is not AdamW's
-    assert seen == [(True, True)]
+        step_optimizers(opts, step, 2, adam_sync=start)
+        assert len(seen) == len(started) == step  # not at step 0, which is not AdamW's
+    assert started == [True] and seen == [(True, True)]
 
 
 def test_qk_pairs_split_the_qkv_group_by_pairs_of_heads():
