@@ -1,7 +1,11 @@
 """train.adam_sync = "adam_steps" (record 46's: AdamW's gradients cross the ranks on AdamW's steps only), on 2 gloo
 ranks: DDP leaves AdamW's parameters alone, each rank holds its own sum of their gradients between AdamW's steps,
 and sync_apart averages it as DDP averages its buckets (each rank's share divided by the world size, then summed,
-in the wire's dtype); a train.py run killed while its ranks hold gradients of their own resumes exactly."""
+in the wire's dtype); a train.py run killed while its ranks hold gradients of their own resumes exactly.
+
+The comparisons are exact on any machine: every gradient compared is computed by the same code in processes alike
+(torchrun's workers, one thread each: tests/conftest.py), and halving and a sum of two values are one rounding
+whatever the order; the bf16 wire's rounding is restated, not bounded."""
 import json
 
 import pytest
