@@ -113,7 +113,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
               train_loader(cfg, dist, files, meta), Clock(cfg.train))
     if resumed:
         restore_run(run, resumed, marker, changes)
-    per_step = " -> ".join(f"{run.tokens_per_micro_step * n:,}" for n in run.clock.micro_steps_by_stage())
+    per_step = " -> ".join(f"{tokens:,}" for tokens in run.tokens_by_stage())
     log.print(f"run {cfg.log.run_id} | {model.module.num_params() / 1e6:.2f}M params | {per_step} "
               f"tokens/step | {plural(dist.world_size, 'process', 'processes')}, "
               f"{model.kind} | compile {cfg.train.compile}"
@@ -123,10 +123,11 @@ def setup(cfg: Config, dist: Dist) -> Run:
     return run
 
 
-def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """One optimizer step over the micro-batches of its batch stage (grad_accum without train.batch_stages): (mean
-    loss, gradient norm before clipping, seconds waiting for data: what the loader counted in its wait_s). The two
-    tensors stay on the device: nothing in a step waits for the GPU.
+def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One optimizer step over the micro-batches of its batch stage (grad_accum without train.batch_stages), of
+    its rows (`seq_len` > 0: rows that long instead, for a warm-up): (mean loss, gradient norm before clipping,
+    seconds waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing
+    in a step waits for the GPU.
 
     Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
     the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every),
@@ -135,6 +136,7 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
     the norm, and it takes the embedding's weights after the optimizers. The flag exchange follows in train()."""
     step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
     accum, dist = run.clock.micro_steps(step), run.dist
+    run.loader.set_seq_len(seq_len or run.clock.seq_len(step))
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(step), step, run.cfg.train.steps)
     # the attention window, the loss's weights and the head's untie follow the LR's clock
@@ -157,20 +159,23 @@ def train_step(run: Run, batches) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 
 def warm_up(run: Run) -> None:
-    """exclude_warmup: run warmup_steps real steps (compiling every shape), then restore the state from before."""
-    train_cfg = run.cfg.train
-    if train_cfg.timing != "exclude_warmup" or train_cfg.warmup_steps <= 0:
+    """exclude_warmup: run warmup_steps real steps of each row length still ahead (compiling every shape), then
+    restore the state from before."""
+    train_cfg, rows = run.cfg.train, run.clock.rows_ahead(run.progress.step)
+    if not run.clock.warmup_steps(run.progress.step):
         return
     t0 = time.perf_counter()
     initial = copy.deepcopy(training_state(run.model.module, run.optimizers, run.loader, run.model.apart))
     batches = iter(run.loader)
     with distributed.timeout(train_cfg.warmup_timeout_s, after=train_cfg.dist_timeout_s):  # they compile
-        for _ in range(train_cfg.warmup_steps):
-            train_step(run, batches)
+        for seq_len in rows:
+            for _ in range(train_cfg.warmup_steps):
+                train_step(run, batches, seq_len)
         restore(run.model.module, run.optimizers, run.loader, initial)
         distributed.barrier()
     run.progress.wall["warmup_s"] += time.perf_counter() - t0
-    run.log.print(f"warm-up: {plural(train_cfg.warmup_steps, 'step')} in {time.perf_counter() - t0:.1f}s; "
+    shapes = f" of each of {len(rows)} row lengths" if len(rows) > 1 else ""
+    run.log.print(f"warm-up: {plural(train_cfg.warmup_steps, 'step')}{shapes} in {time.perf_counter() - t0:.1f}s; "
                   f"state restored")
 
 
@@ -236,11 +241,12 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     """One step of the loop: train, log, exchange the Flags, and act on them when they call for it; why the run
     stops after this step, or None."""
     cfg, progress = run.cfg, run.progress
-    tokens = run.tokens_per_step  # before progress.step moves on: this step's batch stage, the one train_step runs
+    # before progress.step moves on: this step's batch stage, the one train_step runs
+    tokens, seq_len = run.tokens_per_step, run.clock.seq_len(progress.step)
     loss, norm, wait = train_step(run, batches)
     progress.step += 1
     progress.tokens += tokens
-    progress.flops += run.flops_per_token() * tokens  # train_step set this step's window
+    progress.flops += run.flops_per_token(seq_len) * tokens  # train_step set this step's window
     progress.data_wait += wait
     if gc.isenabled():
         # a GC pass can stall a step for longer than the step takes: freeze what exists, collect in evals

@@ -26,13 +26,14 @@ class TokenLoader:
     """Infinite iterator of (inputs, targets) int64 [batch_size, seq_len] batches on `device`: views of one
     [batch_size, seq_len + 1] tensor of windows (not contiguous: use reshape, not view). `prefetch`: how many
     batches ahead the kernel is asked for pages. `doc_cut` > 0 (with bos_id, shuffle off): each row is documents
-    in order, each cut at doc_cut tokens. `wait_s` adds up the seconds __next__ took."""
+    in order, each cut at doc_cut tokens. `max_seq_len`: the longest rows set_seq_len may ask for (shuffle off).
+    `wait_s` adds up the seconds __next__ took."""
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], batch_size: int, seq_len: int, *,
                  rank: int = 0, world_size: int = 1, seed: int | None = 0, bos_id: int | None = None,
                  device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, vocab_size: int | None = None,
                  holdout_tokens: int = 0, prefetch: int = 4, shuffle: bool = True, shuffle_shards: int = 0,
-                 doc_cut: int = 0):
+                 doc_cut: int = 0, max_seq_len: int = 0):
         if min(batch_size, seq_len, world_size, prefetch) < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size, seq_len, world_size, prefetch >= 1 and 0 <= rank < world_size; got "
                              f"{batch_size=}, {seq_len=}, {world_size=}, {prefetch=}, {rank=}")
@@ -48,9 +49,12 @@ class TokenLoader:
         regions = open_regions(paths, fmt, raw_dtype)
         if holdout_tokens:
             regions = split_tail(regions, holdout_tokens)[0]
-        check_fits(regions, seq_len + 1)
+        if max_seq_len > seq_len and shuffle:
+            raise ValueError(f"max_seq_len = {max_seq_len}: rows of other lengths need shuffle off (the shuffled "
+                             f"stream's slots have one length)")
+        self.longest = max(seq_len, max_seq_len)
+        check_fits(regions, self.longest + 1)
         self.shape, self.device, self.prefetch = (batch_size, seq_len + 1), torch.device(device), prefetch
-        self.tokens_per_step = world_size * batch_size * seq_len  # target tokens of a global batch
         self.wait_s = 0.0
         self._spec = {"files": [p.name for p in paths], "seed": seed, "seq_len": seq_len, "bos_id": bos_id,
                       "holdout_tokens": holdout_tokens, "shuffle": shuffle,
@@ -65,6 +69,25 @@ class TokenLoader:
                          for _ in range(2 * (self.device.type == "cuda"))]
         self._copied = [torch.cuda.Event() for _ in self._staging]  # a never recorded one is done already
         self._turn = 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Target tokens of a global batch."""
+        return self._stream.per_step * (self.shape[1] - 1)
+
+    def set_seq_len(self, seq_len: int) -> None:
+        """Rows of `seq_len` tokens (at most max_seq_len) from the next batch on, the stream going on from where
+        it is."""
+        if seq_len + 1 == self.shape[1]:
+            return
+        if not 0 < seq_len <= self.longest or isinstance(self._stream, Shuffled):
+            raise ValueError(f"seq_len = {seq_len}: this loader's rows are 1 to {self.longest} tokens long "
+                             f"(max_seq_len), and all {self.shape[1] - 1} long when shuffled")
+        self.shape = (self.shape[0], seq_len + 1)
+        self._stream.set_length(seq_len + 1, self._state)
+        for copied in self._copied:  # the device copies that read the old buffers have run
+            copied.synchronize()
+        self._staging = [torch.empty(self.shape, dtype=torch.int64, pin_memory=True) for _ in self._staging]
 
     def __iter__(self) -> TokenLoader:
         return self

@@ -6,7 +6,8 @@ Sequential: each epoch walks the files (data.order.file_order) front to back; a 
 ended or, with bos_id, at the next bos_id from there. With a cut as well, a window is documents in order, each cut
 at `cut` tokens, the next window starting at the document after its last (Region.cut_window), and a global batch
 comes from one file, whose last batch is skipped if it cannot give it whole: record 46's rows, which then depend on
-world_size * batch_size at the files' ends. Cursor: (epoch, file index, position).
+world_size * batch_size at the files' ends. Cursor: (epoch, file index, position), a place in a file whatever
+the windows' length: the length may change between batches (set_length).
 
 Shuffled: slot k of a file is tokens [kL, (k+1)L). An epoch's files are taken shuffle_shards at a time (0: all)
 and a block's slots visited in data.order's keyed order. With bos_id a slot's window starts at its first
@@ -66,6 +67,11 @@ class Sequential(Stream):
                  rank: int, world_size: int, batch_size: int):
         self.cut = cut
         super().__init__(regions, length, seed, bos_id, rank, world_size, batch_size)
+
+    def set_length(self, length: int, cursor: Cursor) -> None:
+        """Windows of `length` tokens from `cursor` on: a place in a file, whatever the windows' length."""
+        self.length = length
+        self.seek(cursor)
 
     def window(self, region: Region, pos: int) -> tuple[Spans, int] | None:
         """The next window of `region` at or after `pos`, and where the one after it is searched from."""

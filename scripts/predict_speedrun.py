@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 
+from model.config import stage_of
 from model.gpt import GPT
 from model.masks import window_at
 from trainer.config import Config, parse_args as parse_train_args
@@ -48,13 +49,15 @@ ROWS_READ = 0.91
 
 
 def flops_per_token(cfg: Config) -> tuple[float, float]:
-    """(training FLOPs per token at train.seq_len, averaged over the run's window schedule; its attention share):
-    GPT.flops_per_token at each of 101 evenly spaced points of training progress (the window's schedule: linear
-    growth, or model.window_stages)."""
+    """(training FLOPs per token, averaged over the run's tokens; its attention share): GPT.flops_per_token at
+    each of 101 evenly spaced points of training progress (the window's schedule: linear growth, or
+    model.window_stages; the rows of the batch stage there), each weighted by its stage's tokens per step."""
     with torch.device("meta"):  # the shapes without allocating the weights
         model = GPT(cfg.model)
-    flops = statistics.fmean(model.flops_per_token(cfg.train.seq_len, window_at(cfg.model, i / 100))
-                             for i in range(101))
+    shapes = cfg.train.stage_shapes()
+    stages = [shapes[stage_of(i / 100, len(shapes))] for i in range(101)]
+    flops = statistics.fmean([model.flops_per_token(row, window_at(cfg.model, i / 100))
+                              for i, (_, row) in enumerate(stages)], weights=[m * row for m, row in stages])
     attention_at_one_key = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_one_key
     return flops, 1 - matmul_only / flops
@@ -120,7 +123,9 @@ def table(assumed_mfu: float, gpu_check: dict | None = None, ratio: float | None
     record_mfu = mfu(flops, tokens / RECORD["train_s"], peak, GPUS)
     rows = [
         ("FLOPs per token (training)", f"{flops / 1e9:.3f} G", "",
-         f"GPT.flops_per_token at seq_len {cfg.train.seq_len}, mean over the window schedule "
+         f"GPT.flops_per_token at each batch stage's rows "
+         f"({' -> '.join(str(row) for _, row in cfg.train.stage_shapes())} tokens), mean over the run's tokens "
+         f"through the window schedule "
          f"{' -> '.join(map(str, model_cfg.window_stages or [model_cfg.first_window or model_cfg.window]))} -> "
          f"{model_cfg.window} (causal; short layers half): "
          f"attention {attention:.0%} of it"),

@@ -120,8 +120,8 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     _, _, straight, straight_losses = trained(tmp_path, "straight", *args, warm_up=warm_up)
     real = train.train_step
 
-    def stop_after_step_3(run, batches):
-        out = real(run, batches)
+    def stop_after_step_3(run, batches, *rows):
+        out = real(run, batches, *rows)
         if run.progress.step == 2:  # the step being run is the third
             run.stop_requested.append(signal.SIGTERM)
         return out
@@ -163,8 +163,8 @@ def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie
     warm = ("--train.timing=exclude_warmup", "--train.warmup_steps=1")
     real, stop, tied = train.train_step, [], []
 
-    def step(run, batches):
-        out = real(run, batches)
+    def step(run, batches, *rows):
+        out = real(run, batches, *rows)
         tied.append(run.model.module.tied)
         if run.progress.step + 1 in stop:
             run.stop_requested.append(signal.SIGTERM)
@@ -203,8 +203,8 @@ def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
     assert straight["mudd.0.proj"].any() and straight["mudd.1.bias"].any()  # off their zero init
     real = train.train_step
 
-    def stop_after_step_3(run, batches):
-        out = real(run, batches)
+    def stop_after_step_3(run, batches, *rows):
+        out = real(run, batches, *rows)
         if run.progress.step == 2:
             run.stop_requested.append(signal.SIGTERM)
         return out

@@ -6,7 +6,7 @@ the one after the step that saw the budget spent (the hackathon counts "from the
 step in flight may finish). On CPU it is read at once: the run stops on the step that saw it. The time LR schedule
 follows the elapsed time all ranks agreed on (`sync`), not each rank's own stopwatch: DDP replicas stay identical
 only if every rank uses the same LR. The batch schedule (train.batch_stages) follows the same progress, so every
-rank runs the same micro-steps.
+rank runs the same micro-steps of the same rows.
 """
 from __future__ import annotations
 
@@ -94,13 +94,25 @@ class Clock:
         does, hence the agreed time under a time schedule: every rank's step is in the same stage."""
         return stage_of(self.progress(step), len(self.cfg.batch_stages))
 
-    def micro_steps_by_stage(self) -> list[int]:
-        """The micro-batches a step accumulates in each stage of the batch schedule ([grad_accum] without one)."""
-        return [self.cfg.grad_accum * n for n in self.cfg.batch_stages or [1]]
-
     def micro_steps(self, step: int) -> int:
         """The micro-batches the step about to run accumulates (`step` steps done so far)."""
-        return self.micro_steps_by_stage()[self.stage(step)]
+        return self.cfg.stage_shapes()[self.stage(step)][0]
+
+    def seq_len(self, step: int) -> int:
+        """The tokens of each row of the step about to run (train.seq_len, or more under batch_stage_rows)."""
+        return self.cfg.stage_shapes()[self.stage(step)][1]
+
+    def rows_ahead(self, step: int) -> list[int]:
+        """The row lengths of the step about to run and of the later stages, each once: the shapes a warm-up
+        compiles."""
+        return list(dict.fromkeys(row for _, row in self.cfg.stage_shapes()[self.stage(step):]))
+
+    def warmup_steps(self, step: int) -> int:
+        """The untimed steps train.py's warm-up runs before `step` (exclude_warmup): warmup_steps of each row
+        length ahead."""
+        if self.cfg.timing != "exclude_warmup":
+            return 0
+        return self.cfg.warmup_steps * len(self.rows_ahead(step))
 
     def sync(self, elapsed: float) -> None:
         """Adopt `elapsed`, the same on every rank (the max of their clocks), as the schedule's time."""

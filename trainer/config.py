@@ -78,6 +78,9 @@ class TrainConfig:
     # a batch schedule: len(list) equal stages of the run's progress (the LR schedule's), stage k accumulating
     # batch_stages[k] x grad_accum micro-steps of the same shape; [] = grad_accum throughout
     batch_stages: list[int] = field(default_factory=list)
+    # true: stage k's rows are batch_stages[k] x seq_len tokens long instead, in grad_accum micro-steps (record
+    # 46's, one compiled shape per stage); needs data.shuffle = false, whose stream goes on at any row length
+    batch_stage_rows: bool = False
     # each stage's LR multiplier, applied on top of the LR schedule's; [] = 1.0 in every stage
     batch_stage_lr: list[float] = field(default_factory=list)
     # the progress at which the second, third, ... stage's LR multiplier takes over; [] = where its batch stage
@@ -103,7 +106,9 @@ class TrainConfig:
     budget_s: float = grouped(0.0, "budget")  # training-time budget; 0 = none
     plan: bool = True            # apply the config file's [[plan]] row for budget_s; false: the file's own keys
     timing: Literal["from_first_forward", "exclude_warmup"] = "from_first_forward"
-    warmup_steps: int = grouped(0, "speed")  # untimed compile warm-up steps (exclude_warmup), state restored after
+    # untimed compile warm-up steps (exclude_warmup), state restored after; under batch_stage_rows, this many of
+    # each row length still ahead
+    warmup_steps: int = grouped(0, "speed")
     max_steps: int = grouped(0, "budget")  # upper bound on steps; 0 = none
     # "time": the LR follows the elapsed budget fraction (or max_steps if reached first); "step": over max_steps
     schedule: Literal["time", "step"] = "time"
@@ -134,6 +139,17 @@ class TrainConfig:
     def steps(self) -> int:
         """The steps the run takes at most: max_steps, then a step schedule's extension_steps (0 = no cap)."""
         return self.max_steps + self.extension_steps if self.max_steps else 0
+
+    def stage_shapes(self) -> list[tuple[int, int]]:
+        """Each batch stage's (micro-steps, tokens per row) ([(grad_accum, seq_len)] without batch_stages)."""
+        if self.batch_stage_rows:
+            return [(self.grad_accum, self.seq_len * n) for n in self.batch_stages or [1]]
+        return [(self.grad_accum * n, self.seq_len) for n in self.batch_stages or [1]]
+
+    @property
+    def longest_row(self) -> int:
+        """The longest row any stage trains on."""
+        return max(row for _, row in self.stage_shapes())
 
 
 @dataclass
@@ -495,7 +511,15 @@ def validate(cfg: Config) -> None:
                                                                           else [value])):
                 raise ConfigError(f"{section}.{key} = {value} must hold finite numbers only")
     check_batch_stages(train)
-    micro_steps = train.grad_accum * max(train.batch_stages, default=1)
+    if train.batch_stage_rows and not train.batch_stages:
+        raise ConfigError("train.batch_stage_rows = true lengthens each batch stage's rows, and train.batch_stages = "
+                          "[] has no stages: give train.batch_stages (e.g. [1, 2, 3]) or set "
+                          "train.batch_stage_rows = false")
+    if train.batch_stage_rows and cfg.data.shuffle:
+        raise ConfigError("train.batch_stage_rows = true lengthens the rows stage by stage, and the shuffled stream's "
+                          "slots have one length: set data.shuffle = false (the shards front to back), or "
+                          "train.batch_stage_rows = false (longer stages in more micro-steps)")
+    micro_steps = max(m for m, _ in train.stage_shapes())
     if train.reduce_dtype == "bfloat16" and train.parallel == "fsdp" and micro_steps > 1:
         # FSDP2 keeps an unsynced micro-step's gradient in its reduce dtype (MixedPrecisionPolicy's rule)
         raise ConfigError(f"train.reduce_dtype = 'bfloat16' under train.parallel = 'fsdp' would add up the "
@@ -517,10 +541,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"train.{key} = {getattr(train, key)} must lie in [0, 1]")
     if not 0 <= train.lr_warmup_frac + train.lr_decay_frac <= 1:
         raise ConfigError("train.lr_warmup_frac + train.lr_decay_frac must lie in [0, 1]")
-    if train.seq_len > cfg.model.block_size:
-        raise ConfigError(f"train.seq_len = {train.seq_len} is longer than model.block_size = {cfg.model.block_size}; "
-                          f"raise model.block_size or lower train.seq_len")
-    rows = train.batch_size * train.seq_len
+    if train.longest_row > cfg.model.block_size:
+        rows = (f"train.seq_len x max(train.batch_stages) = {train.longest_row} (train.batch_stage_rows)"
+                if train.batch_stage_rows else f"train.seq_len = {train.seq_len}")
+        raise ConfigError(f"{rows} is longer than model.block_size = {cfg.model.block_size}; raise model.block_size "
+                          f"or lower train.seq_len")
+    rows = train.batch_size * train.seq_len  # a stage's rows under batch_stage_rows are multiples of these
     if cfg.model.fp8_head and rows % 16:
         raise ConfigError(f"model.fp8_head = true: the head's backward multiplies over a micro-step's tokens, "
                           f"train.batch_size x train.seq_len = {rows}, through torch._scaled_mm, whose CUDA kernels "

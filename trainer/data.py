@@ -118,7 +118,8 @@ def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> Toke
     return TokenLoader(files, train.batch_size, train.seq_len, rank=dist.rank, world_size=dist.world_size,
                        seed=seed, bos_id=bos_id, device=dist.device, fmt=data.format, raw_dtype=data.raw_dtype,
                        vocab_size=cfg.model.vocab_size if check else None, holdout_tokens=cfg.holdout_tokens,
-                       shuffle=data.shuffle, shuffle_shards=data.shuffle_shards, doc_cut=data.doc_cut)
+                       shuffle=data.shuffle, shuffle_shards=data.shuffle_shards, doc_cut=data.doc_cut,
+                       max_seq_len=train.longest_row)
 
 
 def _vouched(files: list[Path], meta: dict, vocab_size: int) -> bool:

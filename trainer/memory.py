@@ -2,8 +2,9 @@
 
 Counted per process: parameters, gradients and optimizer state (a 1/world shard of each under FSDP2, plus
 the blocks it gathers at a time), DDP's gradient buckets, and the activations backward keeps for one
-micro-batch of train.batch_size x train.seq_len tokens: the tensors the model (model/) saves in eager mode, counted
-one by one below, and the logits. torch.compile fuses some of them away, so a compiled run needs less.
+micro-batch of train.batch_size rows of train.seq_len tokens (the longest stage's under train.batch_stage_rows):
+the tensors the model (model/) saves in eager mode, counted one by one below, and the logits. torch.compile fuses
+some of them away, so a compiled run needs less.
 The limit: MemAvailable divided by the node's processes on CPU (page cache counts as available: the shards'
 pages are reclaimable), the device's free memory on CUDA. An estimate above the limit is refused with the
 numbers and the keys to change; one above NEAR of it gets a warning. SHARDRUN_MEMORY_CHECK=warn turns the
@@ -92,12 +93,12 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
         parts["gathered"] = 2 * gathered * (2 if cuda and train.dtype == "bfloat16" else 4)  # weights and grads
     elif world_size > 1:
         parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients
-    tokens = (batch_size or train.batch_size) * train.seq_len
+    tokens = (batch_size or train.batch_size) * train.longest_row
     bf16 = cuda and train.dtype == "bfloat16"  # CPU runs fp32 (trainer/parallel.py's autocast)
     parts.update(activation_bytes(model_cfg, tokens, 2 if bf16 else 4, 2 if bf16 and train.bf16_stream else 4))
     if (model_cfg.window or model_cfg.doc_causal) and not (cuda and model_cfg.attention == "flex"):
         # SDPA with an explicit mask (no FlexAttention) keeps it as B x H x T x T floats (measured on CPU)
-        parts["mask"] = (batch_size or train.batch_size) * model_cfg.n_head * train.seq_len ** 2 * 4
+        parts["mask"] = (batch_size or train.batch_size) * model_cfg.n_head * train.longest_row ** 2 * 4
     return parts
 
 
@@ -143,6 +144,8 @@ def _advice(cfg: Config, world_size: int, cuda: bool, limit: float) -> str:
     else:
         keys = "even train.batch_size = 1 would not fit: shrink the model (model.n_layer, model.n_embd)"
     keys += ", or lower train.seq_len"
+    if train.batch_stage_rows:
+        keys += " (or set train.batch_stage_rows = false: the later stages in more micro-steps of seq_len tokens)"
     if world_size > 1 and train.parallel != "fsdp":
         keys += "; train.parallel = 'fsdp' shards the parameters, gradients and optimizer state"
     if not cuda:
@@ -159,7 +162,7 @@ def verdict(cfg: Config, world_size: int, cuda: bool, limit: float, source: str)
     train = cfg.train
     what = (f"this config needs about {need / GB:.1f} GB per process ("
             + " + ".join(f"{name} {value / GB:.2f}" for name, value in parts.items() if value)
-            + f" GB, at {train.batch_size} x {train.seq_len} tokens per micro-step), and a process has "
+            + f" GB, at {train.batch_size} x {train.longest_row} tokens per micro-step), and a process has "
               f"{limit / GB:.1f} GB"
             + (f" ({source})" if source else ""))
     advice = _advice(cfg, world_size, cuda, limit)

@@ -63,7 +63,10 @@ def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: 
         old = Clock(before)
         old.load_state_dict(clock.state_dict())
         now, then = clock.micro_steps(step), old.micro_steps(step)
-        batch = f" and {now} micro-steps instead of {then} (train.batch_stages)" if now != then else ""
+        rows, rows_then = clock.seq_len(step), old.seq_len(step)
+        batch = (f" and {now} micro-steps instead of {then} (train.batch_stages)" if now != then else
+                 f" and rows of {rows} tokens instead of {rows_then} (train.batch_stage_rows)" if rows != rows_then
+                 else "")
         lines.append(f"resume: --extend-budget: the LR schedule now spans the new budget, so step {step + 1} runs "
                      f"at LR multiplier {clock.lr_mult(step):.3f} instead of {old.lr_mult(step):.3f}{batch} (a "
                      f"decay that had ended rises again); this is not the run the new budget gives from the start")

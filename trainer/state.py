@@ -61,24 +61,25 @@ class Run:
     def __post_init__(self) -> None:
         self.flags = FlagExchange(self.dist.device)
 
-    @property
-    def tokens_per_micro_step(self) -> int:
-        """Training tokens of one micro-step, over all ranks."""
-        return self.cfg.train.batch_size * self.cfg.train.seq_len * self.dist.world_size
+    def tokens_by_stage(self) -> list[int]:
+        """Training tokens of a step in each batch stage, over all ranks."""
+        rows = self.cfg.train.batch_size * self.dist.world_size
+        return [rows * micro_steps * row for micro_steps, row in self.cfg.train.stage_shapes()]
 
     @property
     def tokens_per_step(self) -> int:
-        """Training tokens of the step about to run, over all ranks: its batch stage's micro-steps."""
-        return self.tokens_per_micro_step * self.clock.micro_steps(self.progress.step)
+        """Training tokens of the step about to run, over all ranks: its batch stage's micro-steps and rows."""
+        return self.tokens_by_stage()[self.clock.stage(self.progress.step)]
 
     @property
     def checkpoint_path(self) -> Path:
         """Where checkpoint.pt goes: train.checkpoint_path, else the run folder."""
         return checkpoint_path(self.run_dir, self.cfg.train.checkpoint_path)
 
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token of a step at the attention window the model has now."""
-        return self.model.module.flops_per_token(self.cfg.train.seq_len)
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token of rows of `seq_len` tokens (default: the rows of the last step done, or of
+        the first before it) at the attention window the model has now."""
+        return self.model.module.flops_per_token(seq_len or self.clock.seq_len(max(self.progress.step - 1, 0)))
 
     def mfu(self, tok_s: float) -> float | None:
         """Model FLOPs utilisation at `tok_s` tokens/s over all ranks (GPU with known peak only), at the

@@ -42,6 +42,7 @@ from data.shards import open_shard
 from scripts.beside import report
 from scripts.beside.record_data import docs_limit, most_val_documents, record_coverage, repeated
 from scripts.beside.record_script import RecordError, eval_steps, hyperparameters, record_code, rewrite, step_tokens
+from trainer.clock import Clock
 from trainer.config import Config, ConfigError, parse_args as parse_config
 from util.atomic import write_json, write_text
 from util.process import run_group
@@ -161,7 +162,7 @@ def check_alike(hp: dict, cfg: Config, record: Path) -> None:
                           f"{cut} tokens; ours has data.sorted_shards = {data.sorted_shards}, bos_aligned = "
                           f"{data.bos_aligned}, doc_cut = {data.doc_cut}: give our side data.shuffle=false, "
                           f"data.sorted_shards=true, data.bos_aligned=true and data.doc_cut={cut} with --ours-set")
-    ours = [train.batch_size * train.seq_len * train.grad_accum * k for k in train.batch_stages or [1]]
+    ours = [train.batch_size * micro_steps * row for micro_steps, row in train.stage_shapes()]
     if list(hp["train_bs_schedule"]) != ours:
         raise RecordError(f"{record}: the record's steps hold {list(hp['train_bs_schedule'])} tokens by stage, ours "
                           f"{ours} (train.batch_size x seq_len x grad_accum x batch_stages): give our side the "
@@ -183,9 +184,10 @@ def say_plan(args: argparse.Namespace, p: Plan) -> list[str]:
               f"both: schedules cut alike to {args.steps} steps, without extension steps (ours under "
               f"train.schedule = 'step'); Muon's momentum warm-up stays the record's 300 steps, ours "
               f"{p.cfg.optim.muon_momentum_warmup_steps}",
-              f"record: {RECORD_GRAD_ACCUM} micro-batches a step of a growing row (1/8 of the step's tokens); ours "
-              f"{p.cfg.train.grad_accum} x batch_stages micro-batches of {p.cfg.train.batch_size} x "
-              f"{p.cfg.train.seq_len} tokens"]
+              f"record: {RECORD_GRAD_ACCUM} micro-batches a step of one row of 1/{RECORD_GRAD_ACCUM} of the step's "
+              f"tokens, growing by stage; ours "
+              + " -> ".join(f"{micro_steps} micro-batches of {p.cfg.train.batch_size} x {row}"
+                            for micro_steps, row in p.cfg.train.stage_shapes())]
     return lines
 
 
@@ -247,7 +249,7 @@ def run_record(args: argparse.Namespace, p: Plan, timeout: float) -> str:
 def run_ours(args: argparse.Namespace, p: Plan, timeout: float) -> str:
     """Our side, for at most `timeout` seconds."""
     work = args.work / "ours"
-    cmd = probe_cmd(work / "probe.json", p.cfg.train.warmup_steps + PROFILE_SKIP, args.profile_steps,
+    cmd = probe_cmd(work / "probe.json", Clock(p.cfg.train).warmup_steps(0) + PROFILE_SKIP, args.profile_steps,
                     ROOT / "train.py", *p.ours)
     return run_side(cmd, ROOT, {"PYTHONPATH": str(ROOT)}, work / "console.txt", timeout)
 

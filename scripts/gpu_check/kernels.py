@@ -12,9 +12,10 @@ flex  FlexAttention with the speedrun's mask (causal, its window, the document m
       On CPU FlexAttention has no backward: flex is checked forward only, eager, and the gradient comparison
       runs with SDPA in its place (the code path, not the kernel).
 ring  200 batches through TokenLoader's pinned CUDA staging buffers equal the CPU path's, byte for byte, at the
-      speedrun's and the hackathon's shapes. The device batches are all kept, unsynced, while a queue of matmuls
-      holds their copies back: a staging buffer refilled before its copy ran would show. On CPU: the batches of
-      one CPU loader, all held as they came, against another's.
+      speedrun's and the hackathon's shapes, in their configs' order; the speedrun's second half in its last
+      stage's longer rows (train.batch_stage_rows), in buffers made anew. The device batches are all kept,
+      unsynced, while a queue of matmuls holds their copies back: a staging buffer refilled before its copy ran
+      would show. On CPU: the batches of one CPU loader, all held as they came, against another's.
 fp8   model/fp8.py's fp8_matmul (model.fp8_head) at the speedrun's head on one GPU: a micro-step's tokens of
       configs/speedrun_1gpu.toml (16,384 rows of 768, RMS 1 each, as the final norm gives), a head of N(0, 0.02)
       weights over the padded vocabulary (50,304), the gradient of a mean cross-entropy, at head_scales' scales:
@@ -249,21 +250,32 @@ def hold_back_copies(device: torch.device) -> None:
 
 
 def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | None, device: torch.device,
-               n: int = RING_BATCHES, keep: Callable | None = None) -> dict:
+               n: int = RING_BATCHES, keep: Callable | None = None, longer: int = 0) -> dict:
     """n batches of a TokenLoader on `device`, all held, against the CPU loader's; `data` is the config's [data]
-    section (format, raw dtype). `keep(batch)` is what is held of each batch: by default the batch itself,
-    which belongs to its caller on every device."""
+    section (format, raw dtype, order). `keep(batch)` is what is held of each batch: by default the batch itself,
+    which belongs to its caller on every device. `longer` > 0: the second half in rows of that many tokens, as
+    train.batch_stage_rows lengthens them, through staging buffers made anew."""
     cuda = device.type == "cuda"
     keep = keep or (lambda b: b)
-    kw = dict(bos_id=bos_id, fmt=data.format, raw_dtype=data.raw_dtype, seed=0)
+    kw = dict(bos_id=bos_id, fmt=data.format, raw_dtype=data.raw_dtype, seed=0, shuffle=data.shuffle,
+              max_seq_len=longer)
     with TokenLoader(files, batch_size, seq_len, device="cpu", **kw) as want, \
             TokenLoader(files, batch_size, seq_len, device=device, prefetch=4 if cuda else 1, **kw) as got:
         hold_back_copies(device)
-        held = [keep(next(got)) for _ in range(n)]
-        bad = [i for i, batch in enumerate(held) if not all(torch.equal(a.cpu(), b) for a, b in zip(batch, next(want)))]
+        held = []
+        for i in range(n):
+            if longer and i == n // 2:
+                got.set_seq_len(longer)
+            held.append(keep(next(got)))
+        bad = []
+        for i, batch in enumerate(held):
+            if longer and i == n // 2:
+                want.set_seq_len(longer)
+            if not all(torch.equal(a.cpu(), b) for a, b in zip(batch, next(want))):
+                bad.append(i)
         same_state = got.state_dict() == want.state_dict()
-    return {"batches": n, "shape": [batch_size, seq_len], "bos_aligned": bos_id is not None, "mismatches": len(bad),
-            "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
+    return {"batches": n, "shape": [batch_size, seq_len], "longer": longer, "bos_aligned": bos_id is not None,
+            "mismatches": len(bad), "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
             "compared": "pinned CUDA staging vs CPU" if cuda else "CPU (prefetch 1) vs CPU (prefetch 4), held"}
 
 
@@ -285,7 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                              ("ring_hackathon", hackathon, args.data / "raw" / "chunk_*.bin")):
         B, T = small or (cfg.train.batch_size, cfg.train.seq_len)
         bos_id = cfg.model.bos_id if cfg.data.bos_aligned else None
-        res[name] = guarded(ring_check, str(files), B, T, cfg.data, bos_id, device)
+        longer = T * max(cfg.train.batch_stages) if cfg.train.batch_stage_rows else 0
+        res[name] = guarded(ring_check, str(files), B, T, cfg.data, bos_id, device, RING_BATCHES, None, longer)
         write_json(args.out, res)
     res["flex"] = guarded(flex_check, speedrun, device, args.cpu)
     write_json(args.out, res)

@@ -244,7 +244,8 @@ class Probe(Hooks):
         before, t0 = compile_state(), time.perf_counter()
         stage(run)
         self._sync()
-        self.result["warm_up"] = {"seconds": time.perf_counter() - t0, "steps": run.cfg.train.warmup_steps,
+        steps = run.clock.warmup_steps(run.progress.step)
+        self.result["warm_up"] = {"seconds": time.perf_counter() - t0, "steps": steps,
                                   **compile_delta(before, compile_state()), **self._memory("peak")}
         self.save("warm_up")
 

@@ -128,3 +128,29 @@ def test_next_places_are_where_the_batches_come_from_and_move_the_stream_alike(t
             places = [(paths.index(f), lo) for f, [(lo, _)] in where]
             assert places == windows(*next(read)) and placed.state_dict() == read.state_dict()
         assert read.state_dict()["epoch"] >= 1
+
+
+@pytest.mark.parametrize("kw", [{}, {"bos_id": BOS}])
+def test_rows_may_lengthen_between_batches_and_a_resume_goes_on_at_the_new_length(tmp_path, kw):
+    """set_seq_len (train.batch_stage_rows): the stream goes on from where it was, at the new length, and a loader
+    built afresh at the base length resumes it once told the length."""
+    coded_shards(tmp_path, SIZES, bos_seed=0 if kw else None)
+    files = str(tmp_path / "*.bin")
+    with TokenLoader(files, B, T, shuffle=False, max_seq_len=3 * T, **kw) as loader:
+        first = windows(*next(loader))
+        loader.set_seq_len(2 * T)
+        state, batch = loader.state_dict(), next(loader)
+        assert batch[0].shape == (B, 2 * T) and loader.tokens_per_step == B * 2 * T
+        (_, end), (_, start) = first[-1], windows(*batch)[0]
+        # consecutive tokens go on where the last row ended; with bos_id, at the first document from there
+        assert start == end + L if not kw else end + L <= start < end + L + 3 * L
+        with TokenLoader(files, B, T, shuffle=False, max_seq_len=3 * T, **kw) as again:
+            again.load_state_dict(state)
+            again.set_seq_len(2 * T)
+            assert all(torch.equal(a, b) for a, b in zip(next(again), batch))
+        with pytest.raises(ValueError, match=r"seq_len = 46: this loader's rows are 1 to 45 tokens long"):
+            loader.set_seq_len(3 * T + 1)
+    with pytest.raises(ValueError, match="max_seq_len = 45: rows of other lengths need shuffle off"):
+        TokenLoader(files, B, T, max_seq_len=3 * T, **kw)
+    with pytest.raises(ShardError, match=r"seq_len \+ 1 = 1001 tokens is longer than every file"):
+        TokenLoader(files, B, T, shuffle=False, max_seq_len=1000, **kw)

@@ -146,14 +146,20 @@ def test_resume_after_a_crash_repeats_the_uninterrupted_losses(ddp_run, demo, tm
     assert [r["loss"] for r in records(tmp_path / "crash")] == [r["loss"] for r in records(ddp_run)]
 
 
-def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batch_stages(tmp_path):
+ROWS = ["--train.batch_stage_rows=true", "--model.block_size=192", "--train.timing=exclude_warmup",
+        "--train.warmup_steps=1"]
+
+
+@pytest.mark.parametrize("rows", [[], ROWS], ids=["micro_steps", "rows"])
+def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batch_stages(tmp_path, rows):
     """data.sorted_shards and data.doc_cut (record 46's rows: documents in order, each cut at 32 tokens here) on 2
-    ranks, tiny.toml's 2 micro-steps in stages [1, 2, 3]: every rank SIGKILLed right after the resume state of step
-    15 (mid second stage) is saved, then relaunched, trains the rows the uninterrupted run trains: the same losses,
-    step by step, and the same loader state at the end."""
+    ranks, tiny.toml's 2 micro-steps in stages [1, 2, 3] (or, train.batch_stage_rows, rows of 64, 128 and 192
+    tokens, each length warmed up first): every rank SIGKILLed right after the resume state of step 15 (mid
+    second stage) is saved, then relaunched, trains the rows the uninterrupted run trains: the same losses, step
+    by step, and the same loader state at the end."""
     data = short_docs_data(tmp_path / "docs", tokens=200_000, val_tokens=20_000, shard_tokens=70_000)
     order = ["--data.bos_aligned=true", "--data.shuffle=false", "--data.sorted_shards=true", "--data.doc_cut=32",
-             "--train.batch_stages=[1, 2, 3]"]
+             "--train.batch_stages=[1, 2, 3]", *rows]
     torchrun(train_args(data, tmp_path, "straight", *order))
     die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=15"]
     proc = torchrun([*die, *train_args(data, tmp_path, "crash", *order, "--train.checkpoint_every_s=1e-9")],
@@ -164,6 +170,9 @@ def test_the_records_order_resumes_a_killed_run_on_its_next_row_through_the_batc
     straight, crash = records(tmp_path / "straight"), records(tmp_path / "crash")
     assert [r["step"] for r in crash] == list(range(1, 31))
     assert crash[-1]["tokens"] == (10 * 2 + 10 * 4 + 10 * 6) * 512  # micro-steps by stage x 2 ranks x 4 x 64 tokens
+    if rows:  # the same tokens in longer rows; the resumed run warms up the lengths still ahead
+        logs = [(tmp_path / run / "log.txt").read_text() for run in ("straight", "crash")]
+        assert "warm-up: 1 step of each of 3 row lengths" in logs[0] and "of each of 2 row lengths" in logs[1]
     assert [r["loss"] for r in crash] == [r["loss"] for r in straight]
     loaders = [[state["loader"] for state in rank_states(tmp_path / run)] for run in ("straight", "crash")]
     assert loaders[0] == loaders[1] and loaders[0][0]["seed"] is None and loaders[0][0]["epoch"] == 0

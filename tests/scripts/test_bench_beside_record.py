@@ -13,7 +13,7 @@ from tests.helpers import ROOT, run
 from tests.scripts.beside_fixtures import record_log, record_script, record_shards
 
 # A tiny shape of ours that matches the fixture's record: its rows (documents in sorted order, cut at 160 tokens),
-# 2 x 160 tokens a micro-step, 8 micro-steps, stages x 1, 2, 3, evals in rows of 160 x 2 = 2,560 / 8 tokens; Muon,
+# 8 micro-steps of one row of 320 tokens, rows x 1, 2, 3 by stage, evals in rows of 320 = 2,560 / 8 tokens; Muon,
 # so that its steps are counted; extension steps, as the speedrun config has, which the harness cuts as it cuts the
 # record's
 TINY = '''base = "{root}/configs/tiny.toml"
@@ -24,19 +24,20 @@ sorted_shards = true
 doc_cut = 160
 [model]
 vocab_size = 50257
-block_size = 160
+block_size = 960
 [optim]
 name = "muon"
 embed_lr = 0.01
 [train]
-batch_size = 2
-seq_len = 160
+batch_size = 1
+seq_len = 320
 grad_accum = 8
 batch_stages = [1, 2, 3]
+batch_stage_rows = true
 extension_steps = 4
 [eval]
-seq_len = 160
-batch_size = 2
+seq_len = 320
+batch_size = 1
 '''
 
 
@@ -69,9 +70,15 @@ def test_the_plan_says_each_change_and_refuses_what_would_not_train_alike(bench,
     assert any("--train.max_steps=8" in line and "--eval.tokens=5120" in line for line in lines)
     assert p.cfg.train.steps == 8  # no extension steps on either side
     with pytest.raises(beside_record.RecordError, match=r"\[2560, 5120, 7680\] tokens by stage, ours \[2560\]"):
-        beside_record.plan(beside_record.parse_args([*args, "--ours-set", "train.batch_stages=[]"]))
+        beside_record.plan(beside_record.parse_args([*args, "--ours-set", "train.batch_stages=[]", "--ours-set",
+                                                     "train.batch_stage_rows=false"]))
+    assert lines[-1].endswith("growing by stage; ours 8 micro-batches of 1 x 320 -> 8 micro-batches of 1 x 640 -> "
+                              "8 micro-batches of 1 x 960")
+    rows = beside_record.plan(beside_record.parse_args([*args, "--ours-set", "train.batch_stage_rows=false"]))
+    assert beside_record.say_plan(beside_record.parse_args(args), rows)[-1].endswith(
+        "ours 8 micro-batches of 1 x 320 -> 16 micro-batches of 1 x 320 -> 24 micro-batches of 1 x 320")
     with pytest.raises(beside_record.RecordError, match="forwards of 320 tokens"):
-        beside_record.plan(beside_record.parse_args([*args, "--ours-set", "eval.batch_size=1"]))
+        beside_record.plan(beside_record.parse_args([*args, "--ours-set", "eval.batch_size=2"]))
     with pytest.raises(beside_record.RecordError, match="each cut at 160 tokens; ours has data.sorted_shards = True, "
                                                         "bos_aligned = True, doc_cut = 0"):
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "data.doc_cut=0"]))

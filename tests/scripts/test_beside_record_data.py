@@ -86,3 +86,24 @@ def test_our_loader_with_doc_cut_reads_the_records_rows(tmp_path, monkeypatch, w
         assert [loader.next_places() for loader in loaders] == [[(path, spans)] for spans in rows]
     assert len(record) * world > 150 and len({path for path, _ in record}) == 4
     assert sum(hi - lo == cut for _, rows in record for spans in rows for lo, hi in spans) > 100  # documents cut
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("every", [20, 1], ids=["by_stage", "each_batch"])
+def test_rows_that_grow_by_stage_are_the_records_rows(tmp_path, monkeypatch, world, every):
+    """train.batch_stage_rows: the row grows from n to 2n and 3n tokens between steps (by stage, or at every
+    batch, so that a length changes where a shard ends too), and each rank's rows stay the record's, whose loader
+    goes on from the document after the last row's at the new length."""
+    monkeypatch.setattr(data_coverage, "FINEWEB_LIKE_SHARD", 100_000)
+    shards = fineweb_like(tmp_path, 300_000 * world, 50256, seed=3)
+    n, cut = 600, 500
+    lengths = [n * (1 + i // every % 3) for i in range(60)]
+    record = list(record_rows(shards, lengths, cut, 50256, world))
+    loaders = [TokenLoader(shards, 1, n, rank=r, world_size=world, seed=None, bos_id=50256, shuffle=False,
+                           doc_cut=cut, max_seq_len=3 * n) for r in range(world)]
+    for length, (path, rows) in zip(lengths, record):
+        for loader in loaders:
+            loader.set_seq_len(length)
+        assert [loader.next_places() for loader in loaders] == [[(path, spans)] for spans in rows]
+    assert len(record) == len(lengths) and len({path for path, _ in record}) > 1
+    assert {sum(hi - lo for lo, hi in rows[0]) for _, rows in record} == {601, 1201, 1801}

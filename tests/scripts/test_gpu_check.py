@@ -407,6 +407,10 @@ def test_ring_check_catches_batches_overwritten_in_their_buffer(tmp_path):
     files, cpu = str(tmp_path / "test_train_*.bin"), torch.device("cpu")
     ok = kernel_check.ring_check(files, 2, 64, data, None, cpu, n=50)  # every batch held as it came
     assert ok["mismatches"] == 0 and ok["state_equal"]
+    lengths = []  # and the second half in rows three times as long (train.batch_stage_rows)
+    grown = kernel_check.ring_check(files, 2, 64, data, None, cpu, n=50, longer=192,
+                                    keep=lambda b: lengths.append(b[0].size(1)) or b)
+    assert grown["mismatches"] == 0 and grown["state_equal"] and lengths == [64] * 25 + [192] * 25
     # held in one reused buffer, as a staging buffer refilled before its copy ran would leave them
     shared = [torch.empty(2, 64, dtype=torch.int64) for _ in range(2)]
     overwritten = kernel_check.ring_check(files, 2, 64, data, None, cpu, n=50,

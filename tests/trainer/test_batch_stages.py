@@ -32,14 +32,27 @@ def test_under_a_step_schedule_stage_k_starts_at_the_first_step_past_k_thirds(ma
     starts = [-(-k * max_steps // 3) for k in range(3)]
     want = [2 * (1 + sum(s >= start for start in starts[1:])) for s in range(max_steps)]
     assert [clock.micro_steps(s) for s in range(max_steps)] == want
-    assert clock.micro_steps_by_stage() == [2, 4, 6]
+    assert clock.cfg.stage_shapes() == [(2, 1024), (4, 1024), (6, 1024)]
+    assert {clock.seq_len(s) for s in range(max_steps)} == {1024} and clock.rows_ahead(0) == [1024]
+
+
+def test_batch_stage_rows_lengthen_each_stages_rows_instead_of_adding_micro_steps():
+    clock = Clock(TrainConfig(schedule="step", max_steps=30, grad_accum=2, seq_len=64, batch_stages=[1, 2, 3],
+                              batch_stage_rows=True))
+    assert clock.cfg.stage_shapes() == [(2, 64), (2, 128), (2, 192)] and clock.cfg.longest_row == 192
+    assert [(clock.micro_steps(s), clock.seq_len(s)) for s in (9, 10, 19, 20, 35)] == [
+        (2, 64), (2, 128), (2, 128), (2, 192), (2, 192)]
+    # what a warm-up compiles: the shapes still ahead of the step, each once
+    assert (clock.rows_ahead(0), clock.rows_ahead(15), clock.rows_ahead(29)) == ([64, 128, 192], [128, 192], [192])
+    assert Clock(TrainConfig(schedule="step", max_steps=40, batch_stages=[1, 2, 2, 1],
+                             batch_stage_rows=True)).rows_ahead(0) == [1024, 2048]
 
 
 def test_without_a_batch_schedule_every_step_is_grad_accum_and_the_lr_the_schedules_own():
     cfg = TrainConfig(schedule="step", max_steps=40, grad_accum=3, lr_warmup_frac=0.1, lr_decay_frac=0.5,
                       lr_final_frac=0.1)
     clock = Clock(cfg)
-    assert clock.micro_steps_by_stage() == [3] and {clock.micro_steps(s) for s in range(41)} == {3}
+    assert cfg.stage_shapes() == [(3, 1024)] and {clock.micro_steps(s) for s in range(41)} == {3}
     # bit for bit what it was before the batch schedule: the schedule's multiplier itself
     assert [clock.lr_mult(s) for s in range(41)] == [lr_multiplier(s / 40, 0.1, 0.5, 0.1) for s in range(41)]
 
@@ -86,6 +99,14 @@ def test_under_a_time_schedule_the_stage_follows_the_agreed_time_only(monkeypatc
     (["--train.batch_stage_lr=[2.0]"], "train.batch_stage_lr = [2.0] must give one LR multiplier for each stage "
                                        "of train.batch_stages = []"),
     (["--train.batch_stages=3"], "train.batch_stages must be list"),
+    (["--train.batch_stage_rows=true", "--data.shuffle=false"],
+     "train.batch_stage_rows = true lengthens each batch stage's rows, and train.batch_stages = [] has no stages"),
+    (["--train.batch_stages=[1, 2]", "--train.batch_stage_rows=true"],
+     "train.batch_stage_rows = true lengthens the rows stage by stage, and the shuffled stream's slots have one "
+     "length: set data.shuffle = false"),
+    (["--train.batch_stages=[1, 3]", "--train.batch_stage_rows=true", "--data.shuffle=false", "--train.seq_len=64",
+      "--model.rotary=false", "--model.block_size=128"],
+     "train.seq_len x max(train.batch_stages) = 192 (train.batch_stage_rows) is longer than model.block_size = 128"),
 ])
 def test_bad_batch_stages_are_refused_naming_the_key_and_the_fix(args, needle):
     with pytest.raises(ConfigError) as e:
@@ -97,7 +118,7 @@ def test_the_records_schedule_is_accepted_and_written_as_given():
     cfg = parse_args(["--config", TINY, "--data.train=x", "--train.batch_stages=[1, 2, 3]",
                       "--train.batch_stage_lr=[1, 1.52, 1.73]"])
     assert cfg.to_dict()["train"]["batch_stages"] == [1, 2, 3]
-    assert Clock(cfg.train).micro_steps_by_stage() == [2, 4, 6]  # tiny.toml's grad_accum = 2 times each stage
+    assert [m for m, _ in cfg.train.stage_shapes()] == [2, 4, 6]  # tiny.toml's grad_accum = 2 times each stage
 
 
 def test_a_resume_refuses_a_changed_batch_schedule():
@@ -118,6 +139,16 @@ def test_an_extended_budget_says_when_it_moves_the_next_step_to_another_stage():
     # second stage, 2 x 2, and a flat LR)
     assert "step 31 runs at LR multiplier 1.000 instead of 0.100 and 4 micro-steps instead of 6 " \
            "(train.batch_stages)" in lines[-1]
+
+
+def test_an_extended_budget_says_when_it_moves_the_next_step_to_longer_rows():
+    base = ["--config", TINY, "--data.train=x", "--train.batch_stages=[1, 2, 3]", "--train.lr_warmup_frac=0",
+            "--train.batch_stage_rows=true", "--data.shuffle=false", "--model.block_size=192"]
+    saved = parse_args([*base, "--train.max_steps=30"]).to_dict()
+    cfg = parse_args([*base, "--train.max_steps=60", "--extend-budget"])
+    lines = change_lines(cfg.train, saved["train"], Clock(cfg.train), 30, check_resume(saved, cfg, "runs/r"))
+    rows = cfg.train.seq_len
+    assert f"and rows of {2 * rows} tokens instead of {3 * rows} (train.batch_stage_rows)" in lines[-1]
 
 
 def test_lr_stages_may_start_where_batch_stage_lr_at_says_and_decay_to_a_floor_of_the_base_rate():

@@ -92,9 +92,10 @@ def test_the_speedrun_config_steps_its_lr_and_batch_as_record_46_at_every_step()
     assert cfg.steps == 2160 and cfg.schedule == "step"
     for step in range(2160):
         assert clock.lr_mult(step) == pytest.approx(record_46_lr(step), rel=1e-12), step
-        # its get_bs: 8, 16, 24 sequences a GPU by thirds of the scheduled steps, 24 in the extension
-        assert clock.micro_steps(step) == (1, 2, 3)[min(3 * step // 2120, 2)], step
+        # its get_bs: 8, 16, 24 sequences of 2,048 a GPU by thirds of the scheduled steps, 24 in the extension:
+        # one row of 16,384, 32,768, 49,152 tokens
+        assert (clock.micro_steps(step), clock.seq_len(step)) == (1, 16384 * (1, 2, 3)[min(3 * step // 2120, 2)]), step
     # where the record's stages fall: the rate moves at steps 700 and 1,400, the batch at 707 and 1,414
     assert [clock.lr_mult(s) for s in (699, 700, 1399, 1400)] == pytest.approx([1.0, 1.51, 0.9719, 1.2300],
                                                                                   abs=1e-4)
-    assert [clock.micro_steps(s) for s in (706, 707, 1413, 1414)] == [1, 2, 2, 3]
+    assert [clock.seq_len(s) // 16384 for s in (706, 707, 1413, 1414)] == [1, 2, 2, 3]

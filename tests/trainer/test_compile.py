@@ -181,6 +181,28 @@ def test_an_eval_shape_compiles_a_static_graph_of_its_own_and_training_resumes_w
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
 
 
+@pytest.mark.filterwarnings("ignore:attention='flex'")
+def test_each_row_length_compiles_a_static_graph_once_and_training_through_the_stages_no_more(graphs):
+    """train.batch_stage_rows: each stage's row length is a static graph of its own, compiled in the warm-up; the
+    training after it, through the stages, compiles nothing."""
+    run = speedrun(graphs)
+    optimizers = build_optimizers(run.module, OptimConfig(name="muon"))
+
+    def step(T: int, step: int) -> None:
+        x = documents(step, B=1, T=T + 1)
+        _, loss = run(x[:, :-1], x[:, 1:])
+        loss.backward()
+        step_optimizers(optimizers, step)
+
+    for T in (128, 256, 384):  # train.py's warm-up: each row length ahead
+        step(T, 0)
+    warmed = [input_shape(gm) for gm in graphs]
+    for n, T in enumerate((128, 128, 256, 384, 384), start=1):
+        step(T, n)
+    assert warmed == [input_shape(gm) for gm in graphs] == [(1, 128), (1, 256), (1, 384)]
+    assert not any(symbolic_inputs(gm) for gm in graphs) and not counters["graph_break"]
+
+
 def flex_forwards(compiled, monkeypatch, steps: list[float]) -> None:
     """The CUDA path on CPU: a compiled forward per progress in `steps`, building its BlockMasks inside, each
     checked against SDPA. Forward only, as CPU has no flex backward."""

@@ -4,6 +4,8 @@ values and what to try; the hooks an observer from outside gets, which by defaul
 import pytest
 import torch
 
+import train
+
 from model.masks import window_at
 from tests.helpers import growing_window_run
 from trainer.state import Diverged, Hooks, StopReason, diverged
@@ -20,10 +22,31 @@ def run(tmp_path):
 def test_tokens_per_step_follow_the_batch_stage_of_the_step_about_to_run(run):
     # tiny.toml: 4 rows of 64 tokens a micro-step, one process, grad_accum 2 (which the stages multiply); the
     # stages are thirds of the 30 steps
-    assert run.tokens_per_micro_step == 4 * 64
+    assert run.tokens_by_stage() == [2 * 4 * 64, 4 * 4 * 64, 6 * 4 * 64]
     for step, micro_steps in ((0, 2), (9, 2), (10, 4), (19, 4), (20, 6), (29, 6)):
         run.progress.step = step
         assert run.tokens_per_step == micro_steps * 4 * 64, step
+
+
+def test_under_batch_stage_rows_the_rows_grow_and_the_flops_follow_them(tmp_path):
+    run = growing_window_run(tmp_path, "--train.batch_stages=[1, 2, 3]", "--train.batch_stage_rows=true",
+                             "--data.shuffle=false", "--model.block_size=192")
+    gpt = run.model.module
+    for step, row in ((0, 64), (10, 128), (29, 192)):
+        run.progress.step = step
+        assert run.tokens_per_step == 2 * 4 * row, step
+    for done, row in ((0, 64), (1, 64), (10, 64), (11, 128), (30, 192)):  # the FLOPs of the step just done
+        run.progress.step = done
+        assert run.flops_per_token() == gpt.flops_per_token(row), done
+    assert run.flops_per_token(64) == gpt.flops_per_token(64) < gpt.flops_per_token(192)
+    seen = []
+    gpt.register_forward_pre_hook(lambda _, args: seen.append(tuple(args[0].shape)))
+    for step in (0, 10, 20):
+        run.progress.step = step
+        train.train_step(run, iter(run.loader))
+    assert seen == [(4, 64)] * 2 + [(4, 128)] * 2 + [(4, 192)] * 2  # grad_accum's 2 micro-steps of each stage's rows
+    run.loader.close()
+    run.log.close()
 
 
 def test_flops_per_token_are_the_models_at_the_window_it_has_now(run):
