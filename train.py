@@ -298,7 +298,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
 
 
 def finish(run: Run, status: StopReason) -> None:
-    """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period), summary.
+    """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period) and under
+    eval.target_time = "end" the time to target it decides, summary.
 
     The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
     progress = run.progress
@@ -311,6 +312,9 @@ def finish(run: Run, status: StopReason) -> None:
         evaluated_now = progress.last_val_step == progress.step and not final_window
         with run.model.module.widened(final_window):
             final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
+        target = run.cfg.eval.target_loss
+        if run.cfg.eval.target_time == "end" and target and final_val <= target:
+            progress.time_to_target = run.clock.elapsed()  # the whole run's: the clock stopped with the loop
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)

@@ -161,6 +161,9 @@ class EvalConfig:
     batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size
     target_loss: float = 0.0     # 0 = none
     stop_at_target: bool = False # stop training once the val loss reaches target_loss
+    # the time to target: "first_eval", the clock at the first eval at or below target_loss; "end", the run's
+    # training time if its final eval is (the speedrun records' measure: a fixed schedule, scored at its end)
+    target_time: Literal["first_eval", "end"] = "first_eval"
     # > 0: the final eval's L layers attend this many tokens, its S layers and YaRN take the run's last window,
     # model.window (record 46: 2,560, with 768 and YaRN at 1,664); 0 = the last step's window
     final_window: int = 0
@@ -556,6 +559,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"eval.seq_len = {cfg.eval.seq_len} is longer than model.block_size = {block}, the size of "
                           f"the learned position table (model.rotary = false); lower eval.seq_len to at most {block}, "
                           f"raise model.block_size or use model.rotary = true")
+    if cfg.eval.target_time == "end" and cfg.eval.stop_at_target:
+        raise ConfigError("eval.target_time = 'end' times the whole run, scored by its final eval, and "
+                          "eval.stop_at_target = true would stop it at the first eval at the target: set one of "
+                          "eval.stop_at_target = false or eval.target_time = 'first_eval'")
     if cfg.eval.final_window and not cfg.model.window:
         raise ConfigError(f"eval.final_window = {cfg.eval.final_window} widens the final eval's windowed layers, and "
                           f"model.window = 0 attends everywhere: set eval.final_window = 0")

@@ -1,5 +1,6 @@
 """The val loss: every rank scores its share of the fixed val batches (data/val.py) and one all-reduce sums them;
-eval_and_record logs it and keeps the best and the time to target."""
+eval_and_record logs it and keeps the best and the time to target (eval.target_time = "first_eval"; train.py's
+finish keeps the "end" one)."""
 from __future__ import annotations
 
 import contextlib
@@ -58,7 +59,7 @@ def eval_and_record(run: Run, on_clock: bool) -> float:
         val = run.hooks.evaluate(evaluate, run)
     progress.best_val = val if progress.best_val is None else min(progress.best_val, val)
     progress.last_val, progress.last_val_step = val, progress.step
-    if target and val <= target and progress.time_to_target is None:
+    if run.cfg.eval.target_time == "first_eval" and target and val <= target and progress.time_to_target is None:
         progress.time_to_target = run.clock.elapsed()
     progress.wall["eval_s"] += time.perf_counter() - t0
     run.log.metric({"type": "eval", "step": progress.step, "tokens": progress.tokens, "val_loss": val,

@@ -248,6 +248,26 @@ def test_warmup_is_untimed_and_target_stops_the_run(demo, tmp_path):
     assert trained[0]["loss"] == pytest.approx(float(first), rel=1e-5)
 
 
+def test_the_records_time_to_target_is_the_whole_run_where_its_final_eval_reaches_it(demo, tmp_path):
+    """eval.target_time: "first_eval" times the first eval at or below the target; "end" (the speedrun's, as its
+    records are timed) the whole run's training time, where its final eval reaches the target, and none where it
+    does not, whatever the evals along the way scored."""
+    times = {}
+    for name, target in (("first_eval", 100.0), ("end", 100.0), ("end", 0.5)):
+        run_id = f"{name}-{target:g}"
+        run([sys.executable, *train_args(demo, tmp_path, run_id, "--train.max_steps=15", "--eval.every_steps=5",
+                                         f"--eval.target_loss={target}", f"--eval.target_time={name}")])
+        s, evals = summary(tmp_path / run_id), records(tmp_path / run_id, "eval")
+        assert [e["step"] for e in evals] == [5, 10, 15]  # the last step's eval is the final one
+        times[run_id] = s["time_to_target_s"], evals
+    got, evals = times["first_eval-100"]
+    assert got == pytest.approx(evals[0]["elapsed_s"], abs=0.1) and got < evals[1]["elapsed_s"]  # step 5's
+    got, evals = times["end-100"]
+    assert got == pytest.approx(evals[-1]["elapsed_s"], abs=0.1) and got > evals[1]["elapsed_s"]
+    got, evals = times["end-0.5"]
+    assert got is None and min(e["val_loss"] for e in evals) > 0.5
+
+
 def test_sigterm_stops_after_the_step_and_saves(demo, tmp_path):
     cmd = [sys.executable, *train_args(demo, tmp_path, "term", "--train.schedule=time", "--train.budget_s=600",
                                        "--train.max_steps=0", "--eval.every_s=0.5", "--eval.tokens=2048")]

@@ -49,7 +49,9 @@ def test_speedrun_recipe_matches_the_record_runs():
     assert t.timing == "exclude_warmup" and t.warmup_steps > 0 and t.seq_len <= m.block_size
     # record 46's batch schedule: 131,072 tokens a step, then twice and three times that
     assert tokens_per_step(cfg, 8) == 131_072 and t.batch_stages == [1, 2, 3]
-    assert (e.target_loss, e.tokens, e.stop_at_target) == (3.28, 10_485_760, True) and e.every_s > 0
+    # timed as the records are: the whole schedule, where its final eval reaches the target; their evals' cadence
+    assert (e.target_loss, e.tokens, e.target_time, e.stop_at_target) == (3.28, 10_485_760, "end", False)
+    assert (e.every_steps, e.every_s) == (250, 0)
     assert cfg.data.train.endswith("fineweb_train_*.bin") and cfg.data.val.endswith("fineweb_val_*.bin")
 
 
@@ -57,7 +59,7 @@ def test_one_gpu_speedrun_is_the_eight_gpu_run_with_eight_times_the_accumulation
     eight, one = load("speedrun_8xh100"), load("speedrun_1gpu")
     assert tokens_per_step(one, 1) == tokens_per_step(eight, 8)
     assert one.train.budget_s == 8 * eight.train.budget_s
-    for section in ("data", "model", "optim"):
+    for section in ("data", "model", "optim", "eval"):
         assert getattr(one, section) == getattr(eight, section)
 
 

@@ -50,8 +50,8 @@ SPEEDRUN_1GPU = {
               "lr_final_of": "base", "seed": 0, "checkpoint_path": "",
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
               "warmup_timeout_s": 1800.0},
-    "eval": {"every_steps": 0, "every_s": 80.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
-             "target_loss": 3.28, "stop_at_target": True, "final_window": 2560},
+    "eval": {"every_steps": 250, "every_s": 0.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
+             "target_loss": 3.28, "stop_at_target": False, "target_time": "end", "final_window": 2560},
     "log": {"dir": "runs", "run_id": "", "track": "speedrun", "every_steps": 25, "wandb": False,
             "wandb_project": "shardrun", "wandb_run": ""},
 }
@@ -87,6 +87,8 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.seq_len=128"], ["train.seq_len = 128 is longer than model.block_size = 64"]),
     (["--model.n_head=0"], ["n_head and n_embd must be positive"]),
     (["stray"], ["unexpected argument 'stray'"]),
+    (["--eval.target_time=end", "--eval.stop_at_target=true"],
+     ["eval.target_time = 'end' times the whole run, scored by its final eval, and eval.stop_at_target = true"]),
     (["--eval.final_window=64", "--model.window=0"], [("eval.final_window = 64 widens the final eval's windowed "
                                                        "layers, and model.window = 0 attends everywhere")]),
     (["--eval.final_window=-1"], ["eval.final_window must be >= 0 (0 = off), got -1"]),
@@ -172,7 +174,7 @@ def test_a_bad_base_is_refused_naming_the_files(tmp_path):
     assert refused("base = 3").startswith(f"{top}: base = 3 must be a file name, e.g. base = \"speedrun_8xh100.toml\"")
 
 
-def test_the_one_gpu_speedrun_is_its_base_with_three_values_changed():
+def test_the_one_gpu_speedrun_is_its_base_with_two_values_changed():
     assert tomllib.loads((ROOT / "configs" / "speedrun_1gpu.toml").read_text())["base"] == "speedrun_8xh100.toml"
     assert parse_args(["--config", "configs/speedrun_1gpu.toml"]).to_dict() == SPEEDRUN_1GPU
 
