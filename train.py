@@ -314,7 +314,7 @@ def finish(run: Run, status: StopReason) -> None:
             final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
         target = run.cfg.eval.target_loss
         if run.cfg.eval.target_time == "end" and target and final_val <= target:
-            progress.time_to_target = run.clock.elapsed()  # the whole run's: the clock stopped with the loop
+            progress.time_to_target = run.clock.run_time()  # summary.json's train_time_s
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)

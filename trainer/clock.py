@@ -65,6 +65,11 @@ class Clock:
         running = time.perf_counter() - self.started_at if self.started_at is not None else 0.0
         return self.charged + running
 
+    def run_time(self) -> float:
+        """The training time of a run that has stopped: at least the time all ranks agreed on, which stopped it
+        (this rank's own clock may have started later)."""
+        return max(self.elapsed(), self.synced)
+
     def progress(self, step: int) -> float:
         """Fraction of the run done: of max_steps for a step schedule (past 1 in its extension_steps, which keep
         its end's LR, batch stage and window); for a time schedule, of whichever limit ends the run first, the

@@ -42,8 +42,7 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
     cfg, progress, dist = run.cfg, run.progress, run.dist
     # text bytes per token, as prepare measured it (a bytes-tokenizer stream is slightly under 1: its EOT tokens)
     bytes_per_token = run.meta.get("bytes_per_token") or (1.0 if run.meta.get("tokenizer") == "bytes" else None)
-    # at least the time all ranks agreed on, which stopped the run: this rank's own clock may have started later
-    train_time = max(run.clock.elapsed(), run.clock.synced)
+    train_time = run.clock.run_time()
     tok_s = progress.tokens / train_time if train_time > 0 else None
     # at the FLOPs spent, each step's at its own window: the final window's count would overstate a growing one
     mfu = mfu_of(progress.flops / progress.tokens, tok_s, dist) if tok_s else None

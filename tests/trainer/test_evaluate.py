@@ -14,6 +14,7 @@ from data.shards import write_shard
 from model import get_model
 from tests.helpers import VOCAB, growing_window_run, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, parse_args
+from trainer.state import Hooks
 
 BOS, WINDOW, EVAL_LEN = 256, 6, 48
 # 4 sequences of 48 and one of 20; in eval batches of 2 rows, under 2 ranks rank 1's last batch is padding only
@@ -130,3 +131,36 @@ def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, c
     progress = [line.split(",")[0] for line in lines[start + 1:] if line.startswith("eval: ")]
     assert progress == [f"eval: {k}/8 batches" for k in range(1, 9)]
     assert f"step 0 | val loss {val:.4f}" in lines[-1]
+
+
+class Scored(Hooks):
+    """Evals that score the given losses in turn, without reading the model."""
+
+    def __init__(self, losses: list[float]):
+        self.losses = iter(losses)
+
+    def evaluate(self, stage, run) -> float:
+        return next(self.losses)
+
+
+@pytest.mark.parametrize("target_time, scores, timed", [
+    ("first_eval", [1.0, 1.0, 9.0], "step 5"), ("end", [1.0, 1.0, 9.0], None), ("end", [9.0, 9.0, 1.0], "end")])
+def test_under_target_time_end_only_the_final_eval_times_the_run(tmp_path, target_time, scores, timed):
+    """Evals at steps 5, 10 and 15 (the last, the final one) scoring `scores` against a target of 2: "first_eval"
+    times the first under it; "end" the whole run, only where the final eval is under it, whatever the evals along
+    the way scored."""
+    import train
+
+    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048", "--train.max_steps=15",
+                             "--eval.every_steps=5", "--eval.target_loss=2", f"--eval.target_time={target_time}")
+    run.hooks = Scored(scores)
+    train.finish(run, train.train(run))
+    summary = json.loads((tmp_path / "runs" / "w" / "summary.json").read_text())
+    evals = [json.loads(line) for line in (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [(e["step"], e["val_loss"]) for e in evals] == list(zip((5, 10, 15), scores))
+    got = summary["time_to_target_s"]
+    if timed == "step 5":
+        assert got == pytest.approx(evals[0]["elapsed_s"], abs=0.1) and got < evals[1]["elapsed_s"]
+    else:
+        assert got == (summary["train_time_s"] if timed == "end" else None)
