@@ -142,7 +142,8 @@ def _advice(cfg: Config, world_size: int, cuda: bool, limit: float) -> str:
         keys = (f"lower train.batch_size to {fits[0]} and raise train.grad_accum to "
                 f"{train.grad_accum * train.batch_size // fits[0]} (the same tokens per step)")
     else:
-        keys = "even train.batch_size = 1 would not fit: shrink the model (model.n_layer, model.n_embd)"
+        batch = "train.batch_size is 1 already" if train.batch_size == 1 else "even train.batch_size = 1 would not fit"
+        keys = f"{batch}: shrink the model (model.n_layer, model.n_embd)"
     keys += ", or lower train.seq_len"
     if train.batch_stage_rows:
         keys += " (or set train.batch_stage_rows = false: the later stages in more micro-steps of seq_len tokens)"

@@ -217,6 +217,18 @@ def test_verdict_refuses_warns_or_passes():
     assert verdict(cfg, 2, False, need / NEAR * 1.01, "") is None
 
 
+def test_the_speedruns_advice_offers_its_rows_in_more_micro_steps():
+    """The 8 x H100 config's longest rows (49,152 tokens, train.batch_stage_rows) near an H100's 79 GB: a batch of
+    one row has nothing smaller to offer, the stages' rows in more micro-steps do."""
+    cfg = parse_args(["--config", "configs/speedrun_8xh100.toml"])
+    level, message = verdict(cfg, 8, True, 79 * GB, "free on H100")
+    assert level == "warn" and "at 1 x 49152 tokens per micro-step" in message
+    assert "train.batch_size is 1 already: shrink the model" in message
+    assert "or set train.batch_stage_rows = false: the later stages in more micro-steps" in message
+    rows_off = parse_args(["--config", "configs/speedrun_8xh100.toml", "--train.batch_stage_rows=false"])
+    assert verdict(rows_off, 8, True, 79 * GB, "free on H100") is None  # 1 x 16,384 tokens
+
+
 def too_big(processes: int) -> list[str]:
     """The hackathon shape (208M parameters, 32 x 1024 tokens a rank, which a 24-GiB machine cannot hold in two
     processes), its micro-batch doubled until it needs more than this machine's MemTotal per process: the check
