@@ -146,6 +146,10 @@ class TrainConfig:
             return [(self.grad_accum, self.seq_len * n) for n in self.batch_stages or [1]]
         return [(self.grad_accum * n, self.seq_len) for n in self.batch_stages or [1]]
 
+    def tokens_by_stage(self, world_size: int) -> list[int]:
+        """Training tokens of a step in each batch stage, over `world_size` ranks."""
+        return [world_size * self.batch_size * micro_steps * row for micro_steps, row in self.stage_shapes()]
+
     @property
     def longest_row(self) -> int:
         """The longest row any stage trains on."""

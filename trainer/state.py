@@ -63,8 +63,7 @@ class Run:
 
     def tokens_by_stage(self) -> list[int]:
         """Training tokens of a step in each batch stage, over all ranks."""
-        rows = self.cfg.train.batch_size * self.dist.world_size
-        return [rows * micro_steps * row for micro_steps, row in self.cfg.train.stage_shapes()]
+        return self.cfg.train.tokens_by_stage(self.dist.world_size)
 
     @property
     def tokens_per_step(self) -> int:

@@ -49,6 +49,7 @@ from util.process import run_group
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "scripts" / "beside" / "standin"
+RECORD_WORLD = 1        # both sides run on one GPU
 RECORD_GRAD_ACCUM = 8   # the record's grad_accum_steps = 8 // world_size, at world size 1
 BOS = 50256             # GPT-2's <|endoftext|>, which opens every document of the shards
 PROFILE_SKIP = 2        # timed steps before the profiled ones: the first step of a loop warms its caches
@@ -162,7 +163,7 @@ def check_alike(hp: dict, cfg: Config, record: Path) -> None:
                           f"{cut} tokens; ours has data.sorted_shards = {data.sorted_shards}, bos_aligned = "
                           f"{data.bos_aligned}, doc_cut = {data.doc_cut}: give our side data.shuffle=false, "
                           f"data.sorted_shards=true, data.bos_aligned=true and data.doc_cut={cut} with --ours-set")
-    ours = [train.batch_size * micro_steps * row for micro_steps, row in train.stage_shapes()]
+    ours = train.tokens_by_stage(RECORD_WORLD)
     if list(hp["train_bs_schedule"]) != ours:
         raise RecordError(f"{record}: the record's steps hold {list(hp['train_bs_schedule'])} tokens by stage, ours "
                           f"{ours} (train.batch_size x seq_len x grad_accum x batch_stages): give our side the "

@@ -3,11 +3,12 @@
 The rule (record 46's BOSFinder): the shards are read in sorted order, each once. A rank's micro-batch of n tokens
 is n + 1 consecutive tokens gathered from documents in order, each starting at a BOS token and cut at the next BOS,
 at max_seq_len tokens, or where the n + 1 are complete; the rest of a cut document is skipped, the next micro-batch
-starting at the next BOS. The ranks' micro-batches of a step are consecutive rows of one shard: where a shard
-cannot give them all, they all start over at the next shard. Past the last shard the script does not stop: its loader thread has no file to give and the run waits for
-ever. A micro-batch's document starts go into a table of next_multiple(n // 300, 128) entries, the first being 0,
-so more documents than that minus one fail the run. Its val set is read otherwise: rows of consecutive tokens from
-the val shard's start, a document starting at each BOS in them, into the same kind of table.
+starting at the next BOS. The ranks' micro-batches of a step are consecutive rows of one shard: where a shard cannot
+give them all, they all start over at the next shard. Past the last shard the script does not stop: its loader
+thread has no file to give and the run waits for ever. A micro-batch's document starts go into a table of
+next_multiple(n // 300, 128) entries, the first being 0, so more documents than that minus one fail the run. Its val
+set is read otherwise: rows of consecutive tokens from the val shard's start, a document starting at each BOS in
+them, into the same kind of table.
 Since the loader stops at its last shard, a run longer than the shards' one epoch reads them again from links
 numbered on (`repeated`).
 """

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -262,17 +262,15 @@ def ring_check(files: str, batch_size: int, seq_len: int, data, bos_id: int | No
     with TokenLoader(files, batch_size, seq_len, device="cpu", **kw) as want, \
             TokenLoader(files, batch_size, seq_len, device=device, prefetch=4 if cuda else 1, **kw) as got:
         hold_back_copies(device)
-        held = []
-        for i in range(n):
-            if longer and i == n // 2:
-                got.set_seq_len(longer)
-            held.append(keep(next(got)))
-        bad = []
-        for i, batch in enumerate(held):
-            if longer and i == n // 2:
-                want.set_seq_len(longer)
-            if not all(torch.equal(a.cpu(), b) for a, b in zip(batch, next(want))):
-                bad.append(i)
+
+        def batches(loader: TokenLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for i in range(n):
+                if longer and i == n // 2:
+                    loader.set_seq_len(longer)
+                yield next(loader)
+        held = [keep(batch) for batch in batches(got)]
+        bad = [i for i, (batch, wanted) in enumerate(zip(held, batches(want)))
+               if not all(torch.equal(a.cpu(), b) for a, b in zip(batch, wanted))]
         same_state = got.state_dict() == want.state_dict()
     return {"batches": n, "shape": [batch_size, seq_len], "longer": longer, "bos_aligned": bos_id is not None,
             "mismatches": len(bad), "first_mismatch": bad[0] if bad else None, "state_equal": same_state,
