@@ -80,7 +80,8 @@ class Attention(nn.Module):
                 freqs, gain = yarn_jumps(freqs, [*cfg.window_stages, cfg.window], yarn_window)
             elif yarn_window is not None:
                 freqs, gain = yarn(freqs, cfg.first_window, yarn_window)
-            q, k = rotary(q, freqs, gain), rotary(k, freqs)
+            # the tables in the residual stream's dtype: bf16 under train.bf16_stream (or FSDP2's bf16 casts)
+            q, k = rotary(q, freqs, gain, x.dtype), rotary(k, freqs, tables=x.dtype)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)

@@ -49,12 +49,13 @@ def yarn_jumps(freqs: Tensor, windows: list[int], window: Tensor) -> tuple[Tenso
     return freqs, gain
 
 
-def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None) -> Tensor:
+def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None, tables: torch.dtype = torch.float32) -> Tensor:
     """Rotate each (first half, second half) pair of x [B, H, T, D] by its position times its frequency in `freqs`
-    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries)."""
+    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries). The cos and sin tables
+    are rounded to `tables` (record 46's are bf16, as its stream), the rotation summed in fp32."""
     T = x.size(-2)
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), freqs)
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = angles.cos().to(tables).float(), angles.sin().to(tables).float()
     if gain is not None:
         cos, sin = cos * gain, sin * gain
     x1, x2 = x.float().chunk(2, dim=-1)

@@ -126,6 +126,22 @@ def test_the_loss_and_gradients_agree_with_float64_within_bf16s_rounding(options
     assert (grad - exact).norm() <= (2 + 2 * n_layer + 2) * U / 2 * exact.norm()
 
 
+@pytest.mark.parametrize("on, dtype", [(True, torch.bfloat16), (False, torch.float32)], ids=["key", "no_key"])
+def test_the_rotary_tables_take_the_streams_dtype(monkeypatch, on, dtype):
+    # record 46's cos and sin tables are bf16 buffers, as its stream
+    seen, real = [], model.attention.rotary
+
+    def spy(x, freqs, gain=None, tables=torch.float32):
+        seen.append(tables)
+        return real(x, freqs, gain, tables)
+    monkeypatch.setattr(model.attention, "rotary", spy)
+    m = streamed(RECORD_46, on)
+    x = batch(T=17)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x[:, :-1], x[:, 1:])
+    assert seen == [dtype] * 2 * len(m.cfg.attention_layers)
+
+
 def test_the_training_loss_reads_bf16_logits_and_an_eval_fp32_ones(monkeypatch):
     # the record's eval casts its logits to fp32 for the loss; here an eval's chunks are scored as without the key
     m = streamed(RECORD_46)

@@ -29,9 +29,9 @@ def test_rope_truncate_rotates_half_of_each_head(monkeypatch):
     assert not torch.equal(full[..., 1:, unrotated], x[..., 1:, unrotated])  # the default rotates every pair
     calls, rotary = [], model.rotary.rotary
 
-    def spy(x, f, gain=None):
+    def spy(x, f, gain=None, tables=torch.float32):
         calls.append((f, gain))
-        return rotary(x, f, gain)
+        return rotary(x, f, gain, tables)
     monkeypatch.setattr(model.attention, "rotary", spy)
     tiny(rotary=True, rope_truncate=True, rope_base=1024.0)(batch())
     assert len(calls) == 2 * 4  # q and k of every layer
@@ -132,3 +132,19 @@ def test_yarn_is_plain_rotary_at_the_start_window_and_follows_the_window_without
 
 
 # --- the training loss's other terms (model.mtp_weights, model.prefix_weight) ---
+
+
+def test_tables_in_bf16_round_cos_and_sin_once_and_sum_in_fp32():
+    """Record 46 keeps its cos and sin tables in bf16: `tables` rounds them, and nothing else, to that dtype."""
+    freqs = model.rotary.rotary_frequencies(16, 1024.0, truncate=True)
+    x = torch.randn(1, 2, 700, 16, generator=torch.Generator().manual_seed(3))
+    gain = torch.tensor(1.3)
+    angles = torch.outer(torch.arange(700, dtype=torch.float32), freqs)  # in fp32, as the tables are computed
+    cos, sin = (f(angles).to(torch.bfloat16).double() * 1.3 for f in (torch.cos, torch.sin))
+    x1, x2 = x.double().chunk(2, dim=-1)
+    want = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    got = model.rotary.rotary(x, freqs, gain, torch.bfloat16)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-6)
+    # fp32 tables are another rotation, by up to bf16's rounding of the tables
+    assert (model.rotary.rotary(x, freqs, gain) - got).abs().max() > 1e-3
