@@ -223,6 +223,8 @@ def train(run: Run) -> StopReason:
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
+    if cfg.eval.at_start and run.val_files and progress.step == 0 and status is None:
+        eval_and_record(run, on_clock=cfg.train.evals_on_clock)
     while status is None:
         if cfg.train.steps and progress.step >= cfg.train.steps:
             status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
@@ -280,9 +282,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
         return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:
-        on_clock = cfg.train.timing == "from_first_forward"  # the hackathon clock runs through evals
-        eval_and_record(run, on_clock=on_clock)
-        if on_clock:  # the eval may have spent the rest of the budget: start no step after it
+        eval_and_record(run, on_clock=cfg.train.evals_on_clock)
+        if cfg.train.evals_on_clock:  # the eval may have spent the rest of the budget: start no step after it
             [time_up] = distributed.any_rank([clock.time_up()], run.dist.device)
             flags = flags._replace(time_up=time_up)
         loop.next_eval_s = next_multiple(clock.elapsed(), cfg.eval.every_s)

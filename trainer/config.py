@@ -155,11 +155,17 @@ class TrainConfig:
         """The longest row any stage trains on."""
         return max(row for _, row in self.stage_shapes())
 
+    @property
+    def evals_on_clock(self) -> bool:
+        """Whether evals take time from the budget: the hackathon's clock runs from the first forward through them."""
+        return self.timing == "from_first_forward"
+
 
 @dataclass
 class EvalConfig:
     every_steps: int = grouped(0, "eval")  # 0 = only at the end
     every_s: float = grouped(0.0, "eval")  # on the training clock; 0 = off
+    at_start: bool = grouped(False, "eval")  # also before the first step (the records' eval at step 0)
     tokens: int = 1 << 20        # validation targets scored per eval (the data needs one token more)
     seq_len: int = 0             # tokens per eval sequence; 0 = train.seq_len; longer needs model.rotary
     batch_size: int = grouped(0, "neutral")  # 0 = train.batch_size

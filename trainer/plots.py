@@ -161,7 +161,9 @@ def draw_curves(ax, runs: list[Run], x: str, logy: bool) -> None:
         if run.evals:
             vals = [r["val_loss"] for r in run.evals]
             ax.plot(x_values(run, run.evals, x), vals, color=color, lw=2.0, marker="o", ms=4, gid=f"val:{i}")
-            tops.append(max(vals))
+            # an eval before the first step (eval.at_start) scores the untrained model: above the top, as the
+            # train curve's start
+            tops.append(max([r["val_loss"] for r in run.evals if r["step"] > 0] or vals))
             bottoms.append(min(vals))
         ax.plot([], [], color=color, lw=2.0, marker="o", ms=4, label=run.label())  # one legend entry per run
     targets = sorted({r.summary["target_loss"] for r in runs if r.summary and r.summary.get("target_loss")})

@@ -178,9 +178,10 @@ def say_plan(args: argparse.Namespace, p: Plan) -> list[str]:
     """The lines that say what each side runs with."""
     lines = [f"record: {args.record.name}, its Hyperparameters rewritten:"]
     lines += [f"  {k}: {old!r} -> {new!r}" for k, (old, new) in p.changes.items()]
+    ours_from = 0 if p.cfg.eval.at_start else args.eval_every
     lines += [f"ours: python train.py {' '.join(p.ours)}",
               f"both: {args.steps} steps, tokens by stage {list(p.hp['train_bs_schedule'])}, the stages in thirds of "
-              f"the {args.steps} steps; evals after steps {eval_steps(p.hp)} (ours from {args.eval_every} on) on "
+              f"the {args.steps} steps; evals after steps {eval_steps(p.hp)} (ours from {ours_from} on) on "
               f"{p.hp['val_tokens']:,} val tokens",
               f"both: schedules cut alike to {args.steps} steps, without extension steps (ours under "
               f"train.schedule = 'step'); Muon's momentum warm-up stays the record's 300 steps, ours "

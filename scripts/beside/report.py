@@ -3,8 +3,8 @@ work/record/ (the record's logs/*.txt, probe.json, standin.json) and work/ours/ 
 probe.json). Writes table.md, beside.json, loss.png and both logs (the record's without its code: its sha256 and
 length stand for it) to the output folder, and returns table.md's text.
 
-tokens/s count the same timed steps on both sides: from the first shared eval to the last (from step 0 when there
-is one), each side's training time between them (its evals excluded: both stop their clocks for them).
+tokens/s count the same timed steps on both sides: from the first shared eval after step 0 to the last (from step 0
+where only one follows it), each side's training time between them (its evals excluded: both stop their clocks for them).
 """
 from __future__ import annotations
 
@@ -47,10 +47,12 @@ def _json(path: Path) -> dict:
 
 
 def window(shared: list[int]) -> tuple[int, int] | None:
-    """The timed steps both sides count: (first shared eval, last), or (0, the only one)."""
-    if not shared:
+    """The timed steps both sides count: (first shared eval after step 0, last), or (0, the only one). The eval at
+    step 0 starts no window: the profiled steps come after it."""
+    later = [s for s in shared if s > 0]
+    if not later:
         return None
-    return (shared[0], shared[-1]) if len(shared) > 1 else (0, shared[0])
+    return (later[0], later[-1]) if len(later) > 1 else (0, later[0])
 
 
 def speeds(hp: dict, rec: RecordRun, ours: dict[int, dict], span: tuple[int, int]) -> dict:

@@ -163,10 +163,11 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
     """train.py's arguments for one training check, and the val loss expected at init (ln of the vocabulary)."""
     data = work / "data"
     budget, steps = sizes.budget_s[name], sizes.steps.get(name)
-    # evals halfway through the run, so that training resumes after them (off the clock: exclude_warmup)
+    # evals halfway through the run, so that training resumes after them (off the clock: exclude_warmup); none at
+    # step 0, so that the first eval, which compiles, is the one the probe watches halfway
     halfway = ([f"--train.max_steps={steps}", "--train.schedule=step", f"--eval.every_steps={steps // 2}",
                 "--eval.every_s=0"] if steps else [f"--eval.every_s={budget / 2}", "--eval.every_steps=0"])
-    common = [f"--train.budget_s={budget}", "--train.timing=exclude_warmup", *halfway,
+    common = [f"--train.budget_s={budget}", "--train.timing=exclude_warmup", *halfway, "--eval.at_start=false",
               "--eval.target_loss=0", "--eval.stop_at_target=false",
               f"--log.dir={work / 'runs'}", f"--log.run_id={name}", "--train.resume=never",
               "--train.save_checkpoint=false", *sizes.overrides]

@@ -15,7 +15,7 @@ from tests.scripts.beside_fixtures import record_log, record_script, record_shar
 # A tiny shape of ours that matches the fixture's record: its rows (documents in sorted order, cut at 160 tokens),
 # 8 micro-steps of one row of 320 tokens, rows x 1, 2, 3 by stage, evals in rows of 320 = 2,560 / 8 tokens; Muon,
 # so that its steps are counted; extension steps, as the speedrun config has, which the harness cuts as it cuts the
-# record's
+# record's; an eval at step 0, as the speedrun config and the record have
 TINY = '''base = "{root}/configs/tiny.toml"
 [data]
 bos_aligned = true
@@ -38,6 +38,7 @@ extension_steps = 4
 [eval]
 seq_len = 320
 batch_size = 1
+at_start = true
 '''
 
 
@@ -113,7 +114,7 @@ def test_on_cpu_the_record_side_is_refused_and_ours_runs_and_the_report_reads_bo
     assert probe["profile"]["time"] == "cpu" and probe["profile"]["step_ms"] > 0
     evals = [json.loads(line) for line in (tmp / "work" / "ours" / "run" / "metrics.jsonl").read_text().splitlines()
              if '"eval"' in line]
-    assert [e["step"] for e in evals] == [4, 8]
+    assert [e["step"] for e in evals] == [0, 4, 8]
     record_log(tmp / "work" / "record" / "logs" / "rec.txt", {0: (10.83, 0), 4: (9.0, 600), 8: (8.0, 1400)}, 8)
     proc = harness([*args, "--side", "report"])
     table = (tmp / "out" / "table.md").read_text()
@@ -121,8 +122,10 @@ def test_on_cpu_the_record_side_is_refused_and_ours_runs_and_the_report_reads_bo
     ours = {e["step"]: e for e in evals}
     assert f"| 4 | 9.0000 | {ours[4]['val_loss']:.4f} | {ours[4]['val_loss'] - 9:+.4f} |" in table
     assert f"| 8 | 8.0000 | {ours[8]['val_loss']:.4f} |" in table
+    assert f"| 0 | 10.8300 | {ours[0]['val_loss']:.4f} |" in table and ours[0]["tokens"] == 0
     res = json.loads((tmp / "out" / "beside.json").read_text())
-    # the same timed steps, 4 to 8: 2 steps of 5,120 tokens and 2 of 7,680 by the record's schedule, in 0.8 s
+    # the same timed steps, 4 to 8 (the eval at step 0 starts none: the profiled steps follow it): 2 steps of 5,120
+    # tokens and 2 of 7,680 by the record's schedule, in 0.8 s
     assert res["speed"]["steps"] == [4, 8] and res["speed"]["record"]["tokens"] == 25600
     assert res["speed"]["record"]["tok_s"] == pytest.approx(25600 / 0.8)
     assert res["speed"]["ours"]["tokens"] == ours[8]["tokens"] - ours[4]["tokens"] == 25600

@@ -50,8 +50,8 @@ SPEEDRUN_1GPU = {
               "lr_final_of": "base", "seed": 0, "checkpoint_path": "",
               "checkpoint_every_s": 0.0, "save_checkpoint": True, "resume": "auto", "dist_timeout_s": 600.0,
               "warmup_timeout_s": 1800.0},
-    "eval": {"every_steps": 250, "every_s": 0.0, "tokens": 10485760, "seq_len": 262144, "batch_size": 1,
-             "target_loss": 3.28, "stop_at_target": False, "target_time": "end", "final_window": 2560},
+    "eval": {"every_steps": 250, "every_s": 0.0, "at_start": True, "tokens": 10485760, "seq_len": 262144,
+             "batch_size": 1, "target_loss": 3.28, "stop_at_target": False, "target_time": "end", "final_window": 2560},
     "log": {"dir": "runs", "run_id": "", "track": "speedrun", "every_steps": 25, "wandb": False,
             "wandb_project": "shardrun", "wandb_run": ""},
 }
@@ -254,7 +254,7 @@ def test_the_key_groups_are_the_fields_metadata_and_nest():
     assert RESUME_BUDGET == {"train.budget_s", "train.max_steps"}
     assert by_group["speed"] == {"train.compile", "train.warmup_steps", "train.ddp_always"}
     assert by_group["neutral"] == {"data.vocab_check", "log.track", "eval.batch_size"}
-    assert by_group["eval"] == {"eval.every_steps", "eval.every_s"}
+    assert by_group["eval"] == {"eval.every_steps", "eval.every_s", "eval.at_start"}
     # a key that decides the model, the stream, the optimizer state or the schedule refuses a resume
     assert not any(key.startswith(("model.", "optim.")) for key in declared)
 

@@ -3,6 +3,7 @@ prefix inside its eval sequence, up to the attention window; the same number und
 eval says while it runs."""
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -165,3 +166,31 @@ def test_under_target_time_end_only_the_final_eval_times_the_run(tmp_path, targe
         assert got == pytest.approx(evals[0]["elapsed_s"], abs=0.1) and got < evals[1]["elapsed_s"]
     else:
         assert got == (summary["train_time_s"] if timed == "end" else None)
+
+
+class Slow(Scored):
+    """Scored evals that each take 0.3 s."""
+
+    def evaluate(self, stage, run) -> float:
+        time.sleep(0.3)
+        return super().evaluate(stage, run)
+
+
+@pytest.mark.parametrize("timing", ["exclude_warmup", "from_first_forward"])
+def test_an_eval_at_start_scores_the_untrained_model_and_is_timed_as_any_eval(tmp_path, timing):
+    """eval.at_start: an eval before step 1, logged at step 0 with no tokens; off the clock under exclude_warmup,
+    on it under from_first_forward, as the evals at steps 5 and 10 are."""
+    import train
+
+    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048", "--train.max_steps=10",
+                             "--eval.every_steps=5", "--eval.at_start=true", f"--train.timing={timing}")
+    run.hooks = Slow([9.0, 5.0, 4.0])
+    train.finish(run, train.train(run))
+    evals = [json.loads(line) for line in (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [(e["step"], e["tokens"], e["val_loss"]) for e in evals] == [(0, 0, 9.0), (5, 5 * 512, 5.0),
+                                                                        (10, 10 * 512, 4.0)]
+    if timing == "exclude_warmup":  # the clock ran only between its start and the eval's pause
+        assert evals[0]["elapsed_s"] < 0.3
+    else:
+        assert evals[0]["elapsed_s"] >= 0.3 and evals[1]["elapsed_s"] >= 0.6

@@ -116,6 +116,18 @@ def test_the_tokens_axis_reads_each_records_count_else_steps_times_the_mean_batc
     assert x_values(Run(tmp_path, older, [], summary), older, "tokens") == [150, 300]
 
 
+def test_an_eval_at_step_0_is_drawn_but_does_not_set_the_top(tmp_path):
+    """eval.at_start scores the untrained model (~ln V): the axis keeps to the trained losses, as it does for the
+    train curve's first tenth."""
+    records = [{"type": "train", "step": s, "loss": 6.0 - s / 10, "tokens": 100 * s} for s in range(1, 21)]
+    records += [{"type": "eval", "step": s, "val_loss": v, "tokens": 100 * s} for s, v in ((0, 10.8), (10, 5.0),
+                                                                                         (20, 4.0))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    fig = plot_runs([tmp_path], tmp_path / "start.png", x="steps")
+    assert list(lines(fig, "val:0")[0].get_ydata()) == [10.8, 5.0, 4.0]
+    assert 5.0 < fig.axes[0].get_ylim()[1] < 6.0
+
+
 def test_a_killed_run_plots_what_it_logged(runs, tmp_path):
     killed = read_run(runs / "k")  # the cut last line is dropped
     assert killed.summary is None and len(killed.evals) >= 2 and killed.train
