@@ -1,10 +1,10 @@
 """Will the config fit? Each process's memory, estimated before the first step, against what it has.
 
-Counted per process: parameters, gradients and optimizer state (a 1/world shard of each under FSDP2, plus
-the blocks it gathers at a time), DDP's gradient buckets, and the activations backward keeps for one
-micro-batch of train.batch_size rows of train.seq_len tokens (the longest stage's under train.batch_stage_rows):
-the tensors the model (model/) saves in eager mode, counted one by one below, and the logits. torch.compile fuses
-some of them away, so a compiled run needs less.
+Counted per process: parameters, gradients (under DDP they are views of its buckets: no second copy) and
+optimizer state (a 1/world shard of each under FSDP2, plus the blocks it gathers at a time), and the activations
+backward keeps for one micro-batch of train.batch_size rows of train.seq_len tokens (the longest stage's under
+train.batch_stage_rows): the tensors the model (model/) saves in eager mode, counted one by one below, and the
+logits. torch.compile's fused kernels keep fewer: a compiled run on a GPU counts COMPILED of them.
 The limit: MemAvailable divided by the node's processes on CPU (page cache counts as available: the shards'
 pages are reclaimable), the device's free memory on CUDA. An estimate above the limit is refused with the
 numbers and the keys to change; one above NEAR of it gets a warning. SHARDRUN_MEMORY_CHECK=warn turns the
@@ -31,6 +31,10 @@ GB = 1e9
 # Warn well below the limit: the estimate counts tensors only, while a process's resident memory also holds the
 # allocator's slack and the libraries' pages.
 NEAR = 0.6
+# The GPU check's compiled training peaks, less the states, were 0.53 (the speedrun, 1 x 49,152 tokens) and 0.48
+# (the hackathon, 32 x 1,024) of the eager activations and logits counted here (records/gpu_check/
+# 2026-12-04_NVIDIA-H200, one H200); a margin over both
+COMPILED = 0.6
 
 
 def activation_bytes(model_cfg: GPTConfig, tokens: int, dtype_bytes: int, logit_bytes: int = 4) -> dict[str, float]:
@@ -91,11 +95,10 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
         blocks = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
         gathered = total - sum(blocks) + 2 * max(blocks)
         parts["gathered"] = 2 * gathered * (2 if cuda and train.dtype == "bfloat16" else 4)  # weights and grads
-    elif world_size > 1:
-        parts["DDP buckets"] = 4 * total  # DDP all-reduces a flat copy of the gradients
     tokens = (batch_size or train.batch_size) * train.longest_row
     bf16 = cuda and train.dtype == "bfloat16"  # CPU runs fp32 (trainer/parallel.py's autocast)
-    parts.update(activation_bytes(model_cfg, tokens, 2 if bf16 else 4, 2 if bf16 and train.bf16_stream else 4))
+    saved = activation_bytes(model_cfg, tokens, 2 if bf16 else 4, 2 if bf16 and train.bf16_stream else 4)
+    parts.update({name: value * (COMPILED if cuda and train.compile else 1) for name, value in saved.items()})
     if (model_cfg.window or model_cfg.doc_causal) and not (cuda and model_cfg.attention == "flex"):
         # SDPA with an explicit mask (no FlexAttention) keeps it as B x H x T x T floats (measured on CPU)
         parts["mask"] = (batch_size or train.batch_size) * model_cfg.n_head * train.longest_row ** 2 * 4

@@ -152,7 +152,7 @@ def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes, work: P
            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor_cache"),
            # the reasons, in the check's output (the probe counts them from dynamo's books)
            "TORCH_LOGS": "recompiles,graph_breaks",
-           # train.py's memory estimate (trainer/memory.py, eager tensors) warns instead of refusing: the check
+           # train.py's memory estimate (trainer/memory.py) warns instead of refusing: the check
            # measures the real peak, and an out-of-memory error is its answer
            "SHARDRUN_MEMORY_CHECK": "warn", **sizes.env}
     rc = run_group(cmd, cwd=ROOT, env=env, log=log, timeout=timeout, grace=KILL_GRACE_S)
