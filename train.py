@@ -224,7 +224,9 @@ def train(run: Run) -> StopReason:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
     if cfg.eval.at_start and run.val_files and progress.step == 0 and status is None:
-        eval_and_record(run, on_clock=cfg.train.evals_on_clock)
+        run.model.module.set_progress(clock.progress(0))  # step 0's window, as the first step's
+        time_up, status = loop_eval(run, loop)
+        status = status or (StopReason.BUDGET if time_up else None)
     while status is None:
         if cfg.train.steps and progress.step >= cfg.train.steps:
             status = StopReason.COMPLETED if cfg.train.schedule == "step" else StopReason.MAX_STEPS
@@ -274,6 +276,18 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     return act(run, loop, flags, step_eval)
 
 
+def loop_eval(run: Run, loop: Loop) -> tuple[bool, StopReason | None]:
+    """An eval of the timed loop (eval.at_start's included): (whether it spent the rest of the budget, TARGET
+    where it reached the target and eval.stop_at_target stops there)."""
+    cfg, clock, time_up = run.cfg, run.clock, False
+    eval_and_record(run, on_clock=cfg.train.evals_on_clock)
+    if cfg.train.evals_on_clock:  # the eval may have spent the rest of the budget: start no step after it
+        [time_up] = distributed.any_rank([clock.time_up()], run.dist.device)
+    loop.next_eval_s = next_multiple(clock.elapsed(), cfg.eval.every_s)
+    reached = cfg.eval.stop_at_target and run.progress.time_to_target is not None
+    return time_up, StopReason.TARGET if reached else None
+
+
 def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | None:
     """Stop, evaluate (by `flags` or the step count: `step_eval`) and save as the agreed `flags` say; why the run
     stops, or None."""
@@ -282,13 +296,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
         return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:
-        eval_and_record(run, on_clock=cfg.train.evals_on_clock)
-        if cfg.train.evals_on_clock:  # the eval may have spent the rest of the budget: start no step after it
-            [time_up] = distributed.any_rank([clock.time_up()], run.dist.device)
-            flags = flags._replace(time_up=time_up)
-        loop.next_eval_s = next_multiple(clock.elapsed(), cfg.eval.every_s)
-        if cfg.eval.stop_at_target and run.progress.time_to_target is not None:
-            status = StopReason.TARGET
+        time_up, status = loop_eval(run, loop)
+        flags = flags._replace(time_up=flags.time_up or time_up)
     if flags.save_due and status is None:
         with clock.paused():
             save(run)

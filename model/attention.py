@@ -80,8 +80,9 @@ class Attention(nn.Module):
                 freqs, gain = yarn_jumps(freqs, [*cfg.window_stages, cfg.window], yarn_window)
             elif yarn_window is not None:
                 freqs, gain = yarn(freqs, cfg.first_window, yarn_window)
-            # the tables in the residual stream's dtype: bf16 under train.bf16_stream (or FSDP2's bf16 casts)
-            q, k = rotary(q, freqs, gain, x.dtype), rotary(k, freqs, tables=x.dtype)
+            # bf16 tables where the residual stream is bf16: train.bf16_stream, or FSDP2's bf16 casts
+            bf16 = x.dtype == torch.bfloat16
+            q, k = rotary(q, freqs, gain, bf16), rotary(k, freqs, bf16_tables=bf16)
         # Back to qkv's dtype: under autocast the value embedding (nn.Embedding is not autocast) and the norms can
         # make fp32 from bf16; SDPA casts its inputs, FlexAttention (torch 2.6) refuses mixed dtypes.
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)

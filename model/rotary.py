@@ -49,13 +49,22 @@ def yarn_jumps(freqs: Tensor, windows: list[int], window: Tensor) -> tuple[Tenso
     return freqs, gain
 
 
-def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None, tables: torch.dtype = torch.float32) -> Tensor:
+def bf16_rounded(x: Tensor) -> Tensor:
+    """fp32 `x` rounded to bf16's precision (to nearest, ties to even), still fp32. Integer arithmetic on its
+    bits: torch.compile keeps it, where it fuses a cast to bf16 and back into nothing."""
+    bits = x.view(torch.int32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).view(torch.float32)
+
+
+def rotary(x: Tensor, freqs: Tensor, gain: Tensor | None = None, bf16_tables: bool = False) -> Tensor:
     """Rotate each (first half, second half) pair of x [B, H, T, D] by its position times its frequency in `freqs`
-    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries). The cos and sin tables
-    are rounded to `tables` (record 46's are bf16, as its stream), the rotation summed in fp32."""
+    [D/2]; `gain` also scales the result (YaRN's attention temperature, on the queries). With `bf16_tables` the
+    cos and sin tables are rounded to bf16 (record 46's, as its stream), the rotation summed in fp32."""
     T = x.size(-2)
     angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), freqs)
-    cos, sin = angles.cos().to(tables).float(), angles.sin().to(tables).float()
+    cos, sin = angles.cos(), angles.sin()
+    if bf16_tables:
+        cos, sin = bf16_rounded(cos), bf16_rounded(sin)
     if gain is not None:
         cos, sin = cos * gain, sin * gain
     x1, x2 = x.float().chunk(2, dim=-1)

@@ -99,7 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.data, args.work = args.data.resolve(), args.work.resolve()  # the sides run in other folders
     if args.eval_every <= PROFILE_SKIP + args.profile_steps:
         p.error(f"--eval-every must be > {PROFILE_SKIP + args.profile_steps}: the profiled steps come before the "
-                f"first eval, outside the timed steps that tokens/s counts")
+                f"first eval after step 0, outside the timed steps that tokens/s counts")
+    if args.steps < 2 * args.eval_every:
+        p.error("--steps must be at least twice --eval-every: tokens/s counts the steps from the first eval after "
+                "step 0 to the last")
     return args
 
 

@@ -3,8 +3,8 @@ work/record/ (the record's logs/*.txt, probe.json, standin.json) and work/ours/ 
 probe.json). Writes table.md, beside.json, loss.png and both logs (the record's without its code: its sha256 and
 length stand for it) to the output folder, and returns table.md's text.
 
-tokens/s count the same timed steps on both sides: from the first shared eval after step 0 to the last (from step 0
-where only one follows it), each side's training time between them (its evals excluded: both stop their clocks for them).
+tokens/s count the same timed steps on both sides: from the first shared eval after step 0 to the last, each side's
+training time between them (its evals excluded: both stop their clocks for them).
 """
 from __future__ import annotations
 
@@ -47,12 +47,10 @@ def _json(path: Path) -> dict:
 
 
 def window(shared: list[int]) -> tuple[int, int] | None:
-    """The timed steps both sides count: (first shared eval after step 0, last), or (0, the only one). The eval at
-    step 0 starts no window: the profiled steps come after it."""
+    """The timed steps both sides count: (first shared eval after step 0, last); None with fewer than two. Step 0
+    starts none: the warm-up's first steps and the profiled ones come after it."""
     later = [s for s in shared if s > 0]
-    if not later:
-        return None
-    return (later[0], later[-1]) if len(later) > 1 else (0, later[0])
+    return (later[0], later[-1]) if len(later) > 1 else None
 
 
 def speeds(hp: dict, rec: RecordRun, ours: dict[int, dict], span: tuple[int, int]) -> dict:
@@ -60,10 +58,10 @@ def speeds(hp: dict, rec: RecordRun, ours: dict[int, dict], span: tuple[int, int
     s0, s1 = span
     rec_ms = {step: ms for step, _, ms in rec.evals}
     rec_tokens = sum(step_tokens(hp, s) for s in range(s0, s1))
-    rec_s = (rec_ms[s1] - rec_ms.get(s0, 0)) / 1000
-    start = ours.get(s0, {"tokens": 0, "elapsed_s": 0.0})
-    our_tokens, our_s = ours[s1]["tokens"] - start["tokens"], ours[s1]["elapsed_s"] - start["elapsed_s"]
-    return {"steps": [s0, s1], "record": {"tokens": rec_tokens, "s": rec_s, "tok_s": rec_tokens / rec_s if rec_s else None},
+    rec_s = (rec_ms[s1] - rec_ms[s0]) / 1000
+    our_tokens, our_s = ours[s1]["tokens"] - ours[s0]["tokens"], ours[s1]["elapsed_s"] - ours[s0]["elapsed_s"]
+    return {"steps": [s0, s1],
+            "record": {"tokens": rec_tokens, "s": rec_s, "tok_s": rec_tokens / rec_s if rec_s else None},
             "ours": {"tokens": our_tokens, "s": our_s, "tok_s": our_tokens / our_s if our_s else None}}
 
 
@@ -132,11 +130,13 @@ def table_text(res: dict) -> str:
             ("peak allocated MiB", probes["record"].get("peak_allocated_mib"),
              probes["ours"].get("peak_allocated_mib"), ",.0f")]
     lines += ["", "| measure | record | ours | ours / record |", "|---|---:|---:|---:|"]
-    lines += [f"| {name} | {_fmt(r, spec)} | {_fmt(o, spec)} | {_fmt(ratio(o, r), '.3f')} |" for name, r, o, spec in rows]
+    lines += [f"| {name} | {_fmt(r, spec)} | {_fmt(o, spec)} | {_fmt(ratio(o, r), '.3f')} |"
+              for name, r, o, spec in rows]
     measured = ratio(our_tok, rec_tok)
-    lines += ["", f"The record ran on the kernels stand-in (FlexAttention in place of FlashAttention 3). FA3 saved record "
-              f"46 4.3 s of ~168 s against FlexAttention: with it the record's tokens/s would be x{FA3_SPEEDUP:.3f}, "
-              f"ours / record {_fmt(measured and measured / FA3_SPEEDUP, '.3f')} (measured: {_fmt(measured, '.3f')})."]
+    lines += ["", "The record ran on the kernels stand-in (FlexAttention in place of FlashAttention 3). FA3 saved "
+              f"record 46 4.3 s of ~168 s against FlexAttention: with it the record's tokens/s would be "
+              f"x{FA3_SPEEDUP:.3f}, ours / record {_fmt(measured and measured / FA3_SPEEDUP, '.3f')} "
+              f"(measured: {_fmt(measured, '.3f')})."]
     if mask:
         lines.append(f"The stand-in builds its block mask at every attention call, which FA3 does not: "
                      f"{mask['s']:.2f} s of the record's {speed['record']['s']:.2f} s over those steps "

@@ -126,20 +126,20 @@ def test_the_loss_and_gradients_agree_with_float64_within_bf16s_rounding(options
     assert (grad - exact).norm() <= (2 + 2 * n_layer + 2) * U / 2 * exact.norm()
 
 
-@pytest.mark.parametrize("on, dtype", [(True, torch.bfloat16), (False, torch.float32)], ids=["key", "no_key"])
-def test_the_rotary_tables_take_the_streams_dtype(monkeypatch, on, dtype):
+@pytest.mark.parametrize("on", [True, False], ids=["key", "no_key"])
+def test_the_rotary_tables_are_bf16_where_the_stream_is(monkeypatch, on):
     # record 46's cos and sin tables are bf16 buffers, as its stream
     seen, real = [], model.attention.rotary
 
-    def spy(x, freqs, gain=None, tables=torch.float32):
-        seen.append(tables)
-        return real(x, freqs, gain, tables)
+    def spy(x, freqs, gain=None, bf16_tables=False):
+        seen.append(bf16_tables)
+        return real(x, freqs, gain, bf16_tables)
     monkeypatch.setattr(model.attention, "rotary", spy)
     m = streamed(RECORD_46, on)
     x = batch(T=17)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         m(x[:, :-1], x[:, 1:])
-    assert seen == [dtype] * 2 * len(m.cfg.attention_layers)
+    assert seen == [on] * 2 * len(m.cfg.attention_layers)
 
 
 def test_the_training_loss_reads_bf16_logits_and_an_eval_fp32_ones(monkeypatch):

@@ -29,9 +29,9 @@ def test_rope_truncate_rotates_half_of_each_head(monkeypatch):
     assert not torch.equal(full[..., 1:, unrotated], x[..., 1:, unrotated])  # the default rotates every pair
     calls, rotary = [], model.rotary.rotary
 
-    def spy(x, f, gain=None, tables=torch.float32):
+    def spy(x, f, gain=None, bf16_tables=False):
         calls.append((f, gain))
-        return rotary(x, f, gain, tables)
+        return rotary(x, f, gain, bf16_tables)
     monkeypatch.setattr(model.attention, "rotary", spy)
     tiny(rotary=True, rope_truncate=True, rope_base=1024.0)(batch())
     assert len(calls) == 2 * 4  # q and k of every layer
@@ -131,11 +131,17 @@ def test_yarn_is_plain_rotary_at_the_start_window_and_follows_the_window_without
             assert same == (progress == 0.0), progress
 
 
-# --- the training loss's other terms (model.mtp_weights, model.prefix_weight) ---
+def test_bf16_rounded_is_the_cast_to_bf16_and_back_and_survives_compile():
+    x = torch.cat((torch.randn(100_000, generator=torch.Generator().manual_seed(0)),
+                   torch.tensor([0.0, -0.0, 1.0, -1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8])))  # ties go to even
+    assert torch.equal(model.rotary.bf16_rounded(x), x.to(torch.bfloat16).float())
+    # compiled, a cast to bf16 and back would fuse into nothing; the integer rounding stays
+    rounded = torch.compile(lambda t: model.rotary.bf16_rounded(t.cos()), backend="inductor")(x)
+    assert torch.equal(rounded, x.cos().to(torch.bfloat16).float())
 
 
-def test_tables_in_bf16_round_cos_and_sin_once_and_sum_in_fp32():
-    """Record 46 keeps its cos and sin tables in bf16: `tables` rounds them, and nothing else, to that dtype."""
+def test_bf16_tables_round_cos_and_sin_once_and_sum_in_fp32():
+    """Record 46 keeps its cos and sin tables in bf16: `bf16_tables` rounds them, and nothing else."""
     freqs = model.rotary.rotary_frequencies(16, 1024.0, truncate=True)
     x = torch.randn(1, 2, 700, 16, generator=torch.Generator().manual_seed(3))
     gain = torch.tensor(1.3)
@@ -143,7 +149,7 @@ def test_tables_in_bf16_round_cos_and_sin_once_and_sum_in_fp32():
     cos, sin = (f(angles).to(torch.bfloat16).double() * 1.3 for f in (torch.cos, torch.sin))
     x1, x2 = x.double().chunk(2, dim=-1)
     want = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    got = model.rotary.rotary(x, freqs, gain, torch.bfloat16)
+    got = model.rotary.rotary(x, freqs, gain, bf16_tables=True)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-6)
     # fp32 tables are another rotation, by up to bf16's rounding of the tables

@@ -85,6 +85,15 @@ def test_the_plan_says_each_change_and_refuses_what_would_not_train_alike(bench,
         beside_record.plan(beside_record.parse_args([*args, "--ours-set", "data.doc_cut=0"]))
 
 
+def test_tokens_per_second_count_from_the_first_eval_after_step_0_to_the_last(bench, capsys):
+    # the profiled steps come after step 0's eval, before the next: they are never timed
+    assert report.window([0, 4, 8]) == (4, 8) and report.window([0, 4]) is None and report.window([]) is None
+    tmp, args = bench
+    with pytest.raises(SystemExit):
+        beside_record.parse_args([*args, "--steps", "7"])
+    assert "--steps must be at least twice --eval-every" in capsys.readouterr().err
+
+
 def test_data_the_record_would_run_out_of_is_refused_and_epochs_give_it_more(bench):
     tmp, args = bench
     proc = harness([*args, "--steps", "400", "--eval-every", "100"], check=False)

@@ -169,23 +169,31 @@ def test_under_target_time_end_only_the_final_eval_times_the_run(tmp_path, targe
 
 
 class Slow(Scored):
-    """Scored evals that each take 0.3 s."""
+    """Scored evals that each take 0.3 s; `windows` holds the model's attention window at each."""
+
+    def __init__(self, losses: list[float]):
+        super().__init__(losses)
+        self.windows = []
 
     def evaluate(self, stage, run) -> float:
+        self.windows.append(run.model.module.window)
         time.sleep(0.3)
         return super().evaluate(stage, run)
 
 
 @pytest.mark.parametrize("timing", ["exclude_warmup", "from_first_forward"])
 def test_an_eval_at_start_scores_the_untrained_model_and_is_timed_as_any_eval(tmp_path, timing):
-    """eval.at_start: an eval before step 1, logged at step 0 with no tokens; off the clock under exclude_warmup,
-    on it under from_first_forward, as the evals at steps 5 and 10 are."""
+    """eval.at_start: an eval before step 1, logged at step 0 with no tokens, at step 0's attention window (a new
+    model has the final one); off the clock under exclude_warmup, on it under from_first_forward, as the evals at
+    steps 5 and 10 are."""
     import train
 
     run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048", "--train.max_steps=10",
                              "--eval.every_steps=5", "--eval.at_start=true", f"--train.timing={timing}")
-    run.hooks = Slow([9.0, 5.0, 4.0])
+    run.hooks = hooks = Slow([9.0, 5.0, 4.0])
+    assert run.model.module.window == 40
     train.finish(run, train.train(run))
+    assert hooks.windows[0] == 8
     evals = [json.loads(line) for line in (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines()
              if '"eval"' in line]
     assert [(e["step"], e["tokens"], e["val_loss"]) for e in evals] == [(0, 0, 9.0), (5, 5 * 512, 5.0),
@@ -194,3 +202,21 @@ def test_an_eval_at_start_scores_the_untrained_model_and_is_timed_as_any_eval(tm
         assert evals[0]["elapsed_s"] < 0.3
     else:
         assert evals[0]["elapsed_s"] >= 0.3 and evals[1]["elapsed_s"] >= 0.6
+
+
+def test_an_eval_at_start_that_spends_the_budget_or_reaches_the_target_ends_the_run_as_any_eval(tmp_path):
+    """On the clock (from_first_forward), a first eval that outlasts the budget is followed by no step, and one
+    at the target stops the run under eval.stop_at_target."""
+    import train
+    from trainer.state import StopReason
+
+    for extra, scores, why in ((["--train.budget_s=0.2"], [9.0], StopReason.BUDGET),
+                               (["--eval.target_loss=10", "--eval.stop_at_target=true"], [9.0], StopReason.TARGET)):
+        run = growing_window_run(tmp_path / why.name, "--data.val=holdout", "--eval.tokens=2048",
+                                 "--eval.at_start=true", "--train.timing=from_first_forward", "--train.max_steps=10",
+                                 *extra)
+        run.hooks = Slow(scores)
+        status = train.train(run)
+        run.loader.close()
+        run.log.close()
+        assert (status, run.progress.step) == (why, 0)
