@@ -23,6 +23,7 @@ from model.embeddings import Smear
 from model.gpt import GPT
 from model.layers import MLP, Gate
 from model.mudd import Mudd
+from optim.bf16_storage import keep_in_bf16
 from optim.config import OptimConfig
 from optim.muon import Muon
 from optim.views import Split
@@ -78,7 +79,15 @@ def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
-    """The optimizers for `model` (a GPT, possibly wrapped by DDP/FSDP2/compile) under recipe `cfg.name`."""
+    """The optimizers for `model` (a GPT, possibly wrapped by DDP/FSDP2/compile) under recipe `cfg.name`; under
+    cfg.bf16_storage they keep record 46's bf16 values (optim/bf16_storage.py)."""
+    optimizers = _optimizers(model, cfg)
+    if cfg.bf16_storage:
+        keep_in_bf16(optimizers, model)
+    return optimizers
+
+
+def _optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
     roles = param_roles(model, cfg.name == "muon" and cfg.muon_gates)
     if cfg.name == "adamw":
         return [_adamw([

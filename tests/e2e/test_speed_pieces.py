@@ -3,16 +3,20 @@ under torchrun with Muon, the float8 head, Muon's math compiled, the gradients s
 DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
 tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together they train, and the run differs
 from the one without them.
-bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key."""
+bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key.
+So is the record's bf16 storage (optim.bf16_storage), a fidelity piece: the checkpoint's tables and head hold bf16
+values on both ranks' steps."""
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers import demo_data, torchrun, train_args, train_values
 
 PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=bfloat16",
-          "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true"]
+          "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true",
+          "--optim.bf16_storage=true"]
 MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
 
 
@@ -39,4 +43,7 @@ def test_the_pieces_train_together_and_change_the_run(runs):
     assert abs(summaries["with"]["final_val_loss"] - summaries["without"]["final_val_loss"]) < 0.1
     config = (runs / "with" / "config.toml").read_text()
     assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "bfloat16"',
-                                           'adam_sync = "adam_steps"', "bf16_stream = true"])
+                                           'adam_sync = "adam_steps"', "bf16_stream = true", "bf16_storage = true"])
+    weights = {name: torch.load(runs / name / "checkpoint.pt", weights_only=True)["model"] for name in summaries}
+    for name, table in [(name, weights[name][key]) for name in weights for key in ("wte.weight", "lm_head.weight")]:
+        assert torch.equal(table, table.bfloat16().float()) == (name == "with"), name
