@@ -1,4 +1,5 @@
-"""The optimizers for the GPT's parameter groups: AdamW alone (baseline) or Muon for hidden matrices + AdamW for the rest.
+"""The optimizers for the GPT's parameter groups: AdamW alone (baseline) or Muon for hidden matrices + AdamW for
+the rest.
 
 Learning-rate contract with the trainer: every param group stores its base rate in `group["initial_lr"]`;
 the schedule sets `group["lr"] = group["initial_lr"] * mult` on every group of every optimizer, each step.
