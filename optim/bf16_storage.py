@@ -1,8 +1,11 @@
 """optim.bf16_storage: record 46's bf16 storage, in fp32 tensors. Its nn.Embedding and nn.Linear modules (the token
-and value tables, the head, the gates) hold bf16 weights, and its Adam keeps both moments of every parameter in
-bf16; its block matrices, their Muon momentum and its scalars are fp32. Its compiled steps compute in fp32 and round
-once, at the store. Here the weights and moments stay fp32 tensors, rounded to bf16 at the start and after each
-step of the optimizer that moved them: the same values, with no dtype for DDP, FSDP2 or a checkpoint to handle.
+and value tables, the head, the gates) hold bf16 weights, so their gradients are bf16 too, and its Adam keeps both
+moments of every parameter in bf16; its block matrices, their Muon state and its scalars are fp32. Its compiled steps
+compute in fp32 and round once, at the store. Here the weights, gradients and moments stay fp32 tensors, rounded to
+bf16 where the record's are bf16: the weights at the start, and around each step of an optimizer the gradients it
+reads and the weights and moments it wrote. What differs: the sums that make a gradient (over micro-steps, over
+AdamW's held steps under optim.adam_every, over the ranks) add in fp32 here, in bf16 there. No dtype changes, so
+DDP, FSDP2 and checkpoints see fp32 as without the key.
 """
 from __future__ import annotations
 
@@ -30,17 +33,26 @@ def round_to_bf16(tensors: Iterable[torch.Tensor]) -> None:
 
 
 def keep_in_bf16(optimizers: list[torch.optim.Optimizer], model: nn.Module) -> None:
-    """Round the bf16-stored weights now, and after every step of an optimizer: AdamW's moments, and the
-    bf16-stored weights it moved with their Muon momentum (the gates under optim.muon_gates)."""
+    """Round the bf16-stored weights now; before every step of an optimizer the gradients of those it steps, and
+    after it AdamW's moments and the bf16-stored weights it moved with their Muon state (the gates under
+    optim.muon_gates: NorMuon's momentum and second moment, bf16 in the record as their gradients are)."""
     stored = stored_in_bf16(model)
     round_to_bf16(stored)
     ids = {id(p) for p in stored}
 
+    def owned(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in opt.param_groups for p in group["params"] if id(p) in ids]
+
+    def before_step(opt: torch.optim.Optimizer, args, kwargs) -> None:
+        round_to_bf16([p.grad for p in owned(opt) if p.grad is not None])
+
     def after_step(opt: torch.optim.Optimizer, args, kwargs) -> None:
-        adam = isinstance(opt, torch.optim.AdamW)
-        for p in (p for group in opt.param_groups for p in group["params"]):
-            state = opt.state.get(p, {})
-            moments = ["exp_avg", "exp_avg_sq"] if adam else ["momentum_buffer"] if id(p) in ids else []
-            round_to_bf16([state[k] for k in moments if k in state] + ([p] if id(p) in ids else []))
+        if isinstance(opt, torch.optim.AdamW):
+            round_to_bf16([s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s])
+        else:
+            states = [opt.state[p] for p in owned(opt) if p in opt.state]
+            round_to_bf16([s[k] for s in states for k in ("momentum_buffer", "second_moment") if k in s])
+        round_to_bf16(owned(opt))
     for opt in optimizers:
+        opt.register_step_pre_hook(before_step)
         opt.register_step_post_hook(after_step)

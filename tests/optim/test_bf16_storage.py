@@ -1,5 +1,6 @@
-"""optim.bf16_storage: record 46's bf16 tables, head, gates and AdamW moments, as fp32 tensors rounded once a step:
-each step is the fp32 step of the same state, rounded where the record stores bf16, and nothing else changes."""
+"""optim.bf16_storage: record 46's bf16 tables, head, gates, their gradients and AdamW's moments, as fp32 tensors:
+each step is the fp32 step of the same state, rounded where the record's values are bf16, and nothing else
+changes."""
 import copy
 
 import torch
@@ -43,16 +44,22 @@ def test_each_step_is_the_fp32_step_rounded_where_the_record_stores_bf16():
         plain_opts = build_optimizers(plain, OptimConfig(**RECORD))
         for opt, twin in zip(opts, plain_opts):
             twin.load_state_dict(copy.deepcopy(opt.state_dict()))  # loaded as is, the tensors would be shared
+        adam, muon = plain_opts
+        twins = {id(q) for p, q in zip(model.parameters(), plain.parameters()) if id(p) in stored}
+        adam_steps = (step + 1) % RECORD["adam_every"] == 0
         for m, o in ((model, opts), (plain, plain_opts)):
             set_lr(o, 1.0, step)
             _loss(m, step).backward()
+            if m is plain:  # the gradients the stepping optimizers read: the gates' (Muon's), AdamW's on its steps
+                for q in (q for opt in plain_opts if opt is muon or adam_steps for g in opt.param_groups
+                          for q in g["params"] if id(q) in twins and q.grad is not None):
+                    q.grad.copy_(q.grad.bfloat16())
             step_optimizers(o, step, RECORD["adam_every"])
-        adam, muon = plain_opts
-        twins = {id(q) for p, q in zip(model.parameters(), plain.parameters()) if id(p) in stored}
         with torch.no_grad():
             rounded = [p for p in plain.parameters() if id(p) in twins]
             rounded += [s[k] for s in adam.state.values() for k in ("exp_avg", "exp_avg_sq")]
-            rounded += [s["momentum_buffer"] for p, s in muon.state.items() if id(p) in twins]
+            rounded += [s[k] for p, s in muon.state.items() if id(p) in twins for k in ("momentum_buffer",
+                                                                                       "second_moment")]
             for t in rounded:
                 t.copy_(t.bfloat16())
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters())), step
@@ -62,5 +69,5 @@ def test_each_step_is_the_fp32_step_rounded_where_the_record_stores_bf16():
     adam, muon = opts
     assert adam.state and all(in_bf16(s["exp_avg"]) and in_bf16(s["exp_avg_sq"]) for s in adam.state.values())
     gates = [p for p in muon.state if id(p) in stored]
-    assert gates and all(in_bf16(muon.state[p]["momentum_buffer"]) for p in gates)
+    assert gates and all(in_bf16(muon.state[p][k]) for p in gates for k in ("momentum_buffer", "second_moment"))
     assert not all(in_bf16(s["momentum_buffer"]) for p, s in muon.state.items() if id(p) not in stored)
