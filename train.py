@@ -291,15 +291,15 @@ def loop_eval(run: Run, loop: Loop) -> tuple[bool, StopReason | None]:
 def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | None:
     """Stop, evaluate (by `flags` or the step count: `step_eval`) and save as the agreed `flags` say; why the run
     stops, or None."""
-    cfg, clock, status = run.cfg, run.clock, None
+    status = None
     if flags.sigterm:  # any rank's signal; this rank's own says which
         return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:
         time_up, status = loop_eval(run, loop)
-        flags = flags._replace(time_up=flags.time_up or time_up)
+        flags = flags._replace(time_up=time_up)
     if flags.save_due and status is None:
-        with clock.paused():
+        with run.clock.paused():
             save(run)
         loop.last_save = time.perf_counter()
     if flags.time_up and status is None:

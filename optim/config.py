@@ -40,7 +40,8 @@ class OptimConfig:
     muon_qk_pairs: bool = False  # muon: orthogonalise each pair of adjacent heads of Q and of K apart (V whole)
     muon_compile: bool = False  # muon: its math between the collectives under torch.compile (optim/compiled.py)
     adam_every: int = 1  # AdamW steps every N steps, on the sum of their gradients (records: 2); Muon every step
-    # record 46's bf16 storage: the tables, head and gates, and AdamW's moments, rounded to bf16 after each step
+    # record 46's bf16 storage: the tables', head's and gates' weights and gradients, and AdamW's moments, rounded
+    # to bf16 around each step (optim/bf16_storage.py)
     bf16_storage: bool = False
 
     def __post_init__(self) -> None:

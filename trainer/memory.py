@@ -31,9 +31,9 @@ GB = 1e9
 # Warn well below the limit: the estimate counts tensors only, while a process's resident memory also holds the
 # allocator's slack and the libraries' pages.
 NEAR = 0.6
-# The GPU check's compiled warm-up peaks (which also hold a copy of the state), less the states counted here, were
-# 0.53 (the speedrun, 1 x 49,152 tokens) and 0.46 (the hackathon, 32 x 1,024) of the eager activations and logits
-# counted here (records/gpu_check/2026-12-04_NVIDIA-H200, one H200); a margin over both
+# The GPU check's compiled warm-up peaks (which also hold a copy of the state), less the states this module counts,
+# were 0.53 (the speedrun, 1 x 49,152 tokens) and 0.46 (the hackathon, 32 x 1,024) of the eager activations and
+# logits it counts (records/gpu_check/2026-12-04_NVIDIA-H200, one H200); a margin over both
 COMPILED = 0.6
 
 
