@@ -19,14 +19,15 @@ def test_the_kept_log_has_the_codes_hash_in_place_of_the_code(tmp_path):
     assert report.without_code("no code here\n") == "no code here\n"
 
 
-def test_the_timed_steps_are_the_shared_evals_or_from_zero():
-    assert report.window([3, 6, 9]) == (3, 9) and report.window([9]) == (0, 9) and report.window([]) is None
-    rec = parse_log(record_log_text({0: (10.8, 0), 9: (7.0, 900)}, 9))
-    ours = {9: {"val_loss": 7.1, "tokens": 46080, "elapsed_s": 1.8}}
-    speed = report.speeds(HP, rec, ours, (0, 9))
-    # steps 0-2 of 2,560 tokens, 3-5 of 5,120 and 6-8 of 7,680: 46,080 tokens, in 0.9 s and 1.8 s
-    assert speed["record"] == {"tokens": 46080, "s": 0.9, "tok_s": pytest.approx(51200)}
-    assert speed["ours"]["tok_s"] == pytest.approx(25600)
+def test_the_timed_steps_run_from_the_first_shared_eval_after_step_0_to_the_last():
+    assert report.window([0, 3, 6, 9]) == (3, 9) and report.window([0, 9]) is None and report.window([]) is None
+    rec = parse_log(record_log_text({0: (10.8, 0), 3: (8.0, 300), 9: (7.0, 900)}, 9))
+    ours = {3: {"val_loss": 8.1, "tokens": 7680, "elapsed_s": 0.6}, 9: {"val_loss": 7.1, "tokens": 46080,
+                                                                      "elapsed_s": 1.8}}
+    speed = report.speeds(HP, rec, ours, (3, 9))
+    # steps 3-5 of 5,120 tokens and 6-8 of 7,680: 38,400 tokens, in 0.6 s and 1.2 s
+    assert speed["record"] == {"tokens": 38400, "s": 0.6, "tok_s": pytest.approx(64000)}
+    assert speed["ours"]["tok_s"] == pytest.approx(32000)
 
 
 def record_log_text(evals, steps):

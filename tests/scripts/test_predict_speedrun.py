@@ -48,8 +48,10 @@ def test_the_performance_table_and_the_budgets_come_from_the_script(tmp_path):
 def test_the_ratio_beside_the_record_predicts_the_time_from_the_records(tmp_path):
     """beside.json's speed, as scripts/beside/report.py writes it: ours at 0.8 of the record's tokens/s on one GPU
     predicts 132.194 / 0.8 = 165 s on 8, since the config takes the record's steps and tokens."""
-    rec = parse_log(record_log_text({0: (10.8, 0), 9: (7.0, 900)}, 9))
-    speed = report.speeds(HP, rec, {9: {"val_loss": 7.1, "tokens": 46080, "elapsed_s": 1.125}}, (0, 9))
+    rec = parse_log(record_log_text({0: (10.8, 0), 3: (8.0, 300), 9: (7.0, 900)}, 9))
+    ours = {3: {"val_loss": 8.1, "tokens": 7680, "elapsed_s": 0.375}, 9: {"val_loss": 7.1, "tokens": 46080,
+                                                                        "elapsed_s": 1.125}}
+    speed = report.speeds(HP, rec, ours, (3, 9))
     (tmp_path / "beside.json").write_text(json.dumps({"speed": speed}))
     out = run([sys.executable, "-m", "scripts.predict_speedrun", "--beside", str(tmp_path / "beside.json")]).stdout
     assert "| time to 3.28, beside the record | 165 s |  | the record's 132.2 s / " in out and "0.800" in out
