@@ -3,7 +3,8 @@
     python -m trainer.torchrun [TORCHRUN OPTIONS] train.py [TRAIN.PY ARGS]
 
 A failed run then leaves the user train.py's one message instead of it followed by torchrun's log lines and its
-~30-line ChildFailedError report (and a stopped one without its SignalException traceback). That text goes to
+~30-line ChildFailedError report (and a stopped one without its SignalException traceback, or the exceptions Python
+can only print as "Exception ignored in", which a stopping agent sometimes meets). That text goes to
 <log.dir>/<run_id>/torchrun.log once train.py has made the run folder, else to a temporary file. A rank that died
 without a word (killed by a signal: -9 from the OOM killer) gets one line naming it and the file. The exit status is
 torchrun's: 0, or 1 for a failed or stopped run (0 for a run that had finished when a signal stopped torchrun).
@@ -37,6 +38,7 @@ def main(argv: list[str]) -> int:
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger) and logger.handlers:
             logger.handlers = [handler]
+    keep_unraisable(text)
     status, note, started = 0, "", time.time()
     try:
         torchrun.run(args)
@@ -56,6 +58,17 @@ def main(argv: list[str]) -> int:
     if note:
         print(f"torchrun: {note}; torchrun's report: {path}", file=sys.stderr, flush=True)
     return status
+
+
+def keep_unraisable(text: io.StringIO) -> None:
+    """From now on an exception Python cannot raise (in a finalizer, a __del__) is written to `text`, not stderr.
+    Seen: Ctrl-C stops the agent, and its rendezvous keep-alive timer, collected in its own thread, joins itself
+    ("cannot join current thread"; torch's _PeriodicTimer)."""
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        text.write(f"{unraisable.err_msg or 'Exception ignored in'}: {unraisable.object!r}\n")
+        text.write("".join(traceback.format_exception(unraisable.exc_type, unraisable.exc_value,
+                                                      unraisable.exc_traceback)))
+    sys.unraisablehook = hook
 
 
 def keep(text: str, args: Namespace, argv: list[str]) -> Path:

@@ -19,3 +19,24 @@ def test_a_stopped_torchrun_leaves_the_ranks_words_and_no_traceback(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and err == "", err
     assert sorted(out.splitlines()) == ["rank 0 stopped", "rank 1 stopped"]
+
+
+def test_an_exception_python_can_only_ignore_goes_to_torchruns_log_not_the_console(capsys):
+    """As the stopping agent's keep-alive timer, collected in its own thread, fails to join itself."""
+    import io
+    import sys
+
+    from trainer.torchrun import keep_unraisable
+
+    class JoinsItself:
+        def __del__(self):
+            raise RuntimeError("cannot join current thread")
+
+    text, before = io.StringIO(), sys.unraisablehook
+    try:
+        keep_unraisable(text)
+        JoinsItself()  # collected at once: its __del__ raises where nothing can catch it
+    finally:
+        sys.unraisablehook = before
+    assert capsys.readouterr().err == ""
+    assert "RuntimeError: cannot join current thread" in text.getvalue() and "JoinsItself" in text.getvalue()
