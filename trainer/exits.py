@@ -25,12 +25,27 @@ def fail(message: str, first: bool) -> None:
     sys.exit(1)
 
 
+class Interrupted(SystemExit):
+    """A stop at once by a signal (exit 130). Raised from a signal handler, it still runs the `finally` blocks
+    and atomic writes' cleanup."""
+
+
 def interrupted(message: str) -> NoReturn:
     """Exit at once with 130, the shell's status for Ctrl-C; `message` on rank 0 only (every rank gets the
-    signal). Raised from a signal handler, SystemExit still runs the `finally` blocks and atomic writes' cleanup."""
+    signal)."""
     if os.environ.get("RANK", "0") == "0":
         os.write(2, f"{message}\n".encode())  # not print(): the signal may have come while print held stdout
-    raise SystemExit(130)
+    raise Interrupted(130)
+
+
+def _unwinding_an_interruption(error: BaseException) -> bool:
+    """Whether `error` arose in the cleanup that an Interrupted ran through: torch.save's zip writer, cut
+    mid-write, raises "unexpected pos" from its __exit__ in the interruption's place."""
+    while error is not None:
+        if isinstance(error, Interrupted):
+            return True
+        error = error.__context__
+    return False
 
 
 def watch_stop_signals(requested: list[int]) -> None:
@@ -72,13 +87,18 @@ def exiting_without_teardown() -> Iterator[None]:
     atexit functions (wandb's, logging's) and end the process with its status at once, skipping the interpreter's
     finalization and C++'s static destructors. There, after a finished run, torch's gloo threads occasionally
     met a half-destroyed runtime: "terminate called without an active exception", SIGABRT, a run that had
-    printed "done" exiting 134. Any other exception propagates as usual, with its traceback."""
+    printed "done" exiting 134. Any other exception propagates as usual, with its traceback, unless it arose
+    while an Interrupted unwound."""
     try:
         yield
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException as e:
+        if not _unwinding_an_interruption(e):
+            raise
+        status = 130  # the interruption's status and its one line, without the cleanup's traceback
     else:
         status = 0
     sys.stdout.flush()

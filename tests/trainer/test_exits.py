@@ -61,3 +61,30 @@ def test_an_interruption_is_said_by_rank_0_alone(monkeypatch, capfd):
         with pytest.raises(SystemExit) as stopped:
             interrupted("train.py: interrupted")
         assert stopped.value.code == 130 and capfd.readouterr().err == said
+
+
+@pytest.mark.parametrize("nth_write", [1, 2, 4])
+def test_a_ctrl_c_in_the_middle_of_a_save_exits_130_with_its_line_alone(tmp_path, nth_write):
+    """A second Ctrl-C mid-save: torch.save's zip writer, cut between two writes, raises "unexpected pos" from
+    its __exit__ in the interruption's place (so exited 1, with a traceback). The temporary file goes too."""
+    code = f"""if True:
+        import io, torch
+        from trainer.exits import exiting_without_teardown, interrupted
+        from util.atomic import atomic_path
+
+        class Interrupting(io.FileIO):  # the signal handler runs in the write torch's writer calls back
+            writes = 0
+            def write(self, data):
+                self.writes += 1
+                if self.writes == {nth_write}:
+                    interrupted("train.py: interrupted again")
+                return super().write(data)
+
+        with exiting_without_teardown(), atomic_path({str(tmp_path / "checkpoint.pt")!r}) as tmp:
+            with Interrupting(tmp, "wb") as f:
+                torch.save({{"w": torch.zeros(4)}}, f)
+    """
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RANK": "0"})
+    assert (proc.returncode, proc.stderr) == (130, "train.py: interrupted again\n")
+    assert list(tmp_path.iterdir()) == []
