@@ -55,7 +55,7 @@ def check_choices(obj: Any, what: str) -> None:
 @dataclass
 class GPTConfig:
     """Every model key; the defaults are the GPT-2 small baseline."""
-    vocab_size: int = 50257  # real vocabulary; tables are padded up to a multiple of 128
+    vocab_size: int = 50257  # the softmax's ids (the tokenizer's, or more); tables padded to a multiple of 128
     block_size: int = 1024  # longest sequence (size of the learned position table)
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block

@@ -16,6 +16,7 @@ from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
 GPT2_VOCAB = 50257  # FineWeb's shards come without a meta.json: their tokens are GPT-2's
+GPT2_PADDED = 50304  # and the speedrun records' vocabulary, GPT-2's padded to a multiple of 128
 
 
 def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
@@ -98,10 +99,11 @@ def prefix_targets(cfg: Config, meta: dict) -> list[int]:
     """model.prefix_weight's table, each token's prefix token (-1: none), from the tokenizer meta.json names; shards
     without a meta.json are taken as GPT-2's, as FineWeb's are."""
     name = meta.get("tokenizer")
-    if name is None and cfg.model.vocab_size != GPT2_VOCAB:
+    if name is None and not GPT2_VOCAB <= cfg.model.vocab_size <= GPT2_PADDED:
         raise ConfigError(f"model.prefix_weight needs the data's tokenizer, which a meta.json beside the train shards "
                           f"names (data.prepare writes one); without one the shards are taken as GPT-2's, but "
-                          f"model.vocab_size = {cfg.model.vocab_size}, not {GPT2_VOCAB}: prepare the data with "
+                          f"model.vocab_size = {cfg.model.vocab_size}, not {GPT2_VOCAB} (or up to the records' "
+                          f"{GPT2_PADDED}): prepare the data with "
                           f"data.prepare or set model.prefix_weight = 0")
     try:
         return prefix_tokens(get_tokenizer(name or "gpt2"), cfg.model.vocab_size)

@@ -160,7 +160,8 @@ def run_bounded(cmd: list[str], log: Path, timeout: float, sizes: Sizes, work: P
 
 
 def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
-    """train.py's arguments for one training check, and the val loss expected at init (ln of the vocabulary)."""
+    """train.py's arguments for one training check, and the val loss expected at init: its head is zero, so ln of
+    the width of its softmax, the config's model.vocab_size (the speedrun's is the record's, GPT-2's padded)."""
     data = work / "data"
     budget, steps = sizes.budget_s[name], sizes.steps.get(name)
     # evals halfway through the run, so that training resumes after them (off the clock: exclude_warmup); none at
@@ -172,9 +173,8 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
               f"--log.dir={work / 'runs'}", f"--log.run_id={name}", "--train.resume=never",
               "--train.save_checkpoint=false", *sizes.overrides]
     if name == "hackathon":
-        return (["--config", "configs/hackathon_32gpu.toml", f"--data.train={data}/raw/chunk_*.bin",
-                 "--train.warmup_steps=3", *common, *sizes.recipe_overrides.get("hackathon", [])],
-                math.log(HACKATHON_VOCAB))
+        return at_init(["--config", "configs/hackathon_32gpu.toml", f"--data.train={data}/raw/chunk_*.bin",
+                        "--train.warmup_steps=3", *common, *sizes.recipe_overrides.get("hackathon", [])])
     # DDP at world size 1: its graph split, bucket hooks and collectives meet the GPU before an 8-GPU job does. The
     # schedule in time (in the CPU rehearsal's steps), so that the check passes every batch stage and window, not
     # the first of 2,160 steps; the stages in more micro-steps of one row length, since each longer row would be
@@ -187,10 +187,15 @@ def check_args(name: str, work: Path, sizes: Sizes) -> tuple[list[str], float]:
         # Not BOS-aligned (so no document cut): stdlib files average ~17,600 bytes, so aligned windows would skip
         # ~90% of the text and repeat the rest until the model memorised it. The document mask still applies where
         # files meet.
-        return ([*speedrun, f"--data.train={data}/demo/demo_train_*.bin", f"--data.val={data}/demo/demo_val_*.bin",
-                 "--data.bos_aligned=false", "--data.doc_cut=0"], math.log(GPT2_VOCAB))
-    return ([*speedrun, f"--data.train={data}/random/random_train_*.bin",
-             f"--data.val={data}/random/random_val_*.bin"], math.log(GPT2_VOCAB))
+        return at_init([*speedrun, f"--data.train={data}/demo/demo_train_*.bin",
+                        f"--data.val={data}/demo/demo_val_*.bin", "--data.bos_aligned=false", "--data.doc_cut=0"])
+    return at_init([*speedrun, f"--data.train={data}/random/random_train_*.bin",
+                    f"--data.val={data}/random/random_val_*.bin"])
+
+
+def at_init(argv: list[str]) -> tuple[list[str], float]:
+    """`argv` and the val loss of its zero head: ln of its config's model.vocab_size."""
+    return argv, math.log(parse_train_args(argv).model.vocab_size)
 
 
 def eval_tokens(argv: list[str], batches: int) -> int:

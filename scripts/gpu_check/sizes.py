@@ -22,7 +22,7 @@ class Sizes:
     timeout_s: dict[str, float]  # "data" and each check
     deadline_s: float
     eval_batches: int  # full batches per eval: a partial one would compile another shape
-    # the demo corpus' val loss must fall below this: ln(50,257) = 10.8 at init, and its bytes' unigram entropy
+    # the demo corpus' val loss must fall below this: ln(50,304) = 10.8 at init, and its bytes' unigram entropy
     # is 3.1 nats, so a GPU's figure below that needs context
     text_max_loss: float
     probe: tuple[int, int]  # the probe's window: steps skipped, steps timed
@@ -75,7 +75,7 @@ GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
             deadline_s=525, eval_batches=4, text_max_loss=2.5, probe=(3, 30))
 CPU = Sizes(train_tokens=200_000, val_tokens=20_000,
             demo_args=["--max-tokens", "300000", "--shard-tokens", "140000", "--val-tokens", "20000", "--workers", "1"],
-            # the text check's tiny model still has the 50,257-token head: ~10 steps to learn that only bytes occur.
+            # the text check's tiny model still has the 50,304-token head: ~10 steps to learn that only bytes occur.
             # Counted in steps: ~11 s of the speedrun's and the text's batch stages, ~3 s of the hackathon's, on 2
             # cores alone; the budgets only caps
             steps={"speedrun": 12, "text": 12, "hackathon": 12}, budget_s={"speedrun": 60, "text": 60, "hackathon": 60},

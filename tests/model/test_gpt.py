@@ -93,6 +93,16 @@ def test_shapes_and_padded_ids_never_predicted(tie):
     torch.testing.assert_close(loss, by_hand)
 
 
+def test_a_vocabulary_past_the_tokenizers_spans_the_softmax_as_the_records_padded_one():
+    """vocab_size 384 on ids below 257 (the speedrun's 50,304 on GPT-2's 50,257): a zero head scores ln(384)."""
+    m = tiny(vocab_size=384, zero_init_proj=True, tie_embeddings=False)
+    assert m.cfg.padded_vocab == 384 and not m.lm_head.weight.any()
+    x = batch()
+    logits, _ = m(x)
+    assert logits.shape == (4, 17, 384)
+    assert m(x[:, :-1], x[:, 1:])[1].item() == pytest.approx(math.log(384), rel=1e-6)
+
+
 def _train(m, optim: OptimConfig, steps: int) -> list[float]:
     opts = build_optimizers(m, optim)
     x = batch(T=17)
@@ -169,6 +179,7 @@ def test_speedrun_configs_turn_the_records_pieces_on(name):
     assert m.window_pattern == "SSSLSSSSSSL"
     assert m.yarn and m.attn_scale == 0.1 and m.x0_mix and m.embed_norm and not m.norm_gain
     assert m.rotary and m.rope_truncate and m.rope_base == 1024
+    assert m.vocab_size == m.padded_vocab == 50304  # its softmax spans GPT-2's 50,257 ids and 47 never a target
     assert o.normuon and o.muon_cautious_wd and o.ns_coefficients == "polar_express" and o.adam_every == 2
     # its get_lr (tests/trainer/test_clock.py follows it step by step): flat, then down to 0.1 of the base rate
     # over the last 55% of the scheduled steps

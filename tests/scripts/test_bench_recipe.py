@@ -39,7 +39,7 @@ def tokens_per_step(cfg, world: int) -> int:
 def test_speedrun_recipe_matches_the_record_runs():
     cfg = load("speedrun_8xh100")
     m, t, e = cfg.model, cfg.train, cfg.eval
-    assert (m.vocab_size, m.n_layer, m.n_embd, m.padded_vocab) == (50257, 11, 768, 50304)
+    assert (m.vocab_size, m.n_layer, m.n_embd, m.padded_vocab) == (50304, 11, 768, 50304)
     assert m.rotary and m.qk_norm and m.norm == "rmsnorm" and m.activation == "relu2" and not m.tie_embeddings
     assert m.zero_init_proj and m.logit_softcap > 0 and m.value_embeds and m.backout
     assert m.attention == "flex" and m.doc_causal and 0 < m.window < t.seq_len and cfg.data.bos_aligned

@@ -66,12 +66,13 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
         assert (tmp_path / "work" / "runs" / name / "summary.json").exists()
     # no check saved a checkpoint or a resume state
     assert [*(tmp_path / "work").rglob("checkpoint*"), *(tmp_path / "work").rglob("resume")] == []
-    # random tokens teach nothing; the real text does, at the speedrun's vocabulary
-    assert checks["speedrun"]["val_loss"] == pytest.approx(math.log(50257), abs=0.1)
+    # random tokens teach nothing; the real text does, at the speedrun's vocabulary (the record's, padded)
+    assert checks["speedrun"]["init_loss"] == math.log(50304) and checks["hackathon"]["init_loss"] == math.log(32000)
+    assert checks["speedrun"]["val_loss"] == pytest.approx(math.log(50304), abs=0.1)
     assert checks["hackathon"]["val_loss"] == pytest.approx(math.log(32000), abs=0.1)
-    assert checks["text"]["init_loss"] == math.log(50257) and checks["text"]["val_loss"] < math.log(50257) - 1.5
+    assert checks["text"]["init_loss"] == math.log(50304) and checks["text"]["val_loss"] < math.log(50304) - 1.5
     text_cfg = tomllib.loads((tmp_path / "work" / "runs" / "text" / "config.toml").read_text())
-    assert text_cfg["model"]["vocab_size"] == 50257 and text_cfg["model"]["bos_id"] == 50256
+    assert text_cfg["model"]["vocab_size"] == 50304 and text_cfg["model"]["bos_id"] == 50256
     assert "reuses the speedrun's compiled graphs" in [v["what"] for v in res["verdicts"] if v["check"] == "text"]
     # each check trained the recipe it names, on the data built for it; the speedrun: one 48K sequence a step
     assert "configs/hackathon_32gpu.toml" in checks["hackathon"]["args"]
@@ -487,11 +488,12 @@ def test_the_demo_corpus_is_renumbered_to_the_speedruns_vocabulary(tmp_path):
     assert (after == np.where(before == 256, 50256, before)).all() and (after == 50256).sum() > 1
     assert meta["vocab_size"] == 50257 and meta["eot_token"] == 50256 and "tokenizer" not in meta
     assert "settings" not in meta and meta["bytes_per_token"] == src["bytes_per_token"]
-    # train.py takes it at the speedrun's vocabulary and document token, as the text check runs it
+    # train.py takes it at the speedrun's vocabulary (GPT-2's padded, which meta.json vouches for) and document
+    # token, as the text check runs it
     argv = gpu_check.check_args("text", work, check_sizes.CPU)[0]
     cfg = parse_train_args(argv)
     files, val_files, got = resolve_data(cfg)
-    assert cfg.model.vocab_size == 50257 and cfg.model.bos_id == 50256 and got == meta and len(val_files) == 1
+    assert cfg.model.vocab_size == 50304 and cfg.model.bos_id == 50256 and got == meta and len(val_files) == 1
 
 
 def test_random_documents_look_like_fineweb_shards():

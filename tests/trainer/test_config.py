@@ -20,7 +20,7 @@ SPEEDRUN_1GPU = {
     "data": {"train": "shards/fineweb10B/fineweb_train_*.bin", "val": "shards/fineweb10B/fineweb_val_*.bin",
              "format": "header", "raw_dtype": "uint16", "bos_aligned": True, "shuffle": False, "shuffle_shards": 0,
              "sorted_shards": True, "doc_cut": 2048, "seed": 0, "vocab_check": True},
-    "model": {"vocab_size": 50257, "block_size": 49152, "n_layer": 11, "n_head": 6, "n_embd": 768, "mlp_ratio": 4,
+    "model": {"vocab_size": 50304, "block_size": 49152, "n_layer": 11, "n_head": 6, "n_embd": 768, "mlp_ratio": 4,
               "bias": False, "norm": "rmsnorm", "activation": "relu2", "rotary": True, "rope_base": 1024.0,
               "rope_truncate": True, "qk_norm": True, "attn_scale": 0.1, "attn_gate": True, "norm_gain": False,
               "embed_norm": True, "smear": True, "x0_mix": True, "x0_mix_init": 1.1, "tie_embeddings": False,

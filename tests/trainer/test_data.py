@@ -76,7 +76,8 @@ def test_the_prefix_table_comes_from_the_tokenizer_meta_json_names_and_without_o
     cfg = parse_args(["--config", TINY, *shards(tmp_path / "none"), "--model.vocab_size=257",
                       "--model.prefix_weight=0.25"])
     with pytest.raises(ConfigError, match=r"model.prefix_weight needs the data's tokenizer, which a meta.json .* "
-                                          r"taken as GPT-2's, but model.vocab_size = 257, not 50257: prepare"):
+                                          r"taken as GPT-2's, but model.vocab_size = 257, not 50257 "
+                                          r"\(or up to the records' 50304\): prepare"):
         prefix_targets(cfg, resolve_data(cfg)[2])
     with pytest.raises(ConfigError, match=r"model.prefix_weight: unknown tokenizer 'nope'"):
         prefix_targets(cfg, {"tokenizer": "nope"})
