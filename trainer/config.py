@@ -97,7 +97,7 @@ class TrainConfig:
     adam_sync: Literal["every_step", "adam_steps"] = "every_step"
     # wrap in DDP even in one process: rehearses the multi-GPU path (graph split, bucket hooks, collectives)
     ddp_always: bool = grouped(False, "speed")
-    # torch.compile the model (under FSDP2: each block, and the head with the loss)
+    # torch.compile the model (under FSDP2: each block, and the head with the loss); on CPU it needs a C++ compiler
     compile: bool = grouped(False, "speed")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # autocast dtype on GPU; CPU always runs fp32
     # under bf16 autocast, the residual stream, the head's logits and the training loss in bf16 too, as record 46's

@@ -20,7 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compr
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.distributed import Dist
 
 # The buffers are alike on every rank: GPT.windows is set from the agreed schedule, the bigram sign patterns are
@@ -119,6 +119,24 @@ class ParallelModel:
         if max_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return norm
+
+
+def check_compiler(cfg: TrainConfig, device: torch.device) -> None:
+    """Refuse train.compile on a CPU where inductor finds no C++ compiler, which builds its CPU kernels: else the
+    first step would fail inside inductor, with its traceback."""
+    if not cfg.compile or device.type != "cpu":
+        return
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        tried = ", ".join(name for name in inductor_config.cpp.cxx if name)
+        raise ConfigError(f"train.compile on CPU: inductor builds its kernels with a C++ compiler and found none (it "
+                          f"tried {tried}); install g++ or clang++ (CXX names another), or set "
+                          f"--train.compile=false") from None
 
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor",
