@@ -280,7 +280,12 @@ class GPTConfig:
 
     @property
     def padded_vocab(self) -> int:
-        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        return padded(self.vocab_size)
+
+
+def padded(vocab_size: int) -> int:
+    """The tables' rows for `vocab_size` ids: the next multiple of VOCAB_MULTIPLE."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def stage_of(progress: float, stages: int) -> int:

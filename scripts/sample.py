@@ -20,6 +20,7 @@ import torch
 
 from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+from model.config import padded
 from model.generate import generate
 from trainer.checkpoint import CheckpointError, load_checkpoint
 from trainer.runs import saved_checkpoint
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = run_checkpoint(args.checkpoint) if args.checkpoint.is_dir() else args.checkpoint
         model, config = load_checkpoint(checkpoint, args.device)
         enc = get_tokenizer(tokenizer_name(config, args.tokenizer))
-        if enc.n_vocab != model.cfg.vocab_size and not args.force:
+        # the model's vocabulary may be the tokenizer's padded (the speedrun's 50,304 over GPT-2's 50,257)
+        if not enc.n_vocab <= model.cfg.vocab_size <= padded(enc.n_vocab) and not args.force:
             raise SampleError(f"tokenizer {enc.name!r} has {enc.n_vocab} ids but the model was trained on "
                               f"{model.cfg.vocab_size}: another tokenizer's ids mean other text, so the sample "
                               f"would be garbage; pass the model's tokenizer (the meta.json beside its training "

@@ -11,12 +11,12 @@ from data.regions import match_files
 from data.val import ValBatches, val_batches
 from data.meta import META, MetaError, read_meta, vouches
 from data.shards import open_shard
+from model.config import padded
 from data.tokenizer import TokenizerError, get_tokenizer, prefix_tokens
 from trainer.config import Config, ConfigError
 from trainer.distributed import Dist
 
 GPT2_VOCAB = 50257  # FineWeb's shards come without a meta.json: their tokens are GPT-2's
-GPT2_PADDED = 50304  # and the speedrun records' vocabulary, GPT-2's padded to a multiple of 128
 
 
 def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
@@ -99,12 +99,11 @@ def prefix_targets(cfg: Config, meta: dict) -> list[int]:
     """model.prefix_weight's table, each token's prefix token (-1: none), from the tokenizer meta.json names; shards
     without a meta.json are taken as GPT-2's, as FineWeb's are."""
     name = meta.get("tokenizer")
-    if name is None and not GPT2_VOCAB <= cfg.model.vocab_size <= GPT2_PADDED:
+    if name is None and not GPT2_VOCAB <= cfg.model.vocab_size <= padded(GPT2_VOCAB):
         raise ConfigError(f"model.prefix_weight needs the data's tokenizer, which a meta.json beside the train shards "
                           f"names (data.prepare writes one); without one the shards are taken as GPT-2's, but "
                           f"model.vocab_size = {cfg.model.vocab_size}, not {GPT2_VOCAB} (or up to the records' "
-                          f"{GPT2_PADDED}): prepare the data with "
-                          f"data.prepare or set model.prefix_weight = 0")
+                          f"{padded(GPT2_VOCAB)}): prepare the data with data.prepare or set model.prefix_weight = 0")
     try:
         return prefix_tokens(get_tokenizer(name or "gpt2"), cfg.model.vocab_size)
     except TokenizerError as e:

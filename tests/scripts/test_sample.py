@@ -150,6 +150,19 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_unless_forced(tmp_path):
     assert out.startswith("ab") and len(out.encode()) > 3  # ids below 257 only: bytes the tokenizer can decode
 
 
+def test_a_model_over_the_tokenizers_padded_vocabulary_samples_without_force(tmp_path, capsys):
+    """The speedrun's 50,304 ids over GPT-2's 50,257: here 384 over the bytes' 257; only its ids are sampled."""
+    config = {"data": {"train": str(tmp_path / "none_*.bin")}, "model": {**TINY, "vocab_size": 384}}
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"config": config, "model": get_model(config).state_dict(), "step": 1}, path)
+    assert main([str(path), "--tokenizer", "bytes", "--tokens", "8", "--prompt", "ab", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+    config["model"]["vocab_size"] = 385  # past the padding: another tokenizer's
+    torch.save({"config": config, "model": get_model(config).state_dict(), "step": 1}, path)
+    assert main([str(path), "--tokenizer", "bytes", "--tokens", "8"]) == 2
+    assert "tokenizer 'bytes' has 257 ids but the model was trained on 385" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sample_and_leaderboard_read_a_real_training_run(tmp_path):
     shards = tmp_path / "shards"
