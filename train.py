@@ -93,7 +93,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     t0 = time.perf_counter()
     files, val_files, meta = resolve_data(cfg)
     check_memory(cfg, dist)  # a config that cannot fit is refused here, not killed by the OS at its first step
-    check_compiler(cfg.train, dist.device)
+    check_compiler(cfg, dist.device)
     prefixes = prefix_targets(cfg, meta) if cfg.model.prefix_weight else None  # the tokenizer's, before the folder
     if val_files:
         val_loader(cfg, dist, val_files)  # a val set too small for eval.tokens fails now, not after training

@@ -20,7 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compr
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import Config, ConfigError, TrainConfig
 from trainer.distributed import Dist
 
 # The buffers are alike on every rank: GPT.windows is set from the agreed schedule, the bigram sign patterns are
@@ -121,10 +121,12 @@ class ParallelModel:
         return norm
 
 
-def check_compiler(cfg: TrainConfig, device: torch.device) -> None:
-    """Refuse train.compile on a CPU where inductor finds no C++ compiler, which builds its CPU kernels: else the
-    first step would fail inside inductor, with its traceback."""
-    if not cfg.compile or device.type != "cpu":
+def check_compiler(cfg: Config, device: torch.device) -> None:
+    """Refuse train.compile or optim.muon_compile on a CPU where inductor finds no C++ compiler, which builds its
+    CPU kernels: else the first step would fail inside inductor, with its traceback."""
+    keys = [key for key, on in (("train.compile", cfg.train.compile), ("optim.muon_compile", cfg.optim.muon_compile))
+            if on]
+    if not keys or device.type != "cpu":
         return
     from torch._inductor import config as inductor_config
     from torch._inductor.cpp_builder import get_cpp_compiler
@@ -133,10 +135,11 @@ def check_compiler(cfg: TrainConfig, device: torch.device) -> None:
     try:
         get_cpp_compiler()
     except InvalidCxxCompiler:
-        tried = ", ".join(name for name in inductor_config.cpp.cxx if name)
-        raise ConfigError(f"train.compile on CPU: inductor builds its kernels with a C++ compiler and found none (it "
+        cxx = inductor_config.cpp.cxx
+        tried = cxx if isinstance(cxx, str) else ", ".join(name for name in cxx if name)
+        raise ConfigError(f"{keys[0]} on CPU: inductor builds its kernels with a C++ compiler and found none (it "
                           f"tried {tried}); install g++ or clang++ (CXX names another), or set "
-                          f"--train.compile=false") from None
+                          + " ".join(f"--{key}=false" for key in keys)) from None
 
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor",

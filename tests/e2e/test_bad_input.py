@@ -92,17 +92,19 @@ def test_train_refuses_bad_data_before_the_first_step(tmp_path, case):
     assert not metrics.exists() or '"type": "train"' not in metrics.read_text(), "training ran on bad input"
 
 
-def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_in_one_line_before_the_first_step(tmp_path):
+@pytest.mark.parametrize("keys", [["--train.compile=true"], ["--optim.name=muon", "--optim.muon_compile=true"]])
+def test_compile_on_a_cpu_without_a_cpp_compiler_is_refused_in_one_line_before_the_first_step(tmp_path, keys):
     """Inductor builds its CPU kernels with a C++ compiler; a machine with Python alone has none (CXX names one
     that is not there)."""
     tiny_data(tmp_path / "data")
-    proc = run([sys.executable, *tiny_args(tmp_path / "data", tmp_path / "runs", "cc", "--train.compile=true")],
+    proc = run([sys.executable, *tiny_args(tmp_path / "data", tmp_path / "runs", "cc", *keys)],
                env={"CXX": str(tmp_path / "no-such-g++")}, check=False, timeout=240)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    key = keys[-1].split("=")[0]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"train.py: config error: train.compile on CPU: inductor builds its kernels with a C++ compiler and found "
+        f"train.py: config error: {key[2:]} on CPU: inductor builds its kernels with a C++ compiler and found "
         f"none (it tried {tmp_path / 'no-such-g++'}); install g++ or clang++ (CXX names another), or set "
-        f"--train.compile=false")
+        f"{key}=false")
     assert not (tmp_path / "runs" / "cc" / "metrics.jsonl").exists()
 
 
