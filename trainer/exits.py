@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Iterator, NoReturn
 
+from util.exceptions import chain
+
 
 def fail(message: str, first: bool) -> None:
     """Exit 1; `message` goes to stderr only where `first` (the rank that reports it), so an error that every
@@ -39,13 +41,9 @@ def interrupted(message: str) -> NoReturn:
 
 
 def _unwinding_an_interruption(error: BaseException) -> bool:
-    """Whether `error` arose in the cleanup that an Interrupted ran through: torch.save's zip writer, cut
-    mid-write, raises "unexpected pos" from its __exit__ in the interruption's place."""
-    while error is not None:
-        if isinstance(error, Interrupted):
-            return True
-        error = error.__context__
-    return False
+    """Whether `error` arose in the cleanup that an Interrupted ran through (torch.save's zip writer raises in
+    its place)."""
+    return any(isinstance(e, Interrupted) for e in chain(error))
 
 
 def watch_stop_signals(requested: list[int]) -> None:

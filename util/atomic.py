@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
+from util.exceptions import chain
+
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -62,17 +64,9 @@ def reporting_full_disk(path: str | os.PathLike, size: int | None = None) -> Ite
         raise _disk_full(Path(path), size, code) from e
 
 
-def _no_space(e: BaseException | None) -> int | None:
-    """ENOSPC or EDQUOT if `e` or an exception it was raised while handling is one, else None.
-
-    torch.save's zip writer, when a write fails, still writes its end record on the way out, and that raises
-    a RuntimeError ("unexpected pos ...") which hides the OSError it was handling.
-    """
-    while e is not None:
-        if isinstance(e, OSError) and e.errno in NO_SPACE:
-            return e.errno
-        e = e.__cause__ or e.__context__
-    return None
+def _no_space(e: BaseException) -> int | None:
+    """ENOSPC or EDQUOT if `e` or an exception behind it is one (torch.save hides the OSError), else None."""
+    return next((c.errno for c in chain(e) if isinstance(c, OSError) and c.errno in NO_SPACE), None)
 
 
 def _disk_full(path: Path, size: int | None, code: int) -> DiskFullError:

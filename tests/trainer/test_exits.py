@@ -66,7 +66,8 @@ def test_an_interruption_is_said_by_rank_0_alone(monkeypatch, capfd):
 @pytest.mark.parametrize("nth_write", [1, 2, 4])
 def test_a_ctrl_c_in_the_middle_of_a_save_exits_130_with_its_line_alone(tmp_path, nth_write):
     """A second Ctrl-C mid-save: torch.save's zip writer, cut between two writes, raises "unexpected pos" from
-    its __exit__ in the interruption's place (so exited 1, with a traceback). The temporary file goes too."""
+    its __exit__ in the interruption's place (so exited 1, with a traceback; the cut at the first write, before
+    anything is written, never did). The temporary file goes too."""
     code = f"""if True:
         import io, torch
         from trainer.exits import exiting_without_teardown, interrupted
