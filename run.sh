@@ -153,9 +153,17 @@ cpu_track() {
       "($differ): starting a new run; run.sh continues that one given its BUDGET, CONFIG and NPROC"
   fi
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
+  # Compiled, a budget trains ~1.5x the steps (docs/PERFORMANCE.md); without what inductor needs, eagerly.
+  local eager=() missing
+  missing=$(compiler_missing "${args[@]}") || missing="its check failed (above)"
+  if [ -n "$missing" ]; then
+    echo "[run.sh] training eagerly (--train.compile=false), 1.3-1.5x fewer steps: $missing"
+    eager=(--train.compile=false --optim.muon_compile=false)
+  fi
   # A trap, so that run.sh outlives a Ctrl-C (or a SIGTERM to its process group) and says how to continue.
   trap : INT TERM
-  OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id" || status=$?
+  OMP_NUM_THREADS=1 NPROC=$procs launch --config "$config" --log.run_id="$run_id" ${eager[@]+"${eager[@]}"} \
+    || status=$?
   trap - INT TERM
   if [ "$status" != 0 ]; then
     read -r id step differ <<< "$(unfinished "$run_id" "$procs" "${args[@]}")"
@@ -191,6 +199,22 @@ except ConfigError:
     sys.exit()  # train.py says what is wrong
 if found:
     print(found[0].name, found[1], "; ".join(found[2]))
+PY
+}
+
+# Why train.py with arguments $@ cannot compile here (train.compile or optim.muon_compile on, and no C++ compiler
+# or Python headers for inductor: trainer/parallel.py `compiler_missing`), or nothing.
+compiler_missing() {
+  "$PY" - "$@" <<'PY'
+import sys
+from trainer.config import ConfigError, parse_args
+try:
+    cfg = parse_args(sys.argv[1:])
+except ConfigError:
+    sys.exit()  # train.py says what is wrong
+if cfg.train.compile or cfg.optim.muon_compile:
+    from trainer.parallel import compiler_missing
+    print(compiler_missing() or "")
 PY
 }
 

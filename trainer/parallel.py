@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
 import torch
@@ -121,25 +123,35 @@ class ParallelModel:
         return norm
 
 
-def check_compiler(cfg: Config, device: torch.device) -> None:
-    """Refuse train.compile or optim.muon_compile on a CPU where inductor finds no C++ compiler, which builds its
-    CPU kernels: else the first step would fail inside inductor, with its traceback."""
-    keys = [key for key, on in (("train.compile", cfg.train.compile), ("optim.muon_compile", cfg.optim.muon_compile))
-            if on]
-    if not keys or device.type != "cpu":
-        return
+def compiler_missing() -> str | None:
+    """Why inductor cannot build CPU kernels on this machine, or None: it compiles them with a C++ compiler, against
+    Python's C headers (a system Python may come without them)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.cpp_builder import get_cpp_compiler
     from torch._inductor.exc import InvalidCxxCompiler
 
     try:
         get_cpp_compiler()
-    except InvalidCxxCompiler:
+    except (InvalidCxxCompiler, OSError):  # OSError: CXX names a folder or a file that cannot run
         cxx = inductor_config.cpp.cxx
         tried = cxx if isinstance(cxx, str) else ", ".join(name for name in cxx if name)
-        raise ConfigError(f"{keys[0]} on CPU: inductor builds its kernels with a C++ compiler and found none (it "
-                          f"tried {tried}); install g++ or clang++ (CXX names another), or set "
-                          + " ".join(f"--{key}=false" for key in keys)) from None
+        return (f"inductor builds its kernels with a C++ compiler and found none (it tried {tried}); install g++ "
+                f"or clang++ (CXX names another)")
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        return (f"inductor builds its kernels against Python's C headers, which this Python lacks ({header}); "
+                f"install its development package (python3-dev on Debian and Ubuntu)")
+    return None
+
+
+def check_compiler(cfg: Config, device: torch.device) -> None:
+    """Refuse train.compile or optim.muon_compile on a CPU where inductor cannot build its kernels: else the
+    first step would fail inside inductor, with its traceback."""
+    keys = [key for key, on in (("train.compile", cfg.train.compile), ("optim.muon_compile", cfg.optim.muon_compile))
+            if on]
+    reason = compiler_missing() if keys and device.type == "cpu" else None
+    if reason:
+        raise ConfigError(f"{keys[0]} on CPU: {reason}, or set " + " ".join(f"--{key}=false" for key in keys))
 
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor",

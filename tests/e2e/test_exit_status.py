@@ -25,10 +25,11 @@ def demo(tmp_path_factory):
 
 def launch(demo, runs, run_id: str, *extra: str) -> subprocess.Popen:
     """configs/cpu.toml on `demo` in 2 processes of one thread each, in a session of its own (a terminal's Ctrl-C
-    reaches its whole process group)."""
+    reaches its whole process group); eager: these tests are about how a run ends, and 20 compiles take minutes."""
     cmd = [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", "train.py", "--config",
            "configs/cpu.toml", f"--data.train={demo}/*_train_*.bin", f"--data.val={demo}/*_val_*.bin",
-           f"--log.dir={runs}", f"--log.run_id={run_id}", "--eval.tokens=4096", "--log.every_steps=1", *extra]
+           f"--log.dir={runs}", f"--log.run_id={run_id}", "--eval.tokens=4096", "--log.every_steps=1",
+           "--train.compile=false", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -12,6 +12,7 @@ import pytest
 from matplotlib.image import imread
 
 from tests.helpers import ROOT, run
+from trainer.parallel import compiler_missing
 
 
 def copy_of_the_repo(tmp_path) -> tuple:
@@ -28,6 +29,9 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     env["BUDGET"] = "8"
     out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
     assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
+    # compiled where inductor can build its kernels (a machine without, the next test)
+    compiled = compiler_missing() is None
+    assert ("| compile True" in out) == compiled and ("training eagerly" in out) == (not compiled), out[-3000:]
     assert "\nplan: budget 8 s -> the row up to 30 s: model.n_layer = 2," in out  # cpu.toml's row for 8 s
     done = [line for line in out.splitlines() if line.startswith("done: budget")]
     assert len(done) == 1 and "bits/byte" in done[0] and "tok/s" in done[0], out[-3000:]
@@ -47,11 +51,12 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
 
     # A config that names its checkpoint's place (as the hackathon's does): the sample and the summary use it.
+    # Eager (no compiler where CXX points), which the compile above has shown.
     config = (repo / "configs" / "cpu.toml").read_text()
     config = config.replace("[train]\n", '[train]\ncheckpoint_path = "out/cpu.pt"\n')
     (repo / "configs" / "named.toml").write_text(config)
-    out = run(["bash", "run.sh"], cwd=repo, env={**env, "BUDGET": "2", "CONFIG": "configs/named.toml"},
-              timeout=900).stdout
+    out = run(["bash", "run.sh"], cwd=repo, env={**env, "BUDGET": "2", "CONFIG": "configs/named.toml",
+                                                 "CXX": str(tmp_path / "no-such-g++")}, timeout=900).stdout
     assert "a sample from out/cpu.pt:" in out and (repo / "out" / "cpu.pt").is_file(), out[-3000:]
     summary_lines = out.rsplit("[run.sh] done: ", 1)[1].splitlines()
     assert summary_lines[2:] == ["  checkpoint  out/cpu.pt",
@@ -65,7 +70,8 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
     config = (repo / "configs" / "cpu.toml").read_text().replace("[train]\n", "[train]\nmax_steps = 20\n")
     config = config.replace("every_steps = 10", "every_steps = 1").replace("tokens = 262144", "tokens = 16384")
     (repo / "configs" / "short.toml").write_text(config)
-    env.update(CONFIG="configs/short.toml", BUDGET="600")
+    # on a machine without a C++ compiler (CXX names one that is not there): eager, and said so
+    env.update(CONFIG="configs/short.toml", BUDGET="600", CXX=str(tmp_path / "no-such-g++"))
     job = subprocess.Popen(["bash", "run.sh"], cwd=repo, env={**os.environ, **env}, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -79,6 +85,8 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode != 0, out[-3000:]
+    assert ("[run.sh] training eagerly (--train.compile=false), ~1.5x slower: inductor builds its kernels with a C++ "
+            f"compiler and found none (it tried {tmp_path / 'no-such-g++'})") in out and "| compile False" in out
     (run_dir,) = (repo / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] < 20, out[-3000:]

@@ -10,8 +10,9 @@ from matplotlib.image import imread
 from scripts.bench import budgets
 from tests.helpers import ROOT, demo_data, run
 
+# eager: the bench's mechanics, without a compile in each run
 TINY = ["model.n_embd=64", "model.n_layer=2", "model.value_embeds=0", "model.bigram_hash=0", "model.bigram_dim=0",
-        "model.block_size=64", "train.seq_len=64", "train.batch_size=4", "eval.tokens=4096"]
+        "model.block_size=64", "train.seq_len=64", "train.batch_size=4", "eval.tokens=4096", "train.compile=false"]
 
 
 def test_the_crossing_is_interpolated_between_the_budgets_around_it():

@@ -18,8 +18,9 @@ GPT2 = ["speedrun_8xh100", "speedrun_1gpu", "baseline_8xh100"]
 # The starter's submit.sh flags, exactly as the organizers pass them.
 STARTER = ["--data_dir", "/home/data/", "--checkpoint_path", "checkpoint.pt", "--seq_len", "1024", "--batch_size", "8",
            "--grad_accum_steps", "4", "--max_steps", "5000", "--time_limit_min", "10"]
+# eager: the benches' mechanics, without a compile in each run
 TINY = ["model.n_embd=64", "model.n_layer=4", "model.value_embeds=0", "model.bigram_hash=0", "model.bigram_dim=0",
-        "model.block_size=64", "train.seq_len=64", "train.batch_size=4", "eval.tokens=4096"]
+        "model.block_size=64", "train.seq_len=64", "train.batch_size=4", "eval.tokens=4096", "train.compile=false"]
 
 
 def load(name: str, *extra: str):

@@ -1,5 +1,7 @@
 """parallelize in one process leaves the plain module; a step's parts on 2 gloo ranks (one torchrun launch):
 gradient clipping under DDP and FSDP2, eager and compiled, equals one process."""
+import sysconfig
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from tests.workers.muon_worker import GPT_CONFIG
 from tests.workers.step_worker import CASES, CLIP, clipped
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
-from trainer.parallel import autocast, parallelize
+from trainer.parallel import autocast, compiler_missing, parallelize
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -56,3 +58,20 @@ def test_fsdp_compiles_the_blocks_and_the_head_and_loss(two_ranks):
     # (blocks, tail: final norm, head, softcap, cross-entropy), each compiled or not
     assert two_ranks["compiled"] == {"ddp": (False, False), "fsdp": (False, False), "fsdp_compiled": (True, True)}
 
+
+
+def test_inductor_on_cpu_needs_a_compiler_that_runs_and_pythons_c_headers(monkeypatch, tmp_path):
+    """What compiler_missing names (check_compiler's refusal, run.sh's eager run): CXX naming a folder, then a
+    Python without Python.h (Debian's without python3-dev)."""
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch({"cpp.cxx": (None, str(tmp_path))}):
+        assert compiler_missing() == (f"inductor builds its kernels with a C++ compiler and found none (it tried "
+                                      f"{tmp_path}); install g++ or clang++ (CXX names another)")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *args, **kwargs: {"include": str(tmp_path)})
+    reason = compiler_missing()
+    assert reason is not None
+    if "C++ compiler" not in reason:  # this machine has one: its headers are what is missing now
+        assert reason == (f"inductor builds its kernels against Python's C headers, which this Python lacks "
+                          f"({tmp_path / 'Python.h'}); install its development package (python3-dev on Debian and "
+                          f"Ubuntu)")
