@@ -202,8 +202,8 @@ if found:
 PY
 }
 
-# Why train.py with arguments $@ cannot compile here (train.compile or optim.muon_compile on, and no C++ compiler
-# or Python headers for inductor: trainer/parallel.py `compiler_missing`), or nothing.
+# Why train.py with arguments $@ cannot compile here (train.compile or optim.muon_compile on, and inductor lacks a C++
+# compiler or Python's headers, or its trial compile fails: trainer/parallel.py `cannot_compile`), or nothing.
 compiler_missing() {
   "$PY" - "$@" <<'PY'
 import sys
@@ -213,8 +213,8 @@ try:
 except ConfigError:
     sys.exit()  # train.py says what is wrong
 if cfg.train.compile or cfg.optim.muon_compile:
-    from trainer.parallel import compiler_missing
-    print(compiler_missing() or "")
+    from trainer.parallel import cannot_compile
+    print(cannot_compile() or "")
 PY
 }
 

@@ -144,6 +144,18 @@ def compiler_missing() -> str | None:
     return None
 
 
+def cannot_compile() -> str | None:
+    """compiler_missing(), or else the first line of what a trial compile raises (a toolchain that cannot build
+    inductor's kernels, macOS's clang without OpenMP): run.sh's test before it compiles the CPU track."""
+    reason = compiler_missing()
+    if reason is None:
+        try:
+            torch.compile(lambda x: torch.sin(x) + 1, dynamic=False)(torch.ones(8))
+        except Exception as e:  # noqa: BLE001 - whatever inductor raises means the same: train eagerly
+            reason = f"inductor's trial compile failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}"
+    return reason
+
+
 def check_compiler(cfg: Config, device: torch.device) -> None:
     """Refuse train.compile or optim.muon_compile on a CPU where inductor cannot build its kernels: else the
     first step would fail inside inductor, with its traceback."""

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.image import imread
 
 from tests.helpers import ROOT, run
-from trainer.parallel import compiler_missing
+from trainer.parallel import cannot_compile
 
 
 def copy_of_the_repo(tmp_path) -> tuple:
@@ -30,7 +30,7 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
     assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
     # compiled where inductor can build its kernels (a machine without, the next test)
-    compiled = compiler_missing() is None
+    compiled = cannot_compile() is None
     assert ("| compile True" in out) == compiled and ("training eagerly" in out) == (not compiled), out[-3000:]
     assert "\nplan: budget 8 s -> the row up to 30 s: model.n_layer = 2," in out  # cpu.toml's row for 8 s
     done = [line for line in out.splitlines() if line.startswith("done: budget")]
@@ -85,8 +85,9 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode != 0, out[-3000:]
-    assert ("[run.sh] training eagerly (--train.compile=false), ~1.5x slower: inductor builds its kernels with a C++ "
-            f"compiler and found none (it tried {tmp_path / 'no-such-g++'})") in out and "| compile False" in out
+    assert ("[run.sh] training eagerly (--train.compile=false), 1.3-1.5x fewer steps: inductor builds its kernels "
+            f"with a C++ compiler and found none (it tried {tmp_path / 'no-such-g++'})") in out
+    assert "| compile False" in out
     (run_dir,) = (repo / "runs").iterdir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] < 20, out[-3000:]

@@ -1,12 +1,14 @@
 """parallelize in one process leaves the plain module; a step's parts on 2 gloo ranks (one torchrun launch):
 gradient clipping under DDP and FSDP2, eager and compiled, equals one process."""
+import shutil
+import sys
 import sysconfig
 
 import pytest
 import torch
 
 from model import get_model
-from tests.helpers import ROOT, torchrun
+from tests.helpers import ROOT, run, torchrun
 from tests.workers.muon_worker import GPT_CONFIG
 from tests.workers.step_worker import CASES, CLIP, clipped
 from trainer.config import TrainConfig
@@ -75,3 +77,16 @@ def test_inductor_on_cpu_needs_a_compiler_that_runs_and_pythons_c_headers(monkey
         assert reason == (f"inductor builds its kernels against Python's C headers, which this Python lacks "
                           f"({tmp_path / 'Python.h'}); install its development package (python3-dev on Debian and "
                           f"Ubuntu)")
+
+
+def test_a_toolchain_that_cannot_build_inductors_kernels_fails_the_trial_compile(tmp_path):
+    """`true` answers `--version` as a compiler would and builds nothing: compiler_missing passes it, the trial
+    compile of cannot_compile (what run.sh asks) does not. A fresh inductor cache, so that nothing is reused."""
+    code = ("from trainer.parallel import cannot_compile, compiler_missing\n"
+            "print(compiler_missing())\nprint(cannot_compile())")
+    out = run([sys.executable, "-c", code], env={"CXX": shutil.which("true"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)},
+              timeout=300).stdout.splitlines()
+    if out[0] == "None":  # Python's headers are here: only the trial tells
+        assert out[1].startswith("inductor's trial compile failed: "), out
+    else:
+        assert out[1] == out[0] and "Python's C headers" in out[0], out
