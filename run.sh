@@ -155,7 +155,7 @@ cpu_track() {
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
   # Compiled, a budget trains ~1.5x the steps (docs/PERFORMANCE.md); without what inductor needs, eagerly.
   local eager=() missing
-  missing=$(compiler_missing "${args[@]}") || missing="its check failed (above)"
+  missing=$(cannot_compile "${args[@]}") || missing="its check failed (above)"
   if [ -n "$missing" ]; then
     echo "[run.sh] training eagerly (--train.compile=false), 1.3-1.5x fewer steps: $missing"
     eager=(--train.compile=false --optim.muon_compile=false)
@@ -203,10 +203,10 @@ PY
 }
 
 # Why train.py with arguments $@ cannot compile here (train.compile or optim.muon_compile on, and inductor lacks a C++
-# compiler or Python's headers, or its trial compile fails: trainer/parallel.py `cannot_compile`), or nothing.
-compiler_missing() {
+# compiler or Python's headers, or its trial compile fails or hangs: trainer/parallel.py `cannot_compile`), or nothing.
+cannot_compile() {
   "$PY" - "$@" <<'PY'
-import sys
+import signal, sys
 from trainer.config import ConfigError, parse_args
 try:
     cfg = parse_args(sys.argv[1:])
@@ -214,7 +214,12 @@ except ConfigError:
     sys.exit()  # train.py says what is wrong
 if cfg.train.compile or cfg.optim.muon_compile:
     from trainer.parallel import cannot_compile
-    print(cannot_compile() or "")
+    def too_long(*_):
+        raise TimeoutError("no answer in 300 s")
+    signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(300)
+    answer, sys.stdout = sys.stdout, sys.stderr  # stdout is the answer alone, whatever the compile prints
+    print(cannot_compile() or "", file=answer)
 PY
 }
 

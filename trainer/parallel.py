@@ -152,6 +152,7 @@ def cannot_compile() -> str | None:
         try:
             torch.compile(lambda x: torch.sin(x) + 1, dynamic=False)(torch.ones(8))
         except Exception as e:  # noqa: BLE001 - whatever inductor raises means the same: train eagerly
+            e = getattr(e, "inner_exception", e)  # dynamo's BackendCompilerFailed, on older torch, wraps it
             reason = f"inductor's trial compile failed: {(str(e).strip().splitlines() or [type(e).__name__])[0]}"
     return reason
 
