@@ -153,7 +153,7 @@ cpu_track() {
       "($differ): starting a new run; run.sh continues that one given its BUDGET, CONFIG and NPROC"
   fi
   echo "[run.sh] training $config: $procs processes x 1 thread (batch_size is per process)"
-  # Compiled, a budget trains ~1.5x the steps (docs/PERFORMANCE.md); without what inductor needs, eagerly.
+  # Compiled where inductor can build kernels (its gain: docs/PERFORMANCE.md), else eagerly, and said so.
   local eager=() missing
   missing=$(cannot_compile "${args[@]}") || missing="its check failed (above)"
   if [ -n "$missing" ]; then
