@@ -274,7 +274,7 @@ esac
 case "$cmd" in
   # Two workers, a test file each at a time: much of a test's time is waiting on its subprocesses (timeouts,
   # torchrun's grace period), which the other worker fills. `-n 0` runs the tests in one process.
-  test) exec "$PY" -m pytest tests -n 2 --dist loadfile "$@" ;;
+  test) exec "$PY" -m pytest tests -n 2 --dist loadfile --no-loadscope-reorder "$@" ;;
   prepare) exec "$PY" -m data.prepare "$@" ;;
   train)
     [ $# -ge 1 ] || { echo "usage: bash run.sh train CONFIG [--section.key=value ...]" >&2; exit 2; }

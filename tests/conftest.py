@@ -8,6 +8,7 @@ are ignored, and two spinning threads per process on a 2-core machine slowed the
 """
 import os
 import tempfile
+from collections import defaultdict
 
 _CACHE = tempfile.mkdtemp(prefix="shardrun-test-cache-")
 os.environ.update({
@@ -26,3 +27,12 @@ os.environ.update({
 import torch  # noqa: E402  (after OMP_NUM_THREADS on purpose)
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The files that hold a slow test first (run.sh test keeps this order, --no-loadscope-reorder): started late,
+    one of them kept a worker busy for minutes after the other had finished."""
+    slow = defaultdict(bool)
+    for item in items:
+        slow[item.path] |= item.get_closest_marker("slow") is not None
+    items.sort(key=lambda item: not slow[item.path])

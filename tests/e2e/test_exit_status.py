@@ -3,7 +3,8 @@
 Real 2-process runs of the CPU track's config under trainer/torchrun.py (as run.sh launches them), back to back:
 every finished one exits 0, a Ctrl-C in the middle saves the run and exits 1 (torchrun's status for a stopped
 run), a Ctrl-C after the run printed "done" changes nothing. None of them aborts ("terminate called", SIGABRT), dies
-by a signal or prints a traceback.
+by a signal or prints a traceback. The abort after "done" came rarely, on some CPUs only (none in 235 runs here), so
+a few runs check the whole path, not the odds: that no teardown can change the status, tests/trainer/test_exits.py.
 """
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from tests.helpers import ROOT, demo_data
 
+RUNS = 5
 ABORTS = ("terminate called", "Traceback", "was killed by", "Aborted", "core dumped")
 
 
@@ -25,7 +27,7 @@ def demo(tmp_path_factory):
 
 def launch(demo, runs, run_id: str, *extra: str) -> subprocess.Popen:
     """configs/cpu.toml on `demo` in 2 processes of one thread each, in a session of its own (a terminal's Ctrl-C
-    reaches its whole process group); eager: these tests are about how a run ends, and 20 compiles take minutes."""
+    reaches its whole process group); eager: these tests are about how a run ends, and compiles take minutes."""
     cmd = [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", "train.py", "--config",
            "configs/cpu.toml", f"--data.train={demo}/*_train_*.bin", f"--data.val={demo}/*_val_*.bin",
            f"--log.dir={runs}", f"--log.run_id={run_id}", "--eval.tokens=4096", "--log.every_steps=1",
@@ -54,20 +56,20 @@ def tally(results: list[tuple[int, str]]) -> Counter:
 
 
 @pytest.mark.slow
-def test_twenty_finished_two_process_runs_all_exit_0_without_an_abort(demo, tmp_path):
+def test_finished_two_process_runs_all_exit_0_without_an_abort(demo, tmp_path):
     results = []
-    for i in range(20):
+    for i in range(RUNS):
         proc = launch(demo, tmp_path, f"done-{i}", "--train.max_steps=2")
         out, err = proc.communicate(timeout=300)
         assert out.count("\ndone: max_steps | step 2 |") == 1, out[-2000:]
         results.append((proc.returncode, err))
-    assert tally(results) == Counter({"exit 0": 20}), [err for _, err in results if err][:3]
+    assert tally(results) == Counter({"exit 0": RUNS}), [err for _, err in results if err][:3]
 
 
 @pytest.mark.slow
 def test_a_ctrl_c_in_the_middle_saves_and_exits_1_and_one_after_done_exits_0(demo, tmp_path):
     stopped, after_done = [], []
-    for i in range(3):
+    for i in range(2):
         proc = launch(demo, tmp_path, f"mid-{i}", "--train.max_steps=1000")
         out, err = ctrl_c_at(proc, "step 3 |")
         assert "\ndone: interrupted |" in out and "train.py: Ctrl-C: stopping after this step" in err, out[-2000:]
@@ -76,5 +78,5 @@ def test_a_ctrl_c_in_the_middle_saves_and_exits_1_and_one_after_done_exits_0(dem
         out, err = ctrl_c_at(proc, "done: ")
         assert "done: max_steps | step 2 |" in out and err == "", err[-2000:]
         after_done.append((proc.returncode, err))
-    assert tally(stopped) == Counter({"exit 1": 3}), [err for _, err in stopped]
-    assert tally(after_done) == Counter({"exit 0": 3}), [err for _, err in after_done]
+    assert tally(stopped) == Counter({"exit 1": 2}), [err for _, err in stopped]
+    assert tally(after_done) == Counter({"exit 0": 2}), [err for _, err in after_done]

@@ -29,6 +29,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_pieces_train_together_and_change_the_run(runs):
     summaries = {name: json.loads((runs / name / "summary.json").read_text()) for name in ("with", "without")}
     assert [s["status"] for s in summaries.values()] == ["completed", "completed"]

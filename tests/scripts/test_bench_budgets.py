@@ -34,6 +34,7 @@ def test_the_envelope_check_names_a_longer_run_that_was_lower_at_a_shorter_budge
                                        "run planned for 10.0 s"]
 
 
+@pytest.mark.slow
 def test_the_bench_plans_each_run_for_its_budget_for_real(tmp_path):
     data = demo_data(tmp_path / "demo", tokens=200_000, val_tokens=20_000, shard_tokens=100_000)
     out = tmp_path / "budgets.json"

@@ -89,3 +89,27 @@ def test_a_ctrl_c_in_the_middle_of_a_save_exits_130_with_its_line_alone(tmp_path
                           env={**os.environ, "RANK": "0"})
     assert (proc.returncode, proc.stderr) == (130, "train.py: interrupted again\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("ending, status, err", [("pass", 0, ""), ("raise SystemExit(3)", 3, ""),
+                                                ("raise SystemExit('train.py: bad key')", 1, "train.py: bad key\n")])
+def test_a_process_ends_with_its_status_after_its_atexit_functions_and_skips_finalization(ending, status, err):
+    """What a run's exit status rests on: after the atexit functions (wandb's, logging's) nothing of the
+    interpreter's finalization runs, where gloo's threads met a half-destroyed runtime (SIGABRT after "done").
+    A global's __del__ stands for it: finalization would call it."""
+    code = f"""if True:
+        import atexit, os
+        from trainer.exits import exiting_without_teardown
+
+        class Finalized:
+            def __del__(self):
+                os.write(1, b"finalized\\n")
+
+        KEPT = Finalized()
+        atexit.register(lambda: os.write(1, b"atexit\\n"))
+        with exiting_without_teardown():
+            print("ran")
+            {ending}
+    """
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (status, "ran\natexit\n", err)
