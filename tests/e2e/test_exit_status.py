@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import ROOT, demo_data
 
-RUNS = 5
+RUNS = 3  # and the dozens of finished runs elsewhere in the suite, each asserted to exit 0
 ABORTS = ("terminate called", "Traceback", "was killed by", "Aborted", "core dumped")
 
 
@@ -68,15 +68,11 @@ def test_finished_two_process_runs_all_exit_0_without_an_abort(demo, tmp_path):
 
 @pytest.mark.slow
 def test_a_ctrl_c_in_the_middle_saves_and_exits_1_and_one_after_done_exits_0(demo, tmp_path):
-    stopped, after_done = [], []
-    for i in range(2):
-        proc = launch(demo, tmp_path, f"mid-{i}", "--train.max_steps=1000")
-        out, err = ctrl_c_at(proc, "step 3 |")
-        assert "\ndone: interrupted |" in out and "train.py: Ctrl-C: stopping after this step" in err, out[-2000:]
-        stopped.append((proc.returncode, err))
-        proc = launch(demo, tmp_path, f"after-{i}", "--train.max_steps=2")
-        out, err = ctrl_c_at(proc, "done: ")
-        assert "done: max_steps | step 2 |" in out and err == "", err[-2000:]
-        after_done.append((proc.returncode, err))
-    assert tally(stopped) == Counter({"exit 1": 2}), [err for _, err in stopped]
-    assert tally(after_done) == Counter({"exit 0": 2}), [err for _, err in after_done]
+    proc = launch(demo, tmp_path, "mid", "--train.max_steps=1000")
+    out, err = ctrl_c_at(proc, "step 3 |")
+    assert "\ndone: interrupted |" in out and "train.py: Ctrl-C: stopping after this step" in err, out[-2000:]
+    assert tally([(proc.returncode, err)]) == Counter({"exit 1": 1}), err
+    proc = launch(demo, tmp_path, "after", "--train.max_steps=2")
+    out, err = ctrl_c_at(proc, "done: ")
+    assert "done: max_steps | step 2 |" in out and err == "", err[-2000:]
+    assert tally([(proc.returncode, err)]) == Counter({"exit 0": 1}), err
