@@ -24,12 +24,13 @@ os.environ.update({
     "TOKENIZERS_PARALLELISM": "false",
 })
 
+import pytest  # noqa: E402
 import torch  # noqa: E402  (after OMP_NUM_THREADS on purpose)
 
 torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(items: list) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a slow test first (run.sh test keeps this order, --no-loadscope-reorder): started late,
     one of them kept a worker busy for minutes after the other had finished."""
     slow = defaultdict(bool)

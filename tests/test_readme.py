@@ -97,6 +97,15 @@ def test_each_performance_table_names_the_command_that_reproduces_it():
     assert silent == [], "docs/PERFORMANCE.md sections with a table but no command"
 
 
+def test_the_readmes_budgets_row_is_the_record_the_performance_table_reads():
+    # the README rounds the budgets bench's medians; docs/PERFORMANCE.md names the JSON that holds them
+    section = (ROOT / "docs" / "PERFORMANCE.md").read_text().split("\n## The run planned for its budget\n", 1)[1]
+    record = json.loads((ROOT / re.search(r"--json (\S+\.json)", section).group(1)).read_text())
+    header, _, losses = README.split("\n| budget (x nanoGPT's time) |", 1)[1].splitlines()[:3]
+    assert [float(f) for f in re.findall(r"[\d.]+", header)] == [row["fraction"] for row in record["table"]]
+    assert re.findall(r"[\d.]+", losses) == [f"{row['final_val_loss']:.3f}" for row in record["table"]]
+
+
 def layout_paths() -> list[str]:
     """The paths named in the first column of docs/DESIGN.md's layout table."""
     table = DESIGN.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]

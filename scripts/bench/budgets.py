@@ -113,7 +113,10 @@ def summarize(args: argparse.Namespace, repeats: list[dict]) -> dict:
         table.append({"fraction": f, "budget_s": statistics.median(run["budget_s"] for run in runs),
                       "final_val_loss": statistics.median(run["final_val_loss"] for run in runs),
                       "losses": [run["final_val_loss"] for run in runs], "ratio": statistics.median(ratios),
-                      "steps": statistics.median(run["steps"] for run in runs), "plan": runs[0]["plan"]})
+                      "steps": statistics.median(run["steps"] for run in runs),
+                      # repeats whose budgets fall on both sides of a row's up_to_s trained two rows
+                      "plans": list(dict.fromkeys(run["plan"].removeprefix("plan: ").split(" -> ", 1)[-1]
+                                                  for run in runs))})
     return {"fractions": args.fractions, "repeats": len(repeats), "overrides": args.override,
             "baseline_final_val_loss": base_loss, "baseline_time_s": base_time,
             "baseline_steps": repeats[0]["baseline"]["steps"], "table": table,
@@ -151,9 +154,8 @@ def report(res: dict) -> str:
     lines = [f"| budget (x T_b) | s | steps | final val loss (median of {res['repeats']}) | / baseline | plan |",
              "|---:|---:|---:|---:|---:|---|"]
     for row in res["table"]:
-        plan = row["plan"].removeprefix("plan: ").split(" -> ", 1)[-1]
         lines.append(f"| {row['fraction']:g} | {row['budget_s']:.1f} | {row['steps']:.0f} | "
-                     f"{row['final_val_loss']:.4f} | {row['ratio']:.3f} | {plan} |")
+                     f"{row['final_val_loss']:.4f} | {row['ratio']:.3f} | {' or '.join(row['plans'])} |")
     cross, shortest = res["crossing"], res["fractions"][0]
     if cross is None:
         crossed = "no budget reached the baseline's loss"

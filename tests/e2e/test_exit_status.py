@@ -3,8 +3,9 @@
 Real 2-process runs of the CPU track's config under trainer/torchrun.py (as run.sh launches them), back to back:
 every finished one exits 0, a Ctrl-C in the middle saves the run and exits 1 (torchrun's status for a stopped
 run), a Ctrl-C after the run printed "done" changes nothing. None of them aborts ("terminate called", SIGABRT), dies
-by a signal or prints a traceback. The abort after "done" came rarely, on some CPUs only (none in 235 runs here), so
-a few runs check the whole path, not the odds: that no teardown can change the status, tests/trainer/test_exits.py.
+by a signal or prints a traceback. The abort after "done" came rarely, on some CPUs only, and was never reproduced
+here: a few runs check the whole path, not the odds; that no teardown can change the status is
+tests/trainer/test_exits.py's.
 """
 import os
 import signal

@@ -1,5 +1,6 @@
 """scripts/bench/budgets.py: runs planned for their own budgets against the baseline, on a tiny shape for real; its
 crossing (interpolated), the eval grid of the envelope check, and the check itself."""
+import argparse
 import json
 import math
 import sys
@@ -32,6 +33,18 @@ def test_the_envelope_check_names_a_longer_run_that_was_lower_at_a_shorter_budge
                     {"budget_s": 40.0, "final_val_loss": 1.2, "at_shorter_budgets": {10.0: 1.45, 20.0: 1.35}}]}
     assert budgets.envelope([rep]) == ["repeat 1: the 40.0-s run was at 1.4500 after 10.0 s, below the 1.5000 of the "
                                        "run planned for 10.0 s"]
+
+
+def test_a_budget_whose_repeats_trained_two_plan_rows_names_both():
+    """Budgets are fractions of each repeat's own baseline time: around a row's up_to_s they fall on both sides."""
+    rows = {"small": "the row up to 40 s: model.n_layer = 2", "large": "the row up to 180 s: model.n_layer = 3"}
+    repeats = [{"baseline": {"final_val_loss": 1.6, "train_time_s": t, "steps": 2000},
+                "runs": [{"budget_s": 0.4 * t, "final_val_loss": 1.28, "steps": 800, "at_shorter_budgets": {},
+                          "plan": f"plan: budget {0.4 * t:g} s -> {rows['small' if 0.4 * t <= 40 else 'large']}"}]}
+               for t in (111.3, 97.0, 89.9)]
+    res = budgets.summarize(argparse.Namespace(fractions=[0.4], override=[]), repeats)
+    assert res["table"][0]["plans"] == [rows["large"], rows["small"]]
+    assert budgets.report(res).splitlines()[2].endswith(f"| {rows['large']} or {rows['small']} |")
 
 
 @pytest.mark.slow
