@@ -98,12 +98,18 @@ def test_each_performance_table_names_the_command_that_reproduces_it():
 
 
 def test_the_readmes_budgets_row_is_the_record_the_performance_table_reads():
-    # the README rounds the budgets bench's medians; docs/PERFORMANCE.md names the JSON that holds them
-    section = (ROOT / "docs" / "PERFORMANCE.md").read_text().split("\n## The run planned for its budget\n", 1)[1]
-    record = json.loads((ROOT / re.search(r"--json (\S+\.json)", section).group(1)).read_text())
+    # the README rounds the budgets bench's medians; docs/PERFORMANCE.md's section names the JSON that holds them
+    text = (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    section = text.split("\n## The run planned for its budget\n", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"--json (\S+\.json)", section)
+    assert command and f"[budgets.json](../{command.group(1)})" in section, "the section's command and link differ"
+    record = json.loads((ROOT / command.group(1)).read_text())
+    assert "\n| budget (x nanoGPT's time) |" in README, "README.md has no budgets table"
     header, _, losses = README.split("\n| budget (x nanoGPT's time) |", 1)[1].splitlines()[:3]
     assert [float(f) for f in re.findall(r"[\d.]+", header)] == [row["fraction"] for row in record["table"]]
     assert re.findall(r"[\d.]+", losses) == [f"{row['final_val_loss']:.3f}" for row in record["table"]]
+    times = [rep["baseline"]["train_time_s"] for rep in record["raw"]]
+    assert f"({record['baseline_final_val_loss']:.4f} in {min(times):.0f}–{max(times):.0f} s)" in README
 
 
 def layout_paths() -> list[str]:
