@@ -212,7 +212,7 @@ try:
     cfg = parse_args(sys.argv[1:])
 except ConfigError:
     sys.exit()  # train.py says what is wrong
-if cfg.train.compile or cfg.optim.muon_compile:
+if cfg.compiled_keys:
     from trainer.parallel import cannot_compile
     def too_long(*_):
         raise TimeoutError("no answer in 300 s")

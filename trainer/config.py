@@ -245,6 +245,12 @@ class Config:
         return self.eval.batch_size or self.train.batch_size, self.eval.seq_len or self.train.seq_len
 
     @property
+    def compiled_keys(self) -> list[str]:
+        """The keys that are on and have inductor compile: what a CPU without a C++ toolchain cannot run."""
+        keys = {"train.compile": self.train.compile, "optim.muon_compile": self.optim.muon_compile}
+        return [key for key, on in keys.items() if on]
+
+    @property
     def holdout_tokens(self) -> int:
         """The tokens at the end of the train data that are the val set (eval.tokens under data.val = "holdout"),
         which training leaves out; 0 where the val set has files of its own."""

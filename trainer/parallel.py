@@ -160,8 +160,7 @@ def cannot_compile() -> str | None:
 def check_compiler(cfg: Config, device: torch.device) -> None:
     """Refuse train.compile or optim.muon_compile on a CPU where inductor cannot build its kernels: else the
     first step would fail inside inductor, with its traceback."""
-    keys = [key for key, on in (("train.compile", cfg.train.compile), ("optim.muon_compile", cfg.optim.muon_compile))
-            if on]
+    keys = cfg.compiled_keys
     reason = compiler_missing() if keys and device.type == "cpu" else None
     if reason:
         raise ConfigError(f"{keys[0]} on CPU: {reason}, or set " + " ".join(f"--{key}=false" for key in keys))

@@ -61,7 +61,6 @@ def test_fsdp_compiles_the_blocks_and_the_head_and_loss(two_ranks):
     assert two_ranks["compiled"] == {"ddp": (False, False), "fsdp": (False, False), "fsdp_compiled": (True, True)}
 
 
-
 def test_inductor_on_cpu_needs_a_compiler_that_runs_and_pythons_c_headers(monkeypatch, tmp_path):
     """What compiler_missing names (check_compiler's refusal, run.sh's eager run): CXX naming a folder, then a
     Python without Python.h (Debian's without python3-dev)."""
