@@ -2,10 +2,11 @@
 and value tables, the head, the gates) hold bf16 weights, so their gradients are bf16 too, and its Adam keeps both
 moments of every parameter in bf16; its block matrices, their Muon state and its scalars are fp32. Its compiled steps
 compute in fp32 and round once, at the store. Here the weights, gradients and moments stay fp32 tensors, rounded to
-bf16 where the record's are bf16: the weights at the start, and around each step of an optimizer the gradients it
-reads and the weights and moments it wrote. What differs: the sums that make a gradient (over micro-steps, over
-AdamW's held steps under optim.adam_every, over the ranks) add in fp32 here, in bf16 there. No dtype changes, so
-DDP, FSDP2 and checkpoints see fp32 as without the key.
+bf16 where the record's are bf16: the weights at the start, each gradient a backward gives them and the sum it joins
+(over micro-steps, and over AdamW's held steps under optim.adam_every: a bf16 sum, as the record's .grad), and around
+each step of an optimizer the weights and moments it wrote. What differs: the sum over the ranks, in fp32 here
+(train.reduce_dtype sends every gradient in bf16), and under FSDP2 every sum, whose gradients reach the sharded
+weights past autograd's hooks. No dtype changes, so DDP, FSDP2 and checkpoints see fp32 as without the key.
 """
 from __future__ import annotations
 
@@ -32,12 +33,25 @@ def round_to_bf16(tensors: Iterable[torch.Tensor]) -> None:
         t.copy_(t.to(torch.bfloat16))
 
 
+def add_in_bf16(weight: nn.Parameter) -> None:
+    """Every gradient a backward gives `weight` is rounded to bf16 and joins the sum its .grad holds as a bf16 add
+    would: that sum is rounded before the fp32 add, the result at the next gradient or before the optimizer's step."""
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if weight.grad is not None:
+            round_to_bf16([weight.grad])
+        return grad.to(torch.bfloat16).to(grad.dtype)
+    weight.register_hook(hook)
+
+
 def keep_in_bf16(optimizers: list[torch.optim.Optimizer], model: nn.Module) -> None:
-    """Round the bf16-stored weights now; before every step of an optimizer the gradients of those it steps, and
-    after it AdamW's moments and the bf16-stored weights it moved with their Muon state (the gates under
-    optim.muon_gates: NorMuon's momentum and second moment, bf16 in the record as their gradients are)."""
+    """Round the bf16-stored weights now and sum their gradients in bf16; before every step of an optimizer round
+    the gradients of those it steps, and after it AdamW's moments and the bf16-stored weights it moved with their
+    Muon state (the gates under optim.muon_gates: NorMuon's momentum and second moment, bf16 in the record as their
+    gradients are)."""
     stored = stored_in_bf16(model)
     round_to_bf16(stored)
+    for weight in stored:
+        add_in_bf16(weight)
     ids = {id(p) for p in stored}
 
     def owned(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -1,6 +1,7 @@
 """train.reduce_dtype = "bfloat16": on 2 gloo ranks, DDP (two micro-steps, the first unsynced) and FSDP2 send the
 gradients in bf16 while each rank adds up its micro-steps in fp32, a non-finite gradient still reaches the norm,
-and a short run trains as the fp32 one does, within what bf16 rounding explains.
+and a short run trains as the fp32 one does, within what bf16 rounding explains. Under optim.bf16_storage the
+bf16-stored weights' micro-steps add up in bf16 on each rank, and DDP's fp32 wire averages those sums.
 
 Where the bound comes from: bf16 keeps 8 significant bits, so rounding moves x by at most u |x|, u = 2^-8.
 DDP's hook rounds each rank's fp32 sum g_r, halves it (exact), and gloo rounds the sum of the two halves; so
@@ -24,6 +25,14 @@ def two_ranks(tmp_path_factory) -> dict:
     return torch.load(out, weights_only=True)
 
 
+def summed(micro_steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A rank's gradients added up over its micro-steps in fp32, in order, as autograd adds them into .grad."""
+    total = dict(micro_steps[0])
+    for grads in micro_steps[1:]:
+        total = {name: total[name] + grads[name] for name in total}
+    return total
+
+
 def as_the_wire_rounds(g0: torch.Tensor, g1: torch.Tensor) -> torch.Tensor:
     """The average of two ranks' fp32 gradients as the bf16 wire gives it back: each rounded to bf16 and halved,
     the halves summed and rounded again."""
@@ -32,7 +41,7 @@ def as_the_wire_rounds(g0: torch.Tensor, g1: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("case", ["ddp", "fsdp"])
 def test_the_synced_gradient_is_the_fp32_average_rounded_as_the_bf16_wire_rounds_it(two_ranks, case):
-    g0, g1 = two_ranks["local"][case]
+    g0, g1 = map(summed, two_ranks["local"][case])
     bf16, fp32 = two_ranks["synced"][case, "bfloat16"], two_ranks["synced"][case, "float32"]
     assert bf16.keys() == fp32.keys() == g0.keys()
     changed = total = 0
@@ -47,6 +56,22 @@ def test_the_synced_gradient_is_the_fp32_average_rounded_as_the_bf16_wire_rounds
         assert ((fp32[name].double() - mean).abs() <= 2.0 ** -23 * (a.abs() + b.abs())).all(), name
         changed, total = changed + (bf16[name] != fp32[name]).sum().item(), total + mean.numel()
     assert changed > 0.9 * total  # nearly every fp32 average has bits below bf16's 8
+
+
+def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micro_steps(two_ranks):
+    """The tables' gradients (the head tied to the token table): on each rank both micro-steps rounded to bf16 and
+    added (the hook rounds the first, held, and the second as it comes), the two ranks' sums averaged in fp32; the
+    rest as without it."""
+    stored = set(two_ranks["stored"])
+    got, plain = two_ranks["synced"]["ddp", "bf16_storage"], two_ranks["synced"]["ddp", "float32"]
+    assert {"wte.weight", "wpe.weight"} == stored and got.keys() == plain.keys()
+    for name in got:
+        ranks = [summed([{name: g[name].bfloat16().double() if name in stored else g[name].double()}
+                         for g in micro]) for micro in two_ranks["local"]["ddp"]]
+        mean = sum(r[name] for r in ranks) / 2
+        bound = 2.0 ** -22 * sum(r[name].abs() for r in ranks)  # the fp32 sums' and the average's roundings
+        assert ((got[name].double() - mean).abs() <= bound).all(), name
+        assert torch.equal(got[name], plain[name]) == (name not in stored), name
 
 
 def test_a_nan_gradient_on_one_rank_survives_the_bf16_wire_into_the_norm(two_ranks):

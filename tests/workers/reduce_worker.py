@@ -1,10 +1,12 @@
 """torchrun worker for tests/trainer/test_reduce_dtype.py: the gradients DDP and FSDP2 sync under each
-train.reduce_dtype, on gloo, beside every rank's own fp32 gradients.
+train.reduce_dtype, on gloo, beside every rank's own fp32 gradients of each micro-step; and those DDP syncs in fp32
+when optim.bf16_storage adds up the bf16-stored weights' gradients in bf16.
 
 usage: torchrun --nproc_per_node=W tests/workers/reduce_worker.py OUT.pt
-Rank 0 saves {"synced": {(case, reduce_dtype): full synced gradients}, "local": {case: [each rank's fp32
-gradients]}, "nan_norm": the DDP bf16 gradient norm when one rank's loss is nan}. DDP takes two micro-steps (the
-first under no_sync), FSDP2 one (train.reduce_dtype = "bfloat16" refuses its accumulation).
+Rank 0 saves {"synced": {(case, reduce_dtype or "bf16_storage"): full synced gradients}, "local": {case: [each
+rank's [each micro-step's fp32 gradients]]}, "stored": the names of the bf16-stored weights, "nan_norm": the DDP
+bf16 gradient norm when one rank's loss is nan}. DDP takes two micro-steps (the first under no_sync), FSDP2 one
+(train.reduce_dtype = "bfloat16" refuses its accumulation).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 import torch
 
 from model import get_model
+from optim.bf16_storage import add_in_bf16, stored_in_bf16
 from tests.helpers import save_on_rank_0
 from tests.workers.step_worker import GPT_CONFIG
 from trainer import distributed
@@ -38,11 +41,15 @@ def full(grad: torch.Tensor) -> torch.Tensor:
     return (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
 
 
-def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False) -> tuple[dict, torch.Tensor]:
+def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False,
+           bf16_sums: bool = False) -> tuple[dict, torch.Tensor]:
     """(the gradients after one step's micro-steps and their sync, their norm from clip_grads) under `case`
-    (ddp or fsdp) and `reduce_dtype`; with `poison`, rank 1's loss is nan."""
+    (ddp or fsdp) and `reduce_dtype`; with `poison`, rank 1's loss is nan; with `bf16_sums`, the bf16-stored
+    weights' gradients add up as under optim.bf16_storage."""
     torch.manual_seed(0)
     model = parallelize(get_model(GPT_CONFIG), TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
+    for weight in stored_in_bf16(model.module) if bf16_sums else []:
+        add_in_bf16(weight)
     model.module.set_progress(0.0)
     batches = micro_batches(dist.rank, MICRO_STEPS[case])
     for micro, idx in enumerate(batches):
@@ -53,15 +60,17 @@ def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False) -> tu
     return {name.removeprefix("module."): full(p.grad) for name, p in model.wrapped.named_parameters()}, norm
 
 
-def local(case: str, rank: int) -> dict[str, torch.Tensor]:
-    """The fp32 gradients `rank` adds up over its micro-steps of `case`, by the plain model in this process."""
+def local(case: str, rank: int) -> list[dict[str, torch.Tensor]]:
+    """The fp32 gradients of each of `rank`'s micro-steps of `case`, by the plain model in this process."""
     torch.manual_seed(0)
     model = get_model(GPT_CONFIG)
     model.set_progress(0.0)
-    batches = micro_batches(rank, MICRO_STEPS[case])
+    batches, grads = micro_batches(rank, MICRO_STEPS[case]), []
     for idx in batches:
+        model.zero_grad(set_to_none=True)
         (model(idx[:, :-1], idx[:, 1:])[1] / len(batches)).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+        grads.append({name: p.grad.detach().clone() for name, p in model.named_parameters()})
+    return grads
 
 
 def main(out: str) -> None:
@@ -71,6 +80,9 @@ def main(out: str) -> None:
         results["local"][case] = [local(case, r) for r in range(dist.world_size)]
         for reduce_dtype in ("float32", "bfloat16"):
             results["synced"][case, reduce_dtype] = synced(case, reduce_dtype, dist)[0]
+    results["synced"]["ddp", "bf16_storage"] = synced("ddp", "float32", dist, bf16_sums=True)[0]
+    model = get_model(GPT_CONFIG)
+    results["stored"] = [name for name, p in model.named_parameters() if p in set(stored_in_bf16(model))]
     results["nan_norm"] = synced("ddp", "bfloat16", dist, poison=True)[1].item()
     save_on_rank_0(results, out, dist.rank)
     distributed.close()
