@@ -4,9 +4,10 @@ moments of every parameter in bf16; its block matrices, their Muon state and its
 compute in fp32 and round once, at the store. Here the weights, gradients and moments stay fp32 tensors, rounded to
 bf16 where the record's are bf16: the weights at the start, each gradient a backward gives them and the sum it joins
 (over micro-steps, and over AdamW's held steps under optim.adam_every: a bf16 sum, as the record's .grad), and around
-each step of an optimizer the weights and moments it wrote. What differs: the sum over the ranks, in fp32 here
-(train.reduce_dtype sends every gradient in bf16), and under FSDP2 every sum, whose gradients reach the sharded
-weights past autograd's hooks. No dtype changes, so DDP, FSDP2 and checkpoints see fp32 as without the key.
+each step of an optimizer the weights and moments it wrote. What differs: the sum over the ranks, of each rank's
+bf16 sum, in fp32 here (train.reduce_dtype sends every gradient in bf16), and under FSDP2 every sum, whose gradients
+reach the sharded weights past autograd's hooks. No dtype changes, so DDP, FSDP2 and checkpoints see fp32 as without
+the key.
 """
 from __future__ import annotations
 
@@ -34,13 +35,10 @@ def round_to_bf16(tensors: Iterable[torch.Tensor]) -> None:
 
 
 def add_in_bf16(weight: nn.Parameter) -> None:
-    """Every gradient a backward gives `weight` is rounded to bf16 and joins the sum its .grad holds as a bf16 add
-    would: that sum is rounded before the fp32 add, the result at the next gradient or before the optimizer's step."""
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        if weight.grad is not None:
-            round_to_bf16([weight.grad])
-        return grad.to(torch.bfloat16).to(grad.dtype)
-    weight.register_hook(hook)
+    """Every gradient a backward gives `weight` is rounded to bf16 before it joins the sum in .grad, and the sum is
+    rounded after: a bf16 add, each rank's sum rounded before DDP's all-reduce, as the record's bf16 .grad."""
+    weight.register_hook(lambda grad: grad.to(torch.bfloat16).to(grad.dtype))
+    weight.register_post_accumulate_grad_hook(lambda p: round_to_bf16([p.grad]))
 
 
 def keep_in_bf16(optimizers: list[torch.optim.Optimizer], model: nn.Module) -> None:

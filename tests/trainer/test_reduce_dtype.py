@@ -1,7 +1,7 @@
 """train.reduce_dtype = "bfloat16": on 2 gloo ranks, DDP (two micro-steps, the first unsynced) and FSDP2 send the
 gradients in bf16 while each rank adds up its micro-steps in fp32, a non-finite gradient still reaches the norm,
 and a short run trains as the fp32 one does, within what bf16 rounding explains. Under optim.bf16_storage the
-bf16-stored weights' micro-steps add up in bf16 on each rank, and DDP's fp32 wire averages those sums.
+bf16-stored weights' micro-steps add up in bf16 on each rank, and DDP's fp32 wire averages those bf16 sums.
 
 Where the bound comes from: bf16 keeps 8 significant bits, so rounding moves x by at most u |x|, u = 2^-8.
 DDP's hook rounds each rank's fp32 sum g_r, halves it (exact), and gloo rounds the sum of the two halves; so
@@ -60,16 +60,17 @@ def test_the_synced_gradient_is_the_fp32_average_rounded_as_the_bf16_wire_rounds
 
 def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micro_steps(two_ranks):
     """The tables' gradients (the head tied to the token table): on each rank both micro-steps rounded to bf16 and
-    added (the hook rounds the first, held, and the second as it comes), the two ranks' sums averaged in fp32; the
-    rest as without it."""
+    added in bf16 before the wire, the two ranks' sums averaged in fp32; the rest as without it."""
     stored = set(two_ranks["stored"])
     got, plain = two_ranks["synced"]["ddp", "bf16_storage"], two_ranks["synced"]["ddp", "float32"]
     assert {"wte.weight", "wpe.weight"} == stored and got.keys() == plain.keys()
     for name in got:
-        ranks = [summed([{name: g[name].bfloat16().double() if name in stored else g[name].double()}
-                         for g in micro]) for micro in two_ranks["local"]["ddp"]]
-        mean = sum(r[name] for r in ranks) / 2
-        bound = 2.0 ** -22 * sum(r[name].abs() for r in ranks)  # the fp32 sums' and the average's roundings
+        ranks = []  # each rank's .grad as DDP sends it: bf16 tensors add as the record's .grad does
+        for micro in two_ranks["local"]["ddp"]:
+            grads = [g[name].bfloat16() if name in stored else g[name] for g in micro]
+            ranks.append(sum(grads[1:], grads[0]).double())
+        mean = sum(ranks) / 2
+        bound = 2.0 ** -22 * sum(r.abs() for r in ranks)  # the fp32 sums' and the average's roundings
         assert ((got[name].double() - mean).abs() <= bound).all(), name
         assert torch.equal(got[name], plain[name]) == (name not in stored), name
 
