@@ -5,9 +5,9 @@ compute in fp32 and round once, at the store. Here the weights, gradients and mo
 bf16 where the record's are bf16: the weights at the start, each gradient a backward gives them and the sum it joins
 (over micro-steps, and over AdamW's held steps under optim.adam_every: a bf16 sum, as the record's .grad), and around
 each step of an optimizer the weights and moments it wrote. What differs: the sum over the ranks, of each rank's
-bf16 sum, in fp32 here (train.reduce_dtype sends every gradient in bf16), and under FSDP2 every sum, whose gradients
-reach the sharded weights past autograd's hooks. No dtype changes, so DDP, FSDP2 and checkpoints see fp32 as without
-the key.
+bf16 sum, in fp32 here (train.reduce_dtype sends every gradient in bf16), and under FSDP2 the micro-steps' sum, in
+fp32: its sharded weights see only the hook after the sum, which rounds the ranks' average as it joins .grad. No dtype
+changes, so DDP, FSDP2 and checkpoints see fp32 as without the key.
 """
 from __future__ import annotations
 

@@ -70,9 +70,20 @@ def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micr
             grads = [g[name].bfloat16() if name in stored else g[name] for g in micro]
             ranks.append(sum(grads[1:], grads[0]).double())
         mean = sum(ranks) / 2
-        bound = 2.0 ** -22 * sum(r.abs() for r in ranks)  # the fp32 sums' and the average's roundings
+        bound = 2.0 ** -22 * sum(r.abs() for r in ranks)  # the fp32 average's rounding, and room
         assert ((got[name].double() - mean).abs() <= bound).all(), name
         assert torch.equal(got[name], plain[name]) == (name not in stored), name
+
+
+def test_under_bf16_storage_fsdp2_rounds_the_ranks_average_as_it_joins_the_sharded_grad(two_ranks):
+    """FSDP2's sharded weights see only the hook after the sum (FSDP2 calls it after its reduce-scatter): the stored
+    weights' gradients are the fp32 average rounded to bf16; the rest as without it."""
+    stored = set(two_ranks["stored"])
+    got, plain = two_ranks["synced"]["fsdp", "bf16_storage"], two_ranks["synced"]["fsdp", "float32"]
+    assert got.keys() == plain.keys() and stored <= got.keys()
+    for name in got:
+        assert torch.equal(got[name], plain[name].bfloat16().float() if name in stored else plain[name]), name
+    assert not all(torch.equal(plain[name], got[name]) for name in stored)  # the average had bits below bf16's
 
 
 def test_a_nan_gradient_on_one_rank_survives_the_bf16_wire_into_the_norm(two_ranks):

@@ -1,5 +1,5 @@
 """torchrun worker for tests/trainer/test_reduce_dtype.py: the gradients DDP and FSDP2 sync under each
-train.reduce_dtype, on gloo, beside every rank's own fp32 gradients of each micro-step; and those DDP syncs in fp32
+train.reduce_dtype, on gloo, beside every rank's own fp32 gradients of each micro-step; and those both sync in fp32
 when optim.bf16_storage adds up the bf16-stored weights' gradients in bf16.
 
 usage: torchrun --nproc_per_node=W tests/workers/reduce_worker.py OUT.pt
@@ -80,7 +80,8 @@ def main(out: str) -> None:
         results["local"][case] = [local(case, r) for r in range(dist.world_size)]
         for reduce_dtype in ("float32", "bfloat16"):
             results["synced"][case, reduce_dtype] = synced(case, reduce_dtype, dist)[0]
-    results["synced"]["ddp", "bf16_storage"] = synced("ddp", "float32", dist, bf16_sums=True)[0]
+    for case in MICRO_STEPS:
+        results["synced"][case, "bf16_storage"] = synced(case, "float32", dist, bf16_sums=True)[0]
     model = get_model(GPT_CONFIG)
     results["stored"] = [name for name, p in model.named_parameters() if p in set(stored_in_bf16(model))]
     results["nan_norm"] = synced("ddp", "bfloat16", dist, poison=True)[1].item()
