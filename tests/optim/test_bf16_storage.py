@@ -21,7 +21,7 @@ def in_bf16(t: torch.Tensor) -> bool:
     return torch.equal(t, t.bfloat16().float())
 
 
-def add_in_bf16(total: torch.Tensor | None, grad: torch.Tensor) -> torch.Tensor:
+def bf16_add(total: torch.Tensor | None, grad: torch.Tensor) -> torch.Tensor:
     """`grad` rounded to bf16 and added to `total` in bf16 tensors (None: nothing yet), as fp32."""
     return (grad.bfloat16() if total is None else total.bfloat16() + grad.bfloat16()).float()
 
@@ -60,7 +60,7 @@ def test_each_step_is_the_fp32_step_rounded_where_the_record_stores_bf16():
             _loss(m, step).backward()
             if m is plain:  # the record's bf16 gradients: this step's rounded, added in bf16 to the held ones
                 for q in (q for q in plain.parameters() if id(q) in twins and q.grad is not None):
-                    q.grad = add_in_bf16(held[id(q)], q.grad)
+                    q.grad = bf16_add(held[id(q)], q.grad)
             step_optimizers(o, step, RECORD["adam_every"])
         with torch.no_grad():
             rounded = [p for p in plain.parameters() if id(p) in twins]
@@ -87,8 +87,8 @@ def test_the_gradients_of_the_bf16_stored_weights_add_up_in_bf16_as_the_records_
     model = gpt(**MODEL)
     build_optimizers(model, OptimConfig(**RECORD, bf16_storage=True))
     alone = copy.deepcopy(model)  # the same weights, without the hooks: each backward's gradient on its own
-    stored = {id(q) for p, q in zip(model.parameters(), alone.parameters()) if id(p) in {
-        id(w) for w in stored_in_bf16(model)}}
+    ids = {id(w) for w in stored_in_bf16(model)}
+    stored = {id(q) for p, q in zip(model.parameters(), alone.parameters()) if id(p) in ids}
     totals, fp32 = {}, {}
     for i in range(5):
         _loss(model, i).backward()
@@ -97,7 +97,7 @@ def test_the_gradients_of_the_bf16_stored_weights_add_up_in_bf16_as_the_records_
         for q in (q for q in alone.parameters() if q.grad is not None):
             fp32[id(q)] = q.grad + fp32.get(id(q), 0)
             if id(q) in stored:
-                totals[id(q)] = add_in_bf16(totals.get(id(q)), q.grad)
+                totals[id(q)] = bf16_add(totals.get(id(q)), q.grad)
     pairs = [(p, id(q)) for p, q in zip(model.parameters(), alone.parameters()) if p.grad is not None]
     assert {i for _, i in pairs} == set(fp32) and stored <= set(fp32)
     for p, i in pairs:

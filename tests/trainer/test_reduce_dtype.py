@@ -26,7 +26,8 @@ def two_ranks(tmp_path_factory) -> dict:
 
 
 def summed(micro_steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """A rank's gradients added up over its micro-steps in fp32, in order, as autograd adds them into .grad."""
+    """A rank's gradients added up over its micro-steps in order, as autograd adds them into .grad (in the
+    tensors' dtype)."""
     total = dict(micro_steps[0])
     for grads in micro_steps[1:]:
         total = {name: total[name] + grads[name] for name in total}
@@ -64,13 +65,12 @@ def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micr
     stored = set(two_ranks["stored"])
     got, plain = two_ranks["synced"]["ddp", "bf16_storage"], two_ranks["synced"]["ddp", "float32"]
     assert {"wte.weight", "wpe.weight"} == stored and got.keys() == plain.keys()
+    # each rank's .grad as DDP sends it: bf16 tensors add as the record's .grad does
+    ranks = [summed([{name: g.bfloat16() if name in stored else g for name, g in grads.items()} for grads in micro])
+             for micro in two_ranks["local"]["ddp"]]
     for name in got:
-        ranks = []  # each rank's .grad as DDP sends it: bf16 tensors add as the record's .grad does
-        for micro in two_ranks["local"]["ddp"]:
-            grads = [g[name].bfloat16() if name in stored else g[name] for g in micro]
-            ranks.append(sum(grads[1:], grads[0]).double())
-        mean = sum(ranks) / 2
-        bound = 2.0 ** -22 * sum(r.abs() for r in ranks)  # the fp32 average's rounding, and room
+        mean = sum(r[name].double() for r in ranks) / 2
+        bound = 2.0 ** -22 * sum(r[name].double().abs() for r in ranks)  # the fp32 average's rounding, and room
         assert ((got[name].double() - mean).abs() <= bound).all(), name
         assert torch.equal(got[name], plain[name]) == (name not in stored), name
 

@@ -83,7 +83,8 @@ def main(out: str) -> None:
     for case in MICRO_STEPS:
         results["synced"][case, "bf16_storage"] = synced(case, "float32", dist, bf16_sums=True)[0]
     model = get_model(GPT_CONFIG)
-    results["stored"] = [name for name, p in model.named_parameters() if p in set(stored_in_bf16(model))]
+    stored = set(stored_in_bf16(model))
+    results["stored"] = [name for name, p in model.named_parameters() if p in stored]
     results["nan_norm"] = synced("ddp", "bfloat16", dist, poison=True)[1].item()
     save_on_rank_0(results, out, dist.rank)
     distributed.close()
