@@ -4,10 +4,10 @@ moments of every parameter in bf16; its block matrices, their Muon state and its
 compute in fp32 and round once, at the store. Here the weights, gradients and moments stay fp32 tensors, rounded to
 bf16 where the record's are bf16: the weights at the start, each gradient a backward gives them and the sum it joins
 (over micro-steps, and over AdamW's held steps under optim.adam_every: a bf16 sum, as the record's .grad), and around
-each step of an optimizer the weights and moments it wrote. What differs: the sum over the ranks, of each rank's
-bf16 sum, in fp32 here (train.reduce_dtype sends every gradient in bf16), and under FSDP2 the micro-steps' sum, in
-fp32: its sharded weights see only the hook after the sum, which rounds the ranks' average as it joins .grad. No dtype
-changes, so DDP, FSDP2 and checkpoints see fp32 as without the key.
+each step of an optimizer the weights and moments it wrote. The sum over the ranks of each rank's bf16 sum is in
+bf16 under train.reduce_dtype = "storage" (the record's rule), else in the wire's dtype; under FSDP2 the micro-steps
+add up in fp32: its sharded weights see only the hook after the sum, which rounds the ranks' average as it joins
+.grad. No dtype changes, so DDP, FSDP2 and checkpoints see fp32 as without the key.
 """
 from __future__ import annotations
 

@@ -88,8 +88,10 @@ class TrainConfig:
     batch_stage_lr_at: list[float] = field(default_factory=list)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     # the dtype gradients are summed in across ranks (DDP's all-reduce, FSDP2's reduce-scatter); each rank still
-    # adds up its micro-steps in fp32. "bfloat16" halves the bytes sent, rounding every gradient to bf16 on the way
-    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    # adds up its micro-steps in fp32. "bfloat16" halves the bytes sent, rounding every gradient to bf16 on the way;
+    # "storage" (DDP, under optim.bf16_storage) sends each in its weight's stored dtype, as record 46: bf16 for the
+    # tables, head and gates, fp32 for the block matrices and scalars
+    reduce_dtype: Literal["float32", "bfloat16", "storage"] = "float32"
     # when AdamW's gradients cross the ranks under DDP: "every_step", in DDP's buckets with the others (held ones
     # too, under optim.adam_every); "adam_steps", on AdamW's steps only, each rank adding up its own in between, sent
     # after the backward while Muon steps (record 46's). With "adam_steps" the logged gradient norm counts each
@@ -545,6 +547,11 @@ def validate(cfg: Config) -> None:
                           f"{micro_steps} micro-steps of a step in bf16, since FSDP2 accumulates unsynced gradients "
                           f"in its reduce dtype; use train.parallel = 'ddp' (it accumulates in fp32 and sends bf16), "
                           f"train.grad_accum = 1 without train.batch_stages, or train.reduce_dtype = 'float32'")
+    if train.reduce_dtype == "storage" and (train.parallel != "ddp" or not cfg.optim.bf16_storage):
+        raise ConfigError(f"train.reduce_dtype = 'storage' sends each gradient in the dtype its weight is stored in, "
+                          f"through a hook on DDP's buckets: it needs train.parallel = 'ddp' (got {train.parallel!r}) "
+                          f"and optim.bf16_storage = true (got {str(cfg.optim.bf16_storage).lower()}: without it "
+                          f"every weight is stored in fp32); or set train.reduce_dtype = 'float32' or 'bfloat16'")
     if train.adam_sync == "adam_steps" and (train.parallel != "ddp" or cfg.optim.name != "muon"
                                             or cfg.optim.grad_clip > 0):
         raise ConfigError(f"train.adam_sync = 'adam_steps' sends AdamW's gradients apart from DDP's, while Muon steps: "

@@ -18,10 +18,10 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 import torch.distributed as torch_dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from optim.bf16_storage import stored_in_bf16
 from trainer.config import Config, ConfigError, TrainConfig
 from trainer.distributed import Dist
 
@@ -44,7 +44,7 @@ class ParallelModel:
     sharded: bool                # FSDP2 over several ranks: each holds a shard of the model and optimizer state
     master: bool                 # rank 0, which gets the full state
     apart: Sequence[nn.Parameter] = ()  # what DDP leaves alone: sync_apart averages their gradients (train.adam_sync)
-    wire: torch.dtype = torch.float32   # the dtype sync_apart sends them in (train.reduce_dtype)
+    bf16_wire: frozenset[int] = frozenset()  # the ids of the parameters whose gradients cross in bf16 (reduce_dtype)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.wrapped(*args, **kwargs)
@@ -76,24 +76,24 @@ class ParallelModel:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
     def sync_apart(self) -> Callable[[], None]:
-        """Start averaging over the ranks the gradients of the parameters DDP leaves alone (`apart`), in the wire's
-        dtype, as DDP does its buckets' (each divided by the world size, then summed); returns the call that waits
-        for the sums and leaves them in the gradients. Until then nothing may read or write those gradients."""
-        grads = [p.grad for p in self.apart if p.grad is not None]
-        small = [g for g in grads if g.numel() < COALESCE]
+        """Start averaging over the ranks the gradients of the parameters DDP leaves alone (`apart`), each in its
+        wire's dtype (bf16 for those in `bf16_wire`), as DDP does its buckets'; returns the call that waits for the
+        sums and leaves them in the gradients. Until then nothing may read or write those gradients."""
+        grads = [(p.grad, torch.bfloat16 if id(p) in self.bf16_wire else torch.float32)
+                 for p in self.apart if p.grad is not None]
+        messages = [([g], dtype) for g, dtype in grads if g.numel() >= COALESCE]
+        for wire in (torch.float32, torch.bfloat16):
+            small = [g for g, dtype in grads if dtype == wire and g.numel() < COALESCE]
+            messages += [(small, wire)] if small else []
         pending = []
-        for group in [[g] for g in grads if g.numel() >= COALESCE] + ([small] if small else []):
-            # one gradient in the wire's dtype is sent in place (to() returns it), others as a copy
-            sent = (group[0] if len(group) == 1 else torch.cat([g.reshape(-1) for g in group])).to(self.wire)
-            sent.div_(torch_dist.get_world_size())
-            pending.append((group, sent, torch_dist.all_reduce(sent, async_op=True)))
+        for tensors, dtype in messages:
+            sent = _packed(tensors, dtype)
+            pending.append((tensors, sent, torch_dist.all_reduce(sent, async_op=True)))
 
         def finish() -> None:
-            for group, sent, work in pending:
+            for tensors, sent, work in pending:
                 work.wait()
-                if sent is not group[0]:
-                    for g, part in zip(group, sent.reshape(-1).split([g.numel() for g in group])):
-                        g.copy_(part.view_as(g))
+                _unpack(tensors, sent)
         return finish
 
     def grad_sync(self, sync: bool) -> ContextManager:
@@ -172,7 +172,8 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
     torch.compile's (tests give aot_eager: dynamo's graphs, guards and recompiles alike, without code generation).
     Under cfg.bf16_stream the model keeps its residual stream, head and training loss in autocast's dtype. Under
     cfg.adam_sync = "adam_steps", DDP leaves the parameters in `apart` (AdamW's) alone: ParallelModel.sync_apart
-    averages their gradients."""
+    averages their gradients. Under cfg.reduce_dtype = "storage" the gradients of optim.bf16_storage's bf16-stored
+    weights cross the ranks in bf16, the others in fp32."""
     model.to(dist.device)
     model.autocast_stream = cfg.bf16_stream  # before compile: dynamo reads it as a constant of the graph
     if dist.world_size > 1 and cfg.parallel == "fsdp":
@@ -193,12 +194,13 @@ def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | C
         DDP._set_params_and_buffers_to_ignore_for_model(model, _ddp_names(model, apart))
     wrapped = DDP(model, device_ids=[dist.local_rank] if dist.cuda else None, gradient_as_bucket_view=True,
                   **_NO_BUFFER_SYNC)
-    if cfg.reduce_dtype == "bfloat16":
+    bf16_wire = frozenset(map(id, model.parameters() if cfg.reduce_dtype == "bfloat16"
+                              else stored_in_bf16(model) if cfg.reduce_dtype == "storage" else []))
+    if bf16_wire:
         # The hook runs on the synced micro-step's backward only: under no_sync the micro-steps add up in the fp32
         # buckets, and the sum crosses the wire in bf16, to come back into them as fp32.
-        wrapped.register_comm_hook(None, _bf16_all_reduce)
-    return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart,
-                         wire=getattr(torch, cfg.reduce_dtype))
+        wrapped.register_comm_hook(bf16_wire, _all_reduce_by_dtype)
+    return ParallelModel(model, wrapped, sharded=False, master=dist.master, apart=apart, bf16_wire=bf16_wire)
 
 
 def _ddp_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
@@ -216,7 +218,7 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
 
     kwargs = {}
     compute = torch.bfloat16 if dist.cuda and cfg.dtype == "bfloat16" else None  # None: the parameters' fp32
-    wire = getattr(torch, cfg.reduce_dtype)  # its values are torch's names of the dtypes
+    wire = getattr(torch, cfg.reduce_dtype)  # torch's names of the dtypes ("storage", DDP's only, is refused here)
     if compute or wire != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=wire)
     # One FSDP unit per block, so only one block's full weights are gathered at a time. Each block is compiled
@@ -235,12 +237,46 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
     return model
 
 
-def _bf16_all_reduce(group, bucket):
-    """torch's bf16_compress_hook (each rank's bucket cast to bf16 and divided by the world size, summed in bf16,
-    copied back into the fp32 bucket), under a name of its own: DDP refuses the hook by name in a torch built
-    without CUDA, though gloo sums bf16 as well. Unannotated: DDP compares a hook's annotations with its own
-    types, and this module's are strings."""
-    return bf16_compress_hook(group, bucket)
+def _all_reduce_by_dtype(bf16_wire, bucket):
+    """DDP's all-reduce of one bucket, each gradient averaged in its wire's dtype: bf16 for the parameters whose
+    ids are in `bf16_wire`, fp32 for the rest. A bucket of one dtype crosses whole (an fp32 one in place, as DDP's
+    own all-reduce; a bf16 one as torch's bf16_compress_hook sends it); a mixed one crosses whole in fp32 and its
+    bf16 gradients again in a message of their own, whose average replaces theirs: a few gates among the block
+    matrices cross twice, rather than the fp32 bulk being copied out. Unannotated: DDP compares a hook's
+    annotations with its own types, and this module's are strings."""
+    buffer, grads = bucket.buffer(), bucket.gradients()
+    low = [g for g, p in zip(grads, bucket.parameters()) if id(p) in bf16_wire]
+    if len(low) == len(grads):
+        messages = [([buffer], torch.bfloat16)]
+    else:  # the bf16 copy first: the fp32 message divides the buffer in place
+        messages = ([(low, torch.bfloat16)] if low else []) + [([buffer], torch.float32)]
+    sent = [(tensors, _packed(tensors, dtype)) for tensors, dtype in messages]
+    futures = [torch_dist.all_reduce(message, async_op=True).get_future() for _, message in sent]
+
+    def unpack(_) -> torch.Tensor:
+        # Chained on the last future, waiting for the others inside, as torch's PowerSGD hook waits inside its
+        # callbacks: a CUDA future's callback runs on a stream that waits for its work, and wait() adds the others'
+        # (rather than torch.futures.collect_all, whose future need not carry CUDA streams).
+        for future in futures[:-1]:
+            future.wait()
+        for tensors, message in sent:
+            _unpack(tensors, message)
+        return buffer
+    return futures[-1].then(unpack)
+
+
+def _packed(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """`tensors` as one message in `dtype`, divided by the world size so that the ranks' sum is their average: a
+    tensor alone in that dtype is sent itself, in place; else a copy."""
+    message = (tensors[0] if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])).to(dtype)
+    return message.div_(torch_dist.get_world_size())
+
+
+def _unpack(tensors: list[torch.Tensor], message: torch.Tensor) -> None:
+    """Copy what `message` brought back into `tensors` (nothing to do where they were sent in place)."""
+    if message is not tensors[0]:
+        for t, part in zip(tensors, message.reshape(-1).split([t.numel() for t in tensors])):
+            t.copy_(part.view_as(t))
 
 
 def autocast(dist: Dist, dtype: str) -> ContextManager:

@@ -1,6 +1,6 @@
 """Record 46's speed pieces together through train.py (docs/PERFORMANCE.md, "Record 46's speed pieces"): two ranks
-under torchrun with Muon, the float8 head, Muon's math compiled, the gradients sent in bf16 and AdamW's apart from
-DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
+under torchrun with Muon, the float8 head, Muon's math compiled, the gradients sent in their weights' stored dtypes
+and AdamW's apart from DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
 tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together they train, and the run differs
 from the one without them.
 bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key.
@@ -14,7 +14,7 @@ import torch
 
 from tests.helpers import demo_data, torchrun, train_args, train_values
 
-PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=bfloat16",
+PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=storage",
           "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true",
           "--optim.bf16_storage=true"]
 MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
@@ -43,7 +43,7 @@ def test_the_pieces_train_together_and_change_the_run(runs):
     # the update (a lost gradient, a wrong scale) would leave the val loss nats apart, not a tenth
     assert abs(summaries["with"]["final_val_loss"] - summaries["without"]["final_val_loss"]) < 0.1
     config = (runs / "with" / "config.toml").read_text()
-    assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "bfloat16"',
+    assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "storage"',
                                            'adam_sync = "adam_steps"', "bf16_stream = true", "bf16_storage = true"])
     weights = {name: torch.load(runs / name / "checkpoint.pt", weights_only=True)["model"] for name in summaries}
     for name, table in [(name, weights[name][key]) for name in weights for key in ("wte.weight", "lm_head.weight")]:

@@ -1,7 +1,8 @@
 """train.adam_sync = "adam_steps" (record 46's: AdamW's gradients cross the ranks on AdamW's steps only), on 2 gloo
 ranks: DDP leaves AdamW's parameters alone, each rank holds its own sum of their gradients between AdamW's steps,
 and sync_apart averages it as DDP averages its buckets (each rank's share divided by the world size, then summed,
-in the wire's dtype); a train.py run killed while its ranks hold gradients of their own resumes exactly.
+in the wire's dtype: under "storage" bf16 for the bf16-stored tables, fp32 for the rest); a train.py run killed
+while its ranks hold gradients of their own resumes exactly.
 
 The comparisons are exact on any machine: every gradient compared is computed by the same code in processes alike
 (torchrun's workers, one thread each: tests/conftest.py), and halving and a sum of two values are one rounding
@@ -31,21 +32,27 @@ def average(g0: torch.Tensor, g1: torch.Tensor, wire: str) -> torch.Tensor:
     return (g0.bfloat16().float() / 2 + g1.bfloat16().float() / 2).bfloat16().float()
 
 
-@pytest.mark.parametrize("wire", ["float32", "bfloat16"])
-def test_adamw_gradients_stay_each_ranks_own_until_adamw_steps_then_cross_as_ddp_would_send_them(two_ranks, wire):
-    local, ranks = two_ranks["local"], two_ranks[wire]
+@pytest.mark.parametrize("reduce_dtype", ["float32", "bfloat16", "storage"])
+def test_adamw_gradients_stay_each_ranks_own_until_adamw_steps_then_cross_as_ddp_would_send_them(two_ranks,
+                                                                                                  reduce_dtype):
+    local, ranks, stored = two_ranks["local"], two_ranks[reduce_dtype], set(two_ranks["stored"])
     names = set(ranks[0]["apart"])
     assert {"wte.weight", "skip_lambda", "backout_lambda"} <= names and ranks[0]["muon"]
     assert not names & ranks[0]["muon"].keys() and ranks[0]["marked"]
+    assert "wte.weight" in stored and not stored & ranks[0]["muon"].keys()  # the Muon matrices: fp32 under storage
+
+    def wire(n: str) -> str:
+        return reduce_dtype if reduce_dtype != "storage" else "bfloat16" if n in stored else "float32"
     for n in names:
         for rank, got in enumerate(ranks):  # the first step's backward: no AdamW step, nothing sent
             assert torch.equal(got["held"][n], local[rank][0][n]), n
         assert not torch.equal(ranks[0]["held"][n], ranks[1]["held"][n]) or not local[0][0][n].any(), n
         sums = [local[r][0][n] + local[r][1][n] for r in range(2)]  # what each rank adds up over the two steps
-        assert torch.equal(ranks[0]["synced"][n], average(*sums, wire)), n
+        assert torch.equal(ranks[0]["synced"][n], average(*sums, wire(n))), n
         assert torch.equal(ranks[1]["synced"][n], ranks[0]["synced"][n]), n
     for n, g in ranks[0]["muon"].items():  # DDP's own, at every backward
-        assert torch.equal(g, average(local[0][1][n], local[1][1][n], wire)) and torch.equal(g, ranks[1]["muon"][n]), n
+        expected = average(local[0][1][n], local[1][1][n], wire(n))
+        assert torch.equal(g, expected) and torch.equal(g, ranks[1]["muon"][n]), n
 
 
 def test_a_run_killed_while_its_ranks_hold_their_own_gradients_resumes_exactly(tmp_path):

@@ -1,7 +1,8 @@
 """train.reduce_dtype = "bfloat16": on 2 gloo ranks, DDP (two micro-steps, the first unsynced) and FSDP2 send the
 gradients in bf16 while each rank adds up its micro-steps in fp32, a non-finite gradient still reaches the norm,
 and a short run trains as the fp32 one does, within what bf16 rounding explains. Under optim.bf16_storage the
-bf16-stored weights' micro-steps add up in bf16 on each rank, and DDP's fp32 wire averages those bf16 sums.
+bf16-stored weights' micro-steps add up in bf16 on each rank, and DDP's fp32 wire averages those bf16 sums; under
+reduce_dtype = "storage" DDP's wire averages them in bf16 and every other gradient in fp32, whatever shares a bucket.
 
 Where the bound comes from: bf16 keeps 8 significant bits, so rounding moves x by at most u |x|, u = 2^-8.
 DDP's hook rounds each rank's fp32 sum g_r, halves it (exact), and gloo rounds the sum of the two halves; so
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, final_val_loss, tiny_args, tiny_data, torchrun, train_values
-from trainer.config import parse_args
+from trainer.config import ConfigError, parse_args
 
 U = 2.0 ** -8  # bf16's unit roundoff
 
@@ -73,6 +74,32 @@ def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micr
         bound = 2.0 ** -22 * sum(r[name].double().abs() for r in ranks)  # the fp32 average's rounding, and room
         assert ((got[name].double() - mean).abs() <= bound).all(), name
         assert torch.equal(got[name], plain[name]) == (name not in stored), name
+
+
+@pytest.mark.parametrize("variant, kinds", [("storage", [(False, True)]), ("storage_each", [(False,), (True,)])])
+def test_the_storage_wire_sends_the_bf16_stored_weights_sums_in_bf16_and_the_rest_in_fp32(two_ranks, variant, kinds):
+    """One bucket holding both kinds (the tiny model's, under parallelize), and a bucket for each parameter: the
+    stored weights' bf16 sums averaged as the bf16 wire rounds them, every other gradient bit-equal to the fp32
+    wire's."""
+    stored = set(two_ranks["stored"])
+    got, plain = two_ranks["synced"]["ddp", variant], two_ranks["synced"]["ddp", "float32"]
+    assert two_ranks["buckets"][variant] == kinds and got.keys() == plain.keys()
+    r0, r1 = [summed([{name: g.bfloat16() for name, g in grads.items() if name in stored} for grads in micro])
+              for micro in two_ranks["local"]["ddp"]]
+    for name in got:
+        expected = as_the_wire_rounds(r0[name].float(), r1[name].float()) if name in stored else plain[name]
+        assert torch.equal(got[name], expected), name
+    assert not all(torch.equal(got[name], plain[name]) for name in stored)
+
+
+def test_the_storage_wire_needs_ddp_and_bf16_storage():
+    args = ["--config", "configs/tiny.toml", "--data.train=x", "--train.reduce_dtype=storage"]
+    with pytest.raises(ConfigError, match="it needs train.parallel = 'ddp' .got 'ddp'. and optim.bf16_storage = "
+                                          "true .got false: without it every weight is stored in fp32"):
+        parse_args(args)
+    with pytest.raises(ConfigError, match="train.parallel = 'ddp' .got 'fsdp'."):
+        parse_args([*args, "--optim.bf16_storage=true", "--train.parallel=fsdp"])
+    assert parse_args([*args, "--optim.bf16_storage=true"]).train.reduce_dtype == "storage"
 
 
 def test_under_bf16_storage_fsdp2_rounds_the_ranks_average_as_it_joins_the_sharded_grad(two_ranks):

@@ -1,11 +1,12 @@
 """torchrun worker for tests/trainer/test_adam_sync.py: train.adam_sync = "adam_steps" under DDP on gloo, two steps
-of optim.adam_every = 2 with each train.reduce_dtype.
+of optim.adam_every = 2 with each train.reduce_dtype ("storage": the bf16-stored tables in bf16, the rest in fp32).
 
 usage: torchrun --nproc_per_node=2 tests/workers/adam_sync_worker.py OUT.pt
 Rank 0 saves, per reduce_dtype, every rank's gradients: "local" (each backward in a plain model: what the rank
 adds up), "held" (after the first step's backward, which AdamW does not take), "muon" (the Muon matrices' after the
 second backward, which DDP synced), "synced" (AdamW's after the second step's sync_apart), "apart" (the names
-of AdamW's parameters) and "marked" (whether each is marked for torch.compile's DDPOptimizer to leave out).
+of AdamW's parameters) and "marked" (whether each is marked for torch.compile's DDPOptimizer to leave out); and
+"stored", the names of the bf16-stored weights.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import torch
 
 from model import get_model
+from optim.bf16_storage import stored_in_bf16
 from optim.config import OptimConfig
 from optim.groups import adamw_params
 from tests.helpers import save_on_rank_0
@@ -81,8 +83,11 @@ def two_steps(reduce_dtype: str, dist: Dist) -> dict:
 
 def main(out: str) -> None:
     dist = distributed.init(60)
-    results: dict = {"local": [local(r) for r in range(dist.world_size)]}
-    for reduce_dtype in ("float32", "bfloat16"):
+    gpt = get_model(CONFIG)
+    stored = set(stored_in_bf16(gpt))
+    results: dict = {"local": [local(r) for r in range(dist.world_size)],
+                     "stored": [name for name, p in gpt.named_parameters() if p in stored]}
+    for reduce_dtype in ("float32", "bfloat16", "storage"):
         mine = two_steps(reduce_dtype, dist)
         everyone = [None] * dist.world_size
         torch.distributed.all_gather_object(everyone, mine)

@@ -1,18 +1,21 @@
 """torchrun worker for tests/trainer/test_reduce_dtype.py: the gradients DDP and FSDP2 sync under each
-train.reduce_dtype, on gloo, beside every rank's own fp32 gradients of each micro-step; and those both sync in fp32
-when optim.bf16_storage adds up the bf16-stored weights' gradients in bf16.
+train.reduce_dtype, on gloo, beside every rank's own fp32 gradients of each micro-step; those both sync in fp32
+when optim.bf16_storage adds up the bf16-stored weights' gradients in bf16; and DDP's under reduce_dtype = "storage",
+in one bucket for all and in a bucket for each parameter.
 
 usage: torchrun --nproc_per_node=W tests/workers/reduce_worker.py OUT.pt
-Rank 0 saves {"synced": {(case, reduce_dtype or "bf16_storage"): full synced gradients}, "local": {case: [each
-rank's [each micro-step's fp32 gradients]]}, "stored": the names of the bf16-stored weights, "nan_norm": the DDP
-bf16 gradient norm when one rank's loss is nan}. DDP takes two micro-steps (the first under no_sync), FSDP2 one
-(train.reduce_dtype = "bfloat16" refuses its accumulation).
+Rank 0 saves {"synced": {(case, reduce_dtype, "bf16_storage" or "storage_each"): full synced gradients}, "local":
+{case: [each rank's [each micro-step's fp32 gradients]]}, "stored": the names of the bf16-stored weights,
+"nan_norm": the DDP bf16 gradient norm when one rank's loss is nan, "buckets": {"storage" or "storage_each": the
+kinds of bucket the hook met, each the sorted set of whether its parameters cross in bf16}}. DDP takes two
+micro-steps (the first under no_sync), FSDP2 one (train.reduce_dtype = "bfloat16" refuses its accumulation).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import get_model
 from optim.bf16_storage import add_in_bf16, stored_in_bf16
@@ -22,10 +25,22 @@ from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.exits import exiting_without_teardown
-from trainer.parallel import parallelize
+from trainer import parallel
+from trainer.parallel import ParallelModel, parallelize
 
 MICRO_STEPS = {"ddp": 2, "fsdp": 1}
 ROWS = 2  # sequences per micro-step per rank
+BUCKETS: list[tuple[bool, ...]] = []  # each bucket the hook of reduce_dtype = "storage" met
+by_dtype = parallel._all_reduce_by_dtype
+
+
+def recorded(bf16_wire, bucket):
+    """parallel's hook, noting first which parameters share the bucket (parallelize looks it up at its call)."""
+    BUCKETS.append(tuple(sorted({id(p) in bf16_wire for p in bucket.parameters()})))
+    return by_dtype(bf16_wire, bucket)
+
+
+parallel._all_reduce_by_dtype = recorded
 
 
 def micro_batches(rank: int, micro_steps: int) -> list[torch.Tensor]:
@@ -41,16 +56,28 @@ def full(grad: torch.Tensor) -> torch.Tensor:
     return (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().clone()
 
 
-def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False,
-           bf16_sums: bool = False) -> tuple[dict, torch.Tensor]:
+def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False, bf16_sums: bool = False,
+           bucket_each: bool = False) -> tuple[dict, torch.Tensor]:
     """(the gradients after one step's micro-steps and their sync, their norm from clip_grads) under `case`
     (ddp or fsdp) and `reduce_dtype`; with `poison`, rank 1's loss is nan; with `bf16_sums`, the bf16-stored
-    weights' gradients add up as under optim.bf16_storage."""
+    weights' gradients add up as under optim.bf16_storage; with `bucket_each`, DDP's buckets hold one parameter
+    each (reduce_dtype = "storage")."""
     torch.manual_seed(0)
-    model = parallelize(get_model(GPT_CONFIG), TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
-    for weight in stored_in_bf16(model.module) if bf16_sums else []:
+    gpt = get_model(GPT_CONFIG)
+    if bucket_each:  # a cap below any parameter's bytes: each closes its bucket
+        ddp = DDP(gpt, bucket_cap_mb=1e-6, gradient_as_bucket_view=True)
+        ddp.register_comm_hook(frozenset(map(id, stored_in_bf16(gpt))), parallel._all_reduce_by_dtype)
+        model = ParallelModel(gpt, ddp, sharded=False, master=dist.master)
+        # DDP starts with every parameter in one bucket and cuts them by the cap after its first synced backward
+        idx = micro_batches(dist.rank, 1)[0]
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        gpt.zero_grad(set_to_none=True)
+        BUCKETS.clear()
+    else:
+        model = parallelize(gpt, TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
+    for weight in stored_in_bf16(gpt) if bf16_sums else []:
         add_in_bf16(weight)
-    model.module.set_progress(0.0)
+    gpt.set_progress(0.0)
     batches = micro_batches(dist.rank, MICRO_STEPS[case])
     for micro, idx in enumerate(batches):
         with model.grad_sync(micro == len(batches) - 1):
@@ -82,6 +109,11 @@ def main(out: str) -> None:
             results["synced"][case, reduce_dtype] = synced(case, reduce_dtype, dist)[0]
     for case in MICRO_STEPS:
         results["synced"][case, "bf16_storage"] = synced(case, "float32", dist, bf16_sums=True)[0]
+    results["buckets"] = {}
+    for variant, bucket_each in (("storage", False), ("storage_each", True)):
+        BUCKETS.clear()
+        results["synced"]["ddp", variant] = synced("ddp", "storage", dist, bf16_sums=True, bucket_each=bucket_each)[0]
+        results["buckets"][variant] = sorted(set(BUCKETS))
     model = get_model(GPT_CONFIG)
     stored = set(stored_in_bf16(model))
     results["stored"] = [name for name, p in model.named_parameters() if p in stored]
