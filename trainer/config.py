@@ -547,11 +547,14 @@ def validate(cfg: Config) -> None:
                           f"{micro_steps} micro-steps of a step in bf16, since FSDP2 accumulates unsynced gradients "
                           f"in its reduce dtype; use train.parallel = 'ddp' (it accumulates in fp32 and sends bf16), "
                           f"train.grad_accum = 1 without train.batch_stages, or train.reduce_dtype = 'float32'")
-    if train.reduce_dtype == "storage" and (train.parallel != "ddp" or not cfg.optim.bf16_storage):
+    if train.reduce_dtype == "storage" and train.parallel != "ddp":
         raise ConfigError(f"train.reduce_dtype = 'storage' sends each gradient in the dtype its weight is stored in, "
-                          f"through a hook on DDP's buckets: it needs train.parallel = 'ddp' (got {train.parallel!r}) "
-                          f"and optim.bf16_storage = true (got {str(cfg.optim.bf16_storage).lower()}: without it "
-                          f"every weight is stored in fp32); or set train.reduce_dtype = 'float32' or 'bfloat16'")
+                          f"through a hook on DDP's buckets, and train.parallel = {train.parallel!r} has none: set "
+                          f"train.parallel = 'ddp', or train.reduce_dtype = 'float32' or 'bfloat16'")
+    if train.reduce_dtype == "storage" and not cfg.optim.bf16_storage:
+        raise ConfigError("train.reduce_dtype = 'storage' sends each gradient in the dtype its weight is stored in, "
+                          "and without optim.bf16_storage every weight is stored in fp32: set optim.bf16_storage = "
+                          "true, or train.reduce_dtype = 'float32' or 'bfloat16'")
     if train.adam_sync == "adam_steps" and (train.parallel != "ddp" or cfg.optim.name != "muon"
                                             or cfg.optim.grad_clip > 0):
         raise ConfigError(f"train.adam_sync = 'adam_steps' sends AdamW's gradients apart from DDP's, while Muon steps: "

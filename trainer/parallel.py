@@ -218,7 +218,7 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
 
     kwargs = {}
     compute = torch.bfloat16 if dist.cuda and cfg.dtype == "bfloat16" else None  # None: the parameters' fp32
-    wire = getattr(torch, cfg.reduce_dtype)  # torch's names of the dtypes ("storage", DDP's only, is refused here)
+    wire = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.reduce_dtype]  # "storage": DDP's only
     if compute or wire != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=wire)
     # One FSDP unit per block, so only one block's full weights are gathered at a time. Each block is compiled
@@ -240,23 +240,25 @@ def _fully_shard(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | 
 def _all_reduce_by_dtype(bf16_wire, bucket):
     """DDP's all-reduce of one bucket, each gradient averaged in its wire's dtype: bf16 for the parameters whose
     ids are in `bf16_wire`, fp32 for the rest. A bucket of one dtype crosses whole (an fp32 one in place, as DDP's
-    own all-reduce; a bf16 one as torch's bf16_compress_hook sends it); a mixed one crosses whole in fp32 and its
-    bf16 gradients again in a message of their own, whose average replaces theirs: a few gates among the block
-    matrices cross twice, rather than the fp32 bulk being copied out. Unannotated: DDP compares a hook's
-    annotations with its own types, and this module's are strings."""
+    own all-reduce; a bf16 one as torch's bf16_compress_hook sends it); a mixed one in a message of each dtype, its
+    gradients copied out (an fp32 one alone sent in place): DDP's buckets can put a whole embedding table beside a
+    few fp32 scalars. Unannotated: DDP compares a hook's annotations with its own types, and this module's are
+    strings."""
     buffer, grads = bucket.buffer(), bucket.gradients()
-    low = [g for g, p in zip(grads, bucket.parameters()) if id(p) in bf16_wire]
-    if len(low) == len(grads):
-        messages = [([buffer], torch.bfloat16)]
-    else:  # the bf16 copy first: the fp32 message divides the buffer in place
-        messages = ([(low, torch.bfloat16)] if low else []) + [([buffer], torch.float32)]
+    low = [id(p) in bf16_wire for p in bucket.parameters()]
+    if all(low) or not any(low):
+        messages = [([buffer], torch.bfloat16 if all(low) else torch.float32)]
+    else:
+        messages = [([g for g, bf16 in zip(grads, low) if bf16 == wire], dtype)
+                    for wire, dtype in ((True, torch.bfloat16), (False, torch.float32))]
     sent = [(tensors, _packed(tensors, dtype)) for tensors, dtype in messages]
     futures = [torch_dist.all_reduce(message, async_op=True).get_future() for _, message in sent]
 
     def unpack(_) -> torch.Tensor:
         # Chained on the last future, waiting for the others inside, as torch's PowerSGD hook waits inside its
-        # callbacks: a CUDA future's callback runs on a stream that waits for its work, and wait() adds the others'
-        # (rather than torch.futures.collect_all, whose future need not carry CUDA streams).
+        # callbacks: a CUDA future's callback runs on a stream that waits for its work, and wait() adds the others'.
+        # torch.futures.collect_all's future holds no devices: neither a callback on it nor DDP's wait on its
+        # result would be ordered after the collectives on CUDA.
         for future in futures[:-1]:
             future.wait()
         for tensors, message in sent:

@@ -14,9 +14,10 @@ import torch
 
 from tests.helpers import demo_data, torchrun, train_args, train_values
 
+# the attention gates, bf16-stored and Muon's, share DDP's buckets with fp32 matrices: the storage wire's mixed case
 PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=storage",
           "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true",
-          "--optim.bf16_storage=true"]
+          "--optim.bf16_storage=true", "--model.attn_gate=true", "--optim.muon_gates=true"]
 MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
 
 

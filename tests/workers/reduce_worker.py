@@ -7,7 +7,8 @@ usage: torchrun --nproc_per_node=W tests/workers/reduce_worker.py OUT.pt
 Rank 0 saves {"synced": {(case, reduce_dtype, "bf16_storage" or "storage_each"): full synced gradients}, "local":
 {case: [each rank's [each micro-step's fp32 gradients]]}, "stored": the names of the bf16-stored weights,
 "nan_norm": the DDP bf16 gradient norm when one rank's loss is nan, "buckets": {"storage" or "storage_each": the
-kinds of bucket the hook met, each the sorted set of whether its parameters cross in bf16}}. DDP takes two
+kinds of bucket the hook met, each the sorted set of whether its parameters cross in bf16}, "sent": {the same
+variants: the bytes the hook's all-reduces sent}}. DDP takes two
 micro-steps (the first under no_sync), FSDP2 one (train.reduce_dtype = "bfloat16" refuses its accumulation).
 """
 from __future__ import annotations
@@ -41,6 +42,17 @@ def recorded(bf16_wire, bucket):
 
 
 parallel._all_reduce_by_dtype = recorded
+SENT: list[int] = []  # the bytes of each all-reduce the hook starts
+all_reduce = torch.distributed.all_reduce
+
+
+def counted(tensor: torch.Tensor, *args, **kwargs):
+    """torch.distributed.all_reduce, noting first the bytes it sends (parallel looks it up at each call)."""
+    SENT.append(tensor.numel() * tensor.element_size())
+    return all_reduce(tensor, *args, **kwargs)
+
+
+torch.distributed.all_reduce = counted
 
 
 def micro_batches(rank: int, micro_steps: int) -> list[torch.Tensor]:
@@ -73,6 +85,7 @@ def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False, bf16_
         model(idx[:, :-1], idx[:, 1:])[1].backward()
         gpt.zero_grad(set_to_none=True)
         BUCKETS.clear()
+        SENT.clear()
     else:
         model = parallelize(gpt, TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
     for weight in stored_in_bf16(gpt) if bf16_sums else []:
@@ -109,11 +122,12 @@ def main(out: str) -> None:
             results["synced"][case, reduce_dtype] = synced(case, reduce_dtype, dist)[0]
     for case in MICRO_STEPS:
         results["synced"][case, "bf16_storage"] = synced(case, "float32", dist, bf16_sums=True)[0]
-    results["buckets"] = {}
+    results["buckets"], results["sent"] = {}, {}
     for variant, bucket_each in (("storage", False), ("storage_each", True)):
         BUCKETS.clear()
+        SENT.clear()
         results["synced"]["ddp", variant] = synced("ddp", "storage", dist, bf16_sums=True, bucket_each=bucket_each)[0]
-        results["buckets"][variant] = sorted(set(BUCKETS))
+        results["buckets"][variant], results["sent"][variant] = sorted(set(BUCKETS)), sum(SENT)
     model = get_model(GPT_CONFIG)
     stored = set(stored_in_bf16(model))
     results["stored"] = [name for name, p in model.named_parameters() if p in stored]
