@@ -130,13 +130,13 @@ def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch
     seconds waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing
     in a step waits for the GPU.
 
-    Phases, in order: per micro-batch the data, then forward + backward; the gradient norm (and clipping);
-    the optimizer steps (each drops the gradients it applied: AdamW's wait for its step under optim.adam_every),
-    AdamW's last: under train.adam_sync = "adam_steps" its gradients cross the ranks while Muon steps.
-    Under model.untie_at the head follows the embedding until the untie: its gradient joins the embedding's before
+    Phases, in order: per micro-batch the data, then forward + backward (of the loss x Run.loss_scale); the
+    gradient norm (and clipping); the optimizer steps (each drops the gradients it applied: AdamW's wait for its
+    step under optim.adam_every), AdamW's last: under train.adam_sync = "adam_steps" its gradients cross the ranks
+    while Muon steps. Under model.untie_at the head follows the embedding until the untie: its gradient joins the embedding's before
     the norm, and it takes the embedding's weights after the optimizers. The flag exchange follows in train()."""
     step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
-    accum, dist = run.clock.micro_steps(step), run.dist
+    accum, dist, scale = run.clock.micro_steps(step), run.dist, run.loss_scale(step)
     run.loader.set_seq_len(seq_len or run.clock.seq_len(step))
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(step), step, run.cfg.train.steps)
@@ -148,7 +148,7 @@ def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch
         x, y = next(batches)
         with run.model.grad_sync(micro == accum - 1), autocast(dist, run.cfg.train.dtype):
             _, loss = run.model(x, y)
-            (loss / accum).backward()
+            (loss * (scale / accum)).backward()
         total += loss.detach()
 
     gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's

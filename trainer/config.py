@@ -86,6 +86,9 @@ class TrainConfig:
     # the progress at which the second, third, ... stage's LR multiplier takes over; [] = where its batch stage
     # starts. Record 46 raises its rate a little before its batch: [0.33, 0.66] against thirds
     batch_stage_lr_at: list[float] = field(default_factory=list)
+    # true: each step's mean loss is scaled by its batch stage's tokens over the first stage's, so that its gradient
+    # grows with the batch as a loss summed over the tokens does (record 46's, up to a constant: optim.eps there)
+    stage_loss_scale: bool = False
     parallel: Literal["ddp", "fsdp"] = "ddp"  # ignored in a single process
     # the dtype gradients are summed in across ranks (DDP's all-reduce, FSDP2's reduce-scatter); each rank still
     # adds up its micro-steps in fp32. "bfloat16" halves the bytes sent, rounding every gradient to bf16 on the way;
@@ -536,6 +539,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("train.batch_stage_rows = true lengthens each batch stage's rows, and train.batch_stages = "
                           "[] has no stages: give train.batch_stages (e.g. [1, 2, 3]) or set "
                           "train.batch_stage_rows = false")
+    if train.stage_loss_scale and not train.batch_stages:
+        raise ConfigError("train.stage_loss_scale = true scales each step's loss by its batch stage's tokens, and "
+                          "train.batch_stages = [] has one stage: give train.batch_stages (e.g. [1, 2, 3]) or set "
+                          "train.stage_loss_scale = false")
     if train.batch_stage_rows and cfg.data.shuffle:
         raise ConfigError("train.batch_stage_rows = true lengthens the rows stage by stage, and the shuffled stream's "
                           "slots have one length: set data.shuffle = false (the shards front to back), or "

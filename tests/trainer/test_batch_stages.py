@@ -1,12 +1,14 @@
 """The batch schedule (train.batch_stages, train.batch_stage_lr): the stage of each step under a step and a time
-schedule, its micro-steps and LR multiplier, the checks of the keys, and what a resume does with them."""
+schedule, its micro-steps and LR multiplier, the checks of the keys, and what a resume does with them; the loss
+scaled with the stage's tokens (train.stage_loss_scale) in a real run."""
 import dataclasses
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 import trainer.clock
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run, tiny_args, tiny_data, train_values
 from trainer.clock import Clock, lr_multiplier, stage_of
 from trainer.config import ConfigError, TrainConfig, check_resume, parse_args
 from trainer.resume import change_lines
@@ -180,3 +182,26 @@ def test_a_resume_refuses_a_change_of_where_the_stages_fall(key, value):
     saved = parse_args(base).to_dict()
     with pytest.raises(ConfigError, match=f"train.{key}: saved"):
         check_resume(saved, parse_args([*base, f"--train.{key}={value}"]), "runs/r")
+
+
+def test_the_stage_loss_scale_doubles_the_gradient_of_a_stage_twice_as_large(tmp_path):
+    """train.stage_loss_scale, as record 46's summed loss: a step of the second stage (twice the first's tokens)
+    backpropagates twice its mean loss. Against the run without the key, the first stage's steps are the same; the
+    second stage's first step, on the same weights and batch, has the same loss and exactly twice the gradient norm
+    (doubling is exact); AdamW's next steps differ, its moments having seen the smaller gradients."""
+    data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
+    common = ["--train.max_steps=6", "--train.batch_stages=[1, 2]", "--train.lr_warmup_frac=0", "--eval.every_s=0"]
+    for run_id, extra in (("mean", []), ("scaled", ["--train.stage_loss_scale=true"])):
+        run([sys.executable, *tiny_args(data, runs, run_id, *common, *extra)])
+    (mean, scaled), (mean_norm, scaled_norm) = ([train_values(runs / r, key) for r in ("mean", "scaled")]
+                                                for key in ("loss", "grad_norm"))
+    assert len(mean) == len(scaled) == 6  # steps 0-2 in the first stage, 3-5 in the second
+    assert mean[:4] == scaled[:4] and mean_norm[:3] == scaled_norm[:3]
+    assert scaled_norm[3] == 2 * mean_norm[3]
+    assert all(a != b for a, b in zip(mean[4:], scaled[4:]))
+
+
+def test_the_stage_loss_scale_needs_batch_stages():
+    with pytest.raises(ConfigError, match=r"train.stage_loss_scale = true scales each step's loss by its batch "
+                                          r"stage's tokens, and train.batch_stages = \[\] has one stage"):
+        parse_args(["--config", TINY, "--data.train=x", "--train.stage_loss_scale=true"])
