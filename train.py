@@ -133,8 +133,9 @@ def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch
     Phases, in order: per micro-batch the data, then forward + backward (of the loss x Run.loss_scale); the
     gradient norm (and clipping); the optimizer steps (each drops the gradients it applied: AdamW's wait for its
     step under optim.adam_every), AdamW's last: under train.adam_sync = "adam_steps" its gradients cross the ranks
-    while Muon steps. Under model.untie_at the head follows the embedding until the untie: its gradient joins the embedding's before
-    the norm, and it takes the embedding's weights after the optimizers. The flag exchange follows in train()."""
+    while Muon steps. Under model.untie_at the head follows the embedding until the untie: its gradient joins the
+    embedding's before the norm, and it takes the embedding's weights after the optimizers. The flag exchange
+    follows in train()."""
     step, gpt, adam_every = run.progress.step, run.model.module, run.cfg.optim.adam_every
     accum, dist, scale = run.clock.micro_steps(step), run.dist, run.loss_scale(step)
     run.loader.set_seq_len(seq_len or run.clock.seq_len(step))

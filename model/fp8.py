@@ -38,8 +38,9 @@ def head_scales(n_embd: int, rows: int) -> Scales:
 
     x: the final norm's output has RMS 1 per row, so no entry exceeds sqrt(n_embd), which maps to e4m3's largest,
     448. w: 2^-9 spans |w| <= 0.875. grad: a logit's gradient is at most 1 in the record's loss, a sum over the
-    tokens, and 1 / rows in ours, their mean: that maps to 448, and e5m2 holds values from 2^-24 of it (small
-    probabilities, the micro-steps' division) to 2^7 times it."""
+    tokens, and 1 / rows in ours, their mean (k / rows in batch stage k under train.stage_loss_scale): that maps
+    to 448, and e5m2 holds values from 2^-24 of it (small probabilities, the micro-steps' division) to 2^7 times
+    it."""
     return Scales(x=math.sqrt(n_embd) / 448, w=2.0 ** -9, grad=1.0 / (448 * rows))
 
 

@@ -155,6 +155,12 @@ class TrainConfig:
         """Training tokens of a step in each batch stage, over `world_size` ranks."""
         return [world_size * self.batch_size * micro_steps * row for micro_steps, row in self.stage_shapes()]
 
+    def loss_scales(self) -> list[float]:
+        """What each batch stage's mean loss is multiplied by before its backward: under stage_loss_scale its
+        tokens over the first stage's (a loss summed over the tokens, record 46's, grows so), else 1."""
+        tokens = self.tokens_by_stage(1)
+        return [t / tokens[0] if self.stage_loss_scale else 1.0 for t in tokens]
+
     @property
     def longest_row(self) -> int:
         """The longest row any stage trains on."""

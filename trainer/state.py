@@ -66,12 +66,8 @@ class Run:
         return self.cfg.train.tokens_by_stage(self.dist.world_size)
 
     def loss_scale(self, step: int) -> float:
-        """What step `step`'s mean loss is multiplied by before its backward: under train.stage_loss_scale its
-        batch stage's tokens over the first stage's (record 46's summed loss grows so with the batch), else 1."""
-        if not self.cfg.train.stage_loss_scale:
-            return 1.0
-        tokens = self.tokens_by_stage()
-        return tokens[self.clock.stage(step)] / tokens[0]
+        """What step `step`'s mean loss is multiplied by before its backward (TrainConfig.loss_scales)."""
+        return self.cfg.train.loss_scales()[self.clock.stage(step)]
 
     @property
     def tokens_per_step(self) -> int:

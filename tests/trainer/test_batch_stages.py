@@ -184,13 +184,27 @@ def test_a_resume_refuses_a_change_of_where_the_stages_fall(key, value):
         check_resume(saved, parse_args([*base, f"--train.{key}={value}"]), "runs/r")
 
 
-def test_the_stage_loss_scale_doubles_the_gradient_of_a_stage_twice_as_large(tmp_path):
-    """train.stage_loss_scale, as record 46's summed loss: a step of the second stage (twice the first's tokens)
-    backpropagates twice its mean loss. Against the run without the key, the first stage's steps are the same; the
-    second stage's first step, on the same weights and batch, has the same loss and exactly twice the gradient norm
-    (doubling is exact); AdamW's next steps differ, its moments having seen the smaller gradients."""
+@pytest.mark.parametrize("stages, rows, scales", [
+    ([1, 2, 3], False, [1.0, 2.0, 3.0]), ([1, 2, 3], True, [1.0, 2.0, 3.0]), ([2, 3], True, [1.0, 1.5]),
+    ([2, 3], False, [1.0, 1.5]), ([1, 2, 2, 1], True, [1.0, 2.0, 2.0, 1.0])])
+def test_the_stage_loss_scale_is_each_stages_tokens_over_the_first_stages(stages, rows, scales):
+    """More micro-steps (rows = false) or longer rows (true): the tokens decide, not the micro-steps or the stage."""
+    cfg = TrainConfig(grad_accum=8, seq_len=64, batch_stages=stages, batch_stage_rows=rows)
+    assert cfg.loss_scales() == [1.0] * len(stages)  # the key off
+    assert dataclasses.replace(cfg, stage_loss_scale=True).loss_scales() == scales
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_the_stage_loss_scale_doubles_the_gradient_of_a_stage_twice_as_large(tmp_path, rows):
+    """train.stage_loss_scale, as record 46's summed loss: a step of the second stage (twice the first's tokens, in
+    twice the micro-steps or in rows twice as long) backpropagates twice its mean loss. Against the run without the
+    key, the first stage's steps are the same; the second stage's first step, on the same weights and batch, has the
+    same loss and exactly twice the gradient norm (doubling is exact); AdamW's next steps differ, its moments
+    having seen the smaller gradients."""
     data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
     common = ["--train.max_steps=6", "--train.batch_stages=[1, 2]", "--train.lr_warmup_frac=0", "--eval.every_s=0"]
+    if rows:
+        common += ["--train.batch_stage_rows=true", "--data.shuffle=false", "--model.block_size=128"]
     for run_id, extra in (("mean", []), ("scaled", ["--train.stage_loss_scale=true"])):
         run([sys.executable, *tiny_args(data, runs, run_id, *common, *extra)])
     (mean, scaled), (mean_norm, scaled_norm) = ([train_values(runs / r, key) for r in ("mean", "scaled")]
