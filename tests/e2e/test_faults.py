@@ -7,6 +7,7 @@ a whole job killed and started again by hand in test_train.py (test_resume_after
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -121,7 +122,10 @@ def test_a_killed_rank_restarts_and_repeats_the_uninterrupted_run(shards, tmp_pa
                                 extra=("--max-restarts=1",)), env={"DIE_RANK": "1", "PYTHONPATH": str(ROOT)})
     run_dir = tmp_path / "killed"
     out = finish(killed)
-    assert killed.returncode == 0 and "failed (exitcode: -9) local_rank: 1" in out, out[-5000:]
+    # the agent names the first rank it finds dead: rank 1, SIGKILLed, or rank 0, aborted (SIGABRT) by gloo when the
+    # connection to rank 1 broke, if both were gone by its poll (a fresh Intel clone, 2026-12-07)
+    assert killed.returncode == 0 and re.search(r"failed \(exitcode: (-9\) local_rank: 1|-6\) local_rank: 0)", out), \
+        out[-5000:]
     assert finish(whole) and whole.returncode == 0
     resumed_at = [line for line in (run_dir / "log.txt").read_text().splitlines() if "resumed at step" in line]
     assert len(resumed_at) == 1 and resumed_at[0].endswith("resumed at step 6"), resumed_at
