@@ -85,8 +85,9 @@ def exiting_without_teardown() -> Iterator[None]:
     atexit functions (wandb's, logging's) and end the process with its status at once, skipping the interpreter's
     finalization and C++'s static destructors. There, after a finished run, torch's gloo threads occasionally
     met a half-destroyed runtime: "terminate called without an active exception", SIGABRT, a run that had
-    printed "done" exiting 134. Any other exception propagates as usual, with its traceback, unless it arose
-    while an Interrupted unwound."""
+    printed "done" exiting 134; so did a rank whose collective failed when its peer died. An uncaught error ends
+    the same way, with Python's own traceback and status 1; a KeyboardInterrupt or the like propagates as usual,
+    and an error that arose while an Interrupted unwound ends with the interruption's 130 alone."""
     try:
         yield
     except SystemExit as e:
@@ -94,9 +95,13 @@ def exiting_without_teardown() -> Iterator[None]:
             print(e.code, file=sys.stderr)
         status = e.code if isinstance(e.code, int) else int(e.code is not None)
     except BaseException as e:
-        if not _unwinding_an_interruption(e):
+        if _unwinding_an_interruption(e):
+            status = 130  # the interruption's status and its one line, without the cleanup's traceback
+        elif isinstance(e, Exception):
+            sys.excepthook(type(e), e, e.__traceback__)
+            status = 1
+        else:
             raise
-        status = 130  # the interruption's status and its one line, without the cleanup's traceback
     else:
         status = 0
     sys.stdout.flush()

@@ -91,12 +91,9 @@ def test_a_ctrl_c_in_the_middle_of_a_save_exits_130_with_its_line_alone(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("ending, status, err", [("pass", 0, ""), ("raise SystemExit(3)", 3, ""),
-                                                ("raise SystemExit('train.py: bad key')", 1, "train.py: bad key\n")])
-def test_a_process_ends_with_its_status_after_its_atexit_functions_and_skips_finalization(ending, status, err):
-    """What a run's exit status rests on: after the atexit functions (wandb's, logging's) nothing of the
-    interpreter's finalization runs, where gloo's threads met a half-destroyed runtime (SIGABRT after "done").
-    A global's __del__ stands for it: finalization would call it."""
+def ending_with(ending: str) -> subprocess.CompletedProcess:
+    """A process that prints "ran" and ends by `ending` under exiting_without_teardown, with an atexit function
+    and a global whose __del__ stands for the interpreter's finalization (it would call it)."""
     code = f"""if True:
         import atexit, os
         from trainer.exits import exiting_without_teardown
@@ -111,5 +108,22 @@ def test_a_process_ends_with_its_status_after_its_atexit_functions_and_skips_fin
             print("ran")
             {ending}
     """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("ending, status, err", [("pass", 0, ""), ("raise SystemExit(3)", 3, ""),
+                                                ("raise SystemExit('train.py: bad key')", 1, "train.py: bad key\n")])
+def test_a_process_ends_with_its_status_after_its_atexit_functions_and_skips_finalization(ending, status, err):
+    """What a run's exit status rests on: after the atexit functions (wandb's, logging's) nothing of the
+    interpreter's finalization runs, where gloo's threads met a half-destroyed runtime (SIGABRT after "done")."""
+    proc = ending_with(ending)
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, "ran\natexit\n", err)
+
+
+def test_an_uncaught_error_prints_its_traceback_and_ends_1_without_finalization():
+    """As Python reports it, ended as above: a rank whose collective failed when its peer died (gloo's "Connection
+    reset by peer") met the same SIGABRT in finalization, torchrun's exitcode -6."""
+    proc = ending_with("raise ValueError('no such shard')")
+    assert (proc.returncode, proc.stdout) == (1, "ran\natexit\n")
+    assert proc.stderr.startswith("Traceback (most recent call last):") and proc.stderr.endswith(
+        "ValueError: no such shard\n"), proc.stderr
