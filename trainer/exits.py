@@ -98,7 +98,14 @@ def exiting_without_teardown() -> Iterator[None]:
         if _unwinding_an_interruption(e):
             status = 130  # the interruption's status and its one line, without the cleanup's traceback
         elif isinstance(e, Exception):
-            sys.excepthook(type(e), e, e.__traceback__)
+            tb = e.__traceback__
+            if tb is not None and tb.tb_frame is sys._getframe():  # from the raise down: not this `yield`
+                tb = e.__traceback__ = tb.tb_next
+            try:
+                sys.excepthook(type(e), e, tb)  # wandb's hook marks its run failed
+            except BaseException:  # noqa: BLE001 - a hook that fails: Python's own, as the interpreter falls back
+                with contextlib.suppress(BaseException):
+                    sys.__excepthook__(type(e), e, tb)
             status = 1
         else:
             raise

@@ -95,7 +95,7 @@ def ending_with(ending: str) -> subprocess.CompletedProcess:
     """A process that prints "ran" and ends by `ending` under exiting_without_teardown, with an atexit function
     and a global whose __del__ stands for the interpreter's finalization (it would call it)."""
     code = f"""if True:
-        import atexit, os
+        import atexit, os, sys
         from trainer.exits import exiting_without_teardown
 
         class Finalized:
@@ -127,3 +127,16 @@ def test_an_uncaught_error_prints_its_traceback_and_ends_1_without_finalization(
     assert (proc.returncode, proc.stdout) == (1, "ran\natexit\n")
     assert proc.stderr.startswith("Traceback (most recent call last):") and proc.stderr.endswith(
         "ValueError: no such shard\n"), proc.stderr
+    assert "exits.py" not in proc.stderr  # the traceback starts where the error rose, as Python's own
+    # through the hook in place (wandb's marks its run failed), and Python's own where that hook fails
+    hooked = ending_with("sys.excepthook = lambda *a: os.write(2, b'hooked\\n'); raise ValueError('x')")
+    assert (hooked.returncode, hooked.stdout, hooked.stderr) == (1, "ran\natexit\n", "hooked\n")
+    broken = ending_with("sys.excepthook = lambda *a: 1 / 0; raise ValueError('no such shard')")
+    assert (broken.returncode, broken.stdout) == (1, "ran\natexit\n")
+    assert broken.stderr.endswith("ValueError: no such shard\n"), broken.stderr
+
+
+def test_a_keyboard_interrupt_outside_an_interruption_propagates_as_python_ends_it():
+    proc = ending_with("raise KeyboardInterrupt")
+    assert proc.returncode != 0 and proc.stdout == "ran\natexit\nfinalized\n"
+    assert proc.stderr.endswith("KeyboardInterrupt\n"), proc.stderr
