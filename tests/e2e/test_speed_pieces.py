@@ -1,8 +1,8 @@
 """Record 46's speed pieces together through train.py (docs/PERFORMANCE.md, "Record 46's speed pieces"): two ranks
 under torchrun with Muon, the float8 head, Muon's math compiled, the gradients sent in their weights' stored dtypes
-and AdamW's apart from DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
-tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together they train, and the run differs
-from the one without them.
+and AdamW's apart from DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py,
+tests/optim/test_compiled.py, tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together
+they train, and the run differs from the one without them.
 bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key.
 So is the record's bf16 storage (optim.bf16_storage), a fidelity piece: the checkpoint's tables and head hold bf16
 values on both ranks' steps."""

@@ -60,15 +60,21 @@ def test_the_synced_gradient_is_the_fp32_average_rounded_as_the_bf16_wire_rounds
     assert changed > 0.9 * total  # nearly every fp32 average has bits below bf16's 8
 
 
+def bf16_sums(two_ranks: dict) -> list[dict[str, torch.Tensor]]:
+    """Each rank's DDP gradients as optim.bf16_storage leaves them for the wire: the stored weights' micro-steps
+    rounded and added in bf16 tensors, as the record's .grad adds them; the rest in fp32."""
+    stored = set(two_ranks["stored"])
+    return [summed([{name: g.bfloat16() if name in stored else g for name, g in grads.items()} for grads in micro])
+            for micro in two_ranks["local"]["ddp"]]
+
+
 def test_under_bf16_storage_ddp_averages_each_ranks_bf16_sum_of_its_rounded_micro_steps(two_ranks):
     """The tables' gradients (the head tied to the token table): on each rank both micro-steps rounded to bf16 and
     added in bf16 before the wire, the two ranks' sums averaged in fp32; the rest as without it."""
     stored = set(two_ranks["stored"])
     got, plain = two_ranks["synced"]["ddp", "bf16_storage"], two_ranks["synced"]["ddp", "float32"]
     assert {"wte.weight", "wpe.weight"} == stored and got.keys() == plain.keys()
-    # each rank's .grad as DDP sends it: bf16 tensors add as the record's .grad does
-    ranks = [summed([{name: g.bfloat16() if name in stored else g for name, g in grads.items()} for grads in micro])
-             for micro in two_ranks["local"]["ddp"]]
+    ranks = bf16_sums(two_ranks)
     for name in got:
         mean = sum(r[name].double() for r in ranks) / 2
         bound = 2.0 ** -22 * sum(r[name].double().abs() for r in ranks)  # the fp32 average's rounding, and room
@@ -84,8 +90,7 @@ def test_the_storage_wire_sends_the_bf16_stored_weights_sums_in_bf16_and_the_res
     stored = set(two_ranks["stored"])
     got, plain = two_ranks["synced"]["ddp", variant], two_ranks["synced"]["ddp", "float32"]
     assert two_ranks["buckets"][variant] == kinds and got.keys() == plain.keys()
-    r0, r1 = [summed([{name: g.bfloat16() for name, g in grads.items() if name in stored} for grads in micro])
-              for micro in two_ranks["local"]["ddp"]]
+    r0, r1 = bf16_sums(two_ranks)
     for name in got:
         expected = as_the_wire_rounds(r0[name].float(), r1[name].float()) if name in stored else plain[name]
         assert torch.equal(got[name], expected), name

@@ -8,8 +8,8 @@ Rank 0 saves {"synced": {(case, reduce_dtype, "bf16_storage" or "storage_each"):
 {case: [each rank's [each micro-step's fp32 gradients]]}, "stored": the names of the bf16-stored weights,
 "nan_norm": the DDP bf16 gradient norm when one rank's loss is nan, "buckets": {"storage" or "storage_each": the
 kinds of bucket the hook met, each the sorted set of whether its parameters cross in bf16}, "sent": {the same
-variants: the bytes the hook's all-reduces sent}}. DDP takes two
-micro-steps (the first under no_sync), FSDP2 one (train.reduce_dtype = "bfloat16" refuses its accumulation).
+variants: the bytes the hook's all-reduces sent}}. DDP takes two micro-steps (the first under no_sync), FSDP2 one
+(train.reduce_dtype = "bfloat16" refuses its accumulation).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def synced(case: str, reduce_dtype: str, dist: Dist, poison: bool = False, bf16_
         SENT.clear()
     else:
         model = parallelize(gpt, TrainConfig(parallel=case, reduce_dtype=reduce_dtype), dist)
-    for weight in stored_in_bf16(gpt) if bf16_sums else []:
+    for weight in stored_in_bf16(gpt) if bf16_sums else []:  # after FSDP2, whose shards are new parameters
         add_in_bf16(weight)
     gpt.set_progress(0.0)
     batches = micro_batches(dist.rank, MICRO_STEPS[case])
