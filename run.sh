@@ -53,8 +53,9 @@ USAGE
 }
 
 # Create or reuse the virtualenv and install requirements once (again only when they change). A machine whose
-# Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch and the packages beside it. A wheel
-# folder (bash run.sh wheels, for a node without network) is installed from with no index, its own list of lines.
+# Python already has torch >= 2.6 (a GPU node with CUDA torch) keeps that torch, the Triton it came with and the
+# packages beside it. A wheel folder (bash run.sh wheels, for a node without network) is installed from with no
+# index, its own list of lines.
 setup_env() {
   local base=${PYTHON:-python3} req=requirements.txt keep_torch want pth from=()
   if [ -f "$WHEELS/requirements.txt" ]; then req=$WHEELS/requirements.txt; from=(--no-index --find-links "$WHEELS"); fi
@@ -74,7 +75,7 @@ setup_env() {
       echo "run.sh: $VENV has no pip (its creation failed or was interrupted; on Debian/Ubuntu install" \
         "python3-venv); delete $VENV and run again" >&2; exit 1; }
     if [ "$keep_torch" = 1 ]; then
-      grep -v '^torch[=<>~ ]' "$req" > "$VENV/requirements.notorch.txt"
+      grep -Ev '^(torch|triton)[=<>~ ;]' "$req" > "$VENV/requirements.notorch.txt"
       req=$VENV/requirements.notorch.txt
     fi
     "$PY" -m pip install -q --disable-pip-version-check "${from[@]}" -r "$req"

@@ -60,7 +60,7 @@ from trainer.evaluate import eval_and_record  # noqa: E402
 from trainer.flags import Flags  # noqa: E402
 from trainer.memory import check_memory  # noqa: E402
 from trainer.metrics import open_log  # noqa: E402
-from trainer.parallel import autocast, check_compiler, parallelize  # noqa: E402
+from trainer.parallel import autocast, check_kernels, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 from trainer.report import done_line, log_step, summarize  # noqa: E402
 from trainer.resume import RunFinished, default_run_id, open_run_folder, restore_run, resume_command  # noqa: E402
@@ -93,7 +93,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     t0 = time.perf_counter()
     files, val_files, meta = resolve_data(cfg)
     check_memory(cfg, dist)  # a config that cannot fit is refused here, not killed by the OS at its first step
-    check_compiler(cfg, dist.device)
+    check_kernels(cfg, dist.device)
     prefixes = prefix_targets(cfg, meta) if cfg.model.prefix_weight else None  # the tokenizer's, before the folder
     if val_files:
         val_loader(cfg, dist, val_files)  # a val set too small for eval.tokens fails now, not after training

@@ -39,6 +39,7 @@ class OptimConfig:
     muon_gates: bool = False  # muon: the attention and smear gates' weights are Muon's matrices, not AdamW's scalars
     muon_qk_pairs: bool = False  # muon: orthogonalise each pair of adjacent heads of Q and of K apart (V whole)
     muon_compile: bool = False  # muon: its math between the collectives under torch.compile (optim/compiled.py)
+    muon_symmetric: bool = False  # muon: Newton-Schulz's symmetric products by a Triton kernel (optim/symmetric.py)
     adam_every: int = 1  # AdamW steps every N steps, on the sum of their gradients (records: 2); Muon every step
     # record 46's bf16 storage: the tables', head's and gates' weights and gradients, and AdamW's moments, rounded
     # to bf16 around each step (optim/bf16_storage.py)
@@ -67,9 +68,10 @@ class OptimConfig:
             raise ValueError(f"optim config: adam_every={self.adam_every} with grad_clip={self.grad_clip}: the clip "
                              "would scale AdamW's held gradients again at every step that holds them; set "
                              "grad_clip = 0 or adam_every = 1")
-        if self.muon_compile and self.name != "muon":
-            raise ValueError(f"optim config: muon_compile = true compiles Muon, which name={self.name!r} does not "
-                             "use; set name = 'muon' or muon_compile = false")
+        for key in ("muon_compile", "muon_symmetric"):
+            if getattr(self, key) and self.name != "muon":
+                raise ValueError(f"optim config: {key} = true is a Muon option, which name={self.name!r} does not "
+                                 f"use; set name = 'muon' or {key} = false")
         if not 0 <= self.muon_momentum_start < 1:
             raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
                              "e.g. 0.85")

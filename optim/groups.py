@@ -119,7 +119,8 @@ def _optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimize
     muon = Muon([g for g in groups if g["params"]], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                 weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr,
                 ns_coefficients=cfg.ns_coefficients, cautious_wd=cfg.muon_cautious_wd, normuon=cfg.normuon,
-                normuon_beta2=cfg.normuon_beta2, wd_lr_squared=cfg.muon_wd_lr_squared, compile=cfg.muon_compile)
+                normuon_beta2=cfg.normuon_beta2, wd_lr_squared=cfg.muon_wd_lr_squared, compile=cfg.muon_compile,
+                symmetric=cfg.muon_symmetric)
     for g in muon.param_groups:
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
                  momentum_warmup_steps=cfg.muon_momentum_warmup_steps,

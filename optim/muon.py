@@ -42,6 +42,7 @@ from torch import Tensor
 
 from torch.distributed.tensor import DTensor, Shard
 
+from optim.symmetric import unavailable
 from optim.compiled import chosen
 from optim.normuon import moment_size, normalize
 from optim.views import Split, blocks, view_rows
@@ -72,9 +73,11 @@ def ns_dtype(device: torch.device) -> torch.dtype:
 
 
 class Iteration(NamedTuple):
-    """How a group's updates are orthogonalised: the number of steps and whose quintic coefficients."""
+    """How a group's updates are orthogonalised: the number of steps, whose quintic coefficients, and whether the
+    two symmetric products go to optim/symmetric.py's kernel."""
     steps: int = 5
     coefficients: str = "newton_schulz"  # or "polar_express"
+    symmetric: bool = False
 
 
 def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
@@ -89,11 +92,12 @@ def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, fl
     raise ValueError(f"Muon ns_coefficients={coefficients!r}; use 'newton_schulz' or 'polar_express'")
 
 
-def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz", eps: float = 1e-7,
-                  dtype: torch.dtype | None = None) -> Tensor:
+def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz", symmetric: bool = False,
+                  eps: float = 1e-7, dtype: torch.dtype | None = None) -> Tensor:
     """Approximately orthogonalise a matrix, or each matrix of a [..., rows, cols] stack (a random one ends with
     singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device), by the quintic
-    iteration X <- a X + (b A + c A^2) X, A = X X^T, with `coefficients`' (a, b, c) per step."""
+    iteration X <- a X + (b A + c A^2) X, A = X X^T, with `coefficients`' (a, b, c) per step; `symmetric`: A and
+    b A + c A^2 by optim/symmetric.py's kernel, which computes half of each."""
     safety, schedule = quintics(coefficients, steps)
     x = g.to(dtype or ns_dtype(g.device)).reshape(-1, *g.shape[-2:])
     wide = x.size(-2) <= x.size(-1)
@@ -102,10 +106,14 @@ def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz"
     # Frobenius norm >= spectral norm, so every singular value starts in (0, 1], where the iteration converges.
     x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety).clamp(min=eps)
     for a, b, c in schedule:
-        gram = x @ x.mT
-        # addmm rounds to bf16 once per product-and-sum, not once per product and once per sum, a smaller error
-        # against fp64; baddbmm is its batched form.
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        if symmetric:  # A A^T = A^2: A is symmetric
+            gram = torch.ops.shardrun.symmetric_product(x, 1.0, None, 0.0)
+            poly = torch.ops.shardrun.symmetric_product(gram, c, gram, b)
+        else:
+            gram = x @ x.mT
+            # addmm rounds to bf16 once per product-and-sum, not once per product and once per sum, a smaller error
+            # against fp64; baddbmm is its batched form (the kernel rounds once too).
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, poly, x, beta=a)
     return (x if wide else x.mT).contiguous().view(g.shape)
 
@@ -378,21 +386,27 @@ class Muon(torch.optim.Optimizer):
     `wd_lr_squared`: the decay times lr / initial_lr (initial_lr: the group's base rate, lr at construction);
     `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py (`normuon_columns`: the
     neurons are the views' columns, whatever their shape).
-    `compile` (for all groups): the math between the collectives under torch.compile (optim/compiled.py)."""
+    `compile` (for all groups): the math between the collectives under torch.compile (optim/compiled.py);
+    `symmetric` (for all groups): Newton-Schulz's symmetric products by optim/symmetric.py's Triton kernel."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, adjust_lr: str = "original", split: Split = 1,
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
-                 wd_lr_squared: bool = False, normuon_columns: bool = False, compile: bool = False):
+                 wd_lr_squared: bool = False, normuon_columns: bool = False, compile: bool = False,
+                 symmetric: bool = False):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         self.compile = compile
+        self.symmetric = symmetric
         self._scalars_on_device: Tensor | None = None  # _scalars' device copy when compiled
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
                                       cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2,
                                       wd_lr_squared=wd_lr_squared, normuon_columns=normuon_columns))
+        reason = unavailable(self.param_groups[0]["params"][0].device) if symmetric else None
+        if reason:
+            raise ValueError(f"Muon symmetric=True: {reason}")
         for group in self.param_groups:
             group.setdefault("initial_lr", group["lr"])
             quintics(group["ns_coefficients"], group["ns_steps"])  # an unknown name or too few steps fail here
@@ -418,7 +432,7 @@ class Muon(torch.optim.Optimizer):
                                                  [_local(p.grad) for p in params], momenta)
         dtype = self.ns_dtype or ns_dtype(params[0].device)
         done = _orthogonalize(params, updates, [g["split"] for _, g in work],
-                              [Iteration(g["ns_steps"], g["ns_coefficients"]) for _, g in work], dtype,
+                              [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric) for _, g in work], dtype,
                               chosen(newton_schulz, self.compile))
         done = self._normuon(work, done)
         chosen(apply_updates, self.compile)(

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     have, without = names(args.have), names(args.without)
     if not args.torch:
-        have.add("torch")
+        have |= {"torch", "triton"}  # CUDA torch brings the Triton it was built with
     lines = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
     requirements = [line for line in lines if line and not line.startswith("#")]
     wanted = [line for line in requirements if project(line) not in without]
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in dropped:  # a dependency the node has: its own copy is used there
         p.unlink()
     (out / "requirements.txt").write_text("".join(f"{line.split('#')[0].strip()}\n" for line in wanted
-                                                  if project(line) != "torch" or args.torch))
+                                                  if project(line) not in {"torch", "triton"} or args.torch))
     manifest.unlink()
     wheels = sorted(out.glob("*.whl"))
     size = sum(p.stat().st_size for p in wheels)

@@ -4,7 +4,8 @@ Inductor's cache too: its key leaves out ATEN_CPU_CAPABILITY, so kernels another
 loaded under avx2 (SIGSEGV) and default (a compile error), and two suites side by side shared one folder.
 
 Set at import time, before any test module imports torch: intra-op threads chosen after torch starts
-are ignored, and two spinning threads per process on a 2-core machine slowed the suite 5x.
+are ignored, and two spinning threads per process on a 2-core machine slowed the suite 5x. Triton's kernels
+(optim/symmetric.py) run in its interpreter, on CPU tensors: it reads TRITON_INTERPRET when a kernel is defined.
 """
 import os
 import tempfile
@@ -22,6 +23,7 @@ os.environ.update({
     "WANDB_DIR": os.path.join(_CACHE, "wandb"),
     "OMP_NUM_THREADS": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "TRITON_INTERPRET": "1",
 })
 
 import pytest  # noqa: E402

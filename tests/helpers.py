@@ -210,7 +210,8 @@ def gpt2_bpe() -> Path:
 
 
 # A stock PyTorch GPU image's Python: these packages (and what they need), and nothing else of requirements.txt
-STOCK_IMAGE = ("torch", "numpy", "tiktoken", "tqdm", "scipy", "matplotlib", "pyarrow", "huggingface_hub",
+# (triton: CUDA torch's own dependency, which the CPU build here lacks)
+STOCK_IMAGE = ("torch", "triton", "numpy", "tiktoken", "tqdm", "scipy", "matplotlib", "pyarrow", "huggingface_hub",
                "safetensors", "pytest", "pip")
 
 

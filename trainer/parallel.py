@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from optim.bf16_storage import stored_in_bf16
+from optim.symmetric import unavailable
 from trainer.config import Config, ConfigError, TrainConfig
 from trainer.distributed import Dist
 
@@ -157,13 +158,18 @@ def cannot_compile() -> str | None:
     return reason
 
 
-def check_compiler(cfg: Config, device: torch.device) -> None:
-    """Refuse train.compile or optim.muon_compile on a CPU where inductor cannot build its kernels: else the
-    first step would fail inside inductor, with its traceback."""
+def check_kernels(cfg: Config, device: torch.device) -> None:
+    """Refuse the keys whose kernels cannot be built here, else the first step would fail inside them with their
+    traceback: train.compile or optim.muon_compile on a CPU where inductor cannot build its kernels,
+    optim.muon_symmetric where Triton cannot run its kernel."""
     keys = cfg.compiled_keys
     reason = compiler_missing() if keys and device.type == "cpu" else None
     if reason:
         raise ConfigError(f"{keys[0]} on CPU: {reason}, or set " + " ".join(f"--{key}=false" for key in keys))
+    reason = unavailable(device) if cfg.optim.muon_symmetric else None
+    if reason:
+        raise ConfigError(f"optim.muon_symmetric = true: optim/symmetric.py's Triton kernel cannot run here: "
+                          f"{reason}; or set --optim.muon_symmetric=false")
 
 
 def parallelize(model: nn.Module, cfg: TrainConfig, dist: Dist, backend: str | Callable = "inductor",

@@ -26,13 +26,22 @@ fp8   model/fp8.py's fp8_matmul (model.fp8_head) at the speedrun's head on one G
       (F.linear under bf16 autocast, as the model runs it without the key). CUDA's _scaled_mm wants its first
       operand row-major, its second column-major and sizes that are multiples of 16; the CPU's does not check:
       on CPU, 128 rows of 64 and a vocabulary of 256, the same code.
+symmetric  optim/symmetric.py's Triton kernel (optim.muon_symmetric) at the shapes Muon's Newton-Schulz meets in a
+      step of configs/speedrun_1gpu.toml (its matrices and views, wide, stacked by shape), in bf16: the Gram matrix
+      X X^T of normalised X and Polar Express's first b A + c A^2 against float64, each passing where its error is
+      at most twice the plain bf16 matmul's (X @ X^T, baddbmm) plus one bf16 step; and the milliseconds of the
+      five-step Polar Express of every stack, with the kernel and without, eager (as Muon runs it by default).
+      On CPU, in Triton's interpreter (TRITON_INTERPRET=1, set by --cpu), fp32, two small stacks.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -41,7 +50,9 @@ import torch.nn.functional as F
 
 from data.loader import TokenLoader
 from model.fp8 import fp8_matmul, fp8_matmul_bounds, head_scales
+from model.gpt import GPT
 from model.masks import attention_mask, flex_attention, flex_block_mask, flex_mask_mod
+from optim.views import blocks
 from trainer import ROOT
 from util.atomic import write_json
 from trainer.config import parse_args as parse_train_args
@@ -49,6 +60,7 @@ from trainer.config import parse_args as parse_train_args
 RING_BATCHES = 200
 FLEX_MAX_T = 4096
 FP8_CPU_SHAPE = (128, 64, 256)  # rows, width, vocabulary: multiples of 16, as CUDA's _scaled_mm needs
+SYMMETRIC_CPU_STACKS = {(48, 80): 2, (70, 100): 1}  # (rows, columns): matrices; 70 rows: two tiles
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
 
 
@@ -239,6 +251,67 @@ def fp8_errors(matmul: Callable, x, w, grad, bounds: dict) -> dict:
     return {name: rel_error(got, bounds[name][0]) for name, got in results.items()}
 
 
+def muon_stacks(cfg) -> Counter:
+    """{(rows, columns): count}: the wide matrices Muon orthogonalises in a step of `cfg`'s model, by shape (views
+    of a fused parameter apart), as its batched Newton-Schulz calls meet them; the model is built on the meta
+    device, with no memory."""
+    from optim.groups import build_optimizers  # imports optim/symmetric.py: after main() chose the interpreter
+
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    optim = dataclasses.replace(cfg.optim, muon_symmetric=False, bf16_storage=False)  # no kernel, no hooks: shapes
+    stacks = Counter()
+    for group in build_optimizers(model, optim)[1].param_groups:
+        for p in group["params"]:
+            for b in blocks(p.shape, group["split"]):
+                stacks[tuple(sorted((b.rows, p.shape[1])))] += b.count
+    return stacks
+
+
+def symmetric_check(cfg, device: torch.device, cpu: bool) -> dict:
+    """The symmetric-product kernel against float64 and the plain matmuls, and Polar Express's time with it and
+    without (module docstring); `cfg` is configs/speedrun_1gpu.toml's."""
+    from optim.muon import newton_schulz
+    from optim.symmetric import unavailable
+
+    if reason := unavailable(device):
+        return {"status": f"n/a: {reason}"}
+    dtype = torch.float32 if cpu else torch.bfloat16
+    stacks = SYMMETRIC_CPU_STACKS if cpu else muon_stacks(cfg)
+    gen = torch.Generator(device).manual_seed(0)
+    res: dict = {"dtype": str(dtype).removeprefix("torch."), "errors": {}, "ok": {}}
+    xs = {}
+    for (m, n), count in stacks.items():
+        x = torch.randn(count, m, n, device=device, generator=gen)
+        x = xs[m, n] = (x / x.norm(dim=(-2, -1), keepdim=True)).to(dtype)  # as Newton-Schulz starts
+        key = f"{count} x {m} x {n}"
+        res["errors"][key] = errors = symmetric_errors(x, torch.ops.shardrun.symmetric_product)
+        res["ok"][key] = all(errors[name] <= tolerance(errors[f"{name}_plain"]) for name in ("gram", "poly"))
+
+    def iterate(symmetric: bool) -> None:
+        for x in xs.values():
+            newton_schulz(x, 5, "polar_express", symmetric, dtype=dtype)
+    iterate(True)  # Triton compiles the kernel for each block size and form here, off the clock
+    res["ms"] = {name: 1000 * seconds_per_call(lambda s=symmetric: iterate(s), not cpu, repeat=3 if cpu else 20)
+                 for name, symmetric in (("matmul", False), ("symmetric", True))}
+    res["speedup"] = res["ms"]["matmul"] / res["ms"]["symmetric"]
+    return res
+
+
+def symmetric_errors(x: torch.Tensor, product: Callable) -> dict:
+    """rel_error of `product`'s X X^T and b A + c A^2 (A the plain matmul's X X^T, b and c Polar Express's first)
+    against float64, and of the plain matmuls' (X @ X^T, baddbmm)."""
+    from optim.muon import POLAR_EXPRESS_COEFFS
+
+    _, b, c = POLAR_EXPRESS_COEFFS[0]
+    gram = x.double() @ x.double().mT
+    a = x @ x.mT
+    poly = b * a.double() + c * a.double() @ a.double()
+    return {"gram": rel_error(product(x, 1.0, None, 0.0), gram), "gram_plain": rel_error(a, gram),
+            "poly": rel_error(product(a, c, a, b), poly),
+            "poly_plain": rel_error(torch.baddbmm(a, a, a, beta=b, alpha=c), poly)}
+
+
 def hold_back_copies(device: torch.device) -> None:
     """Queue ~0.5 s of matmuls on the current stream (CUDA): the ring's copies queued after them must wait."""
     if device.type != "cuda":
@@ -284,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", type=Path, required=True, help="gpu_check's data folder (random/ and raw/)")
     p.add_argument("--cpu", action="store_true", help="tiny sizes on CPU")
     args = p.parse_args(argv)
+    if args.cpu:  # before optim/symmetric.py's kernel is defined: Triton reads it then
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("gpu_check.kernels: no CUDA device; use --cpu")
     device = torch.device("cpu" if args.cpu else "cuda")
@@ -302,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.out, res)
     one_gpu = parse_train_args(["--config", str(ROOT / "configs" / "speedrun_1gpu.toml")])
     res["fp8"] = guarded(fp8_check, one_gpu, device, args.cpu)
+    write_json(args.out, res)
+    res["symmetric"] = guarded(symmetric_check, one_gpu, device, args.cpu)
     write_json(args.out, res)
 
 

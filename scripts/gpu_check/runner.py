@@ -18,7 +18,8 @@ it ran out:
                model, vocabulary and shapes are the speedrun's, so it loads the speedrun's compiled graphs
     kernels    scripts/gpu_check/kernels.py: FlexAttention vs SDPA in bf16 (output and gradients, head size 128,
                document mask + window), its backward's compile, the pinned loader ring vs the CPU path, and the
-               FP8 head's matmul (model.fp8_head) against float64, eager and compiled, and its speed against bf16's
+               FP8 head's matmul (model.fp8_head) against float64, eager and compiled, and its speed against bf16's;
+               the symmetric-product kernel (optim.muon_symmetric) against float64, and Polar Express with it
     hackathon  configs/hackathon_32gpu.toml (its model and per-GPU batch) on random raw chunks
 The training checks save no checkpoint (train.save_checkpoint = false): that is not what they measure. They run
 train.py under scripts/gpu_check/probe.py, which times the phases of ~30 real steps with CUDA events

@@ -168,7 +168,8 @@ def kernel_verdicts(row: dict, cpu: bool) -> list[dict]:
         out.append(line("kernels", what, "PASS" if ok else "FAIL",
                         f"{r['batches'] - r['mismatches']}/{r['batches']} equal, state {state}"
                         + (" (CPU vs CPU, all held)" if cpu else ""), "byte for byte"))
-    return out + flex_verdicts(k.get("flex"), status, cpu) + fp8_verdicts(k.get("fp8"), status, cpu)
+    return (out + flex_verdicts(k.get("flex"), status, cpu) + fp8_verdicts(k.get("fp8"), status, cpu)
+            + symmetric_verdicts(k.get("symmetric"), status, cpu))
 
 
 def not_run(result: dict | None, what: str, status: str) -> dict | None:
@@ -227,6 +228,25 @@ def fp8_verdicts(fp8: dict | None, status: str, cpu: bool) -> list[dict]:
                     f"{ms['fp8']:.2f} ms eager, {fmt(ms.get('fp8_compiled'), '.2f')} compiled "
                     f"({fp8['compile_s']:.1f} s to compile) vs bf16 {ms['bf16']:.2f} ms: "
                     f"{fp8['speedup']:.2f} x bf16's speed",
+                    "measured: the key's gain"))
+    return out
+
+
+def symmetric_verdicts(sym: dict | None, status: str, cpu: bool) -> list[dict]:
+    """The symmetric-product kernel against float64 at each of Muon's stacks, within twice the plain matmul's error
+    and a bf16 step, and Polar Express's time with it against without (a measurement, no threshold)."""
+    if (missing := not_run(sym, "symmetric products = float64 (optim/symmetric.py)", status)) is not None:
+        return [missing]
+    out = []
+    for stack, errs in sym["errors"].items():
+        out.append(line("kernels", f"symmetric products = float64, {stack} ({sym['dtype']})",
+                        "PASS" if sym["ok"][stack] else "FAIL",
+                        f"X X^T {errs['gram']:.4f} (matmul {errs['gram_plain']:.4f}), b A + c A^2 {errs['poly']:.4f} "
+                        f"(baddbmm {errs['poly_plain']:.4f})", "<= 2 x the matmul's + 2^-8"))
+    ms = sym["ms"]
+    out.append(line("kernels", "Polar Express of every stack, with the kernel vs without",
+                    "n/a on CPU (interpreter)" if cpu else "info",
+                    f"{ms['symmetric']:.2f} vs {ms['matmul']:.2f} ms: {sym['speedup']:.2f} x, eager",
                     "measured: the key's gain"))
     return out
 

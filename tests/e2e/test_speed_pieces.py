@@ -1,12 +1,14 @@
 """Record 46's speed pieces together through train.py (docs/PERFORMANCE.md, "Record 46's speed pieces"): two ranks
-under torchrun with Muon, the float8 head, Muon's math compiled, the gradients sent in their weights' stored dtypes
-and AdamW's apart from DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py,
-tests/optim/test_compiled.py, tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together
+under torchrun with Muon, the float8 head, Muon's math compiled with its symmetric products in our Triton kernel (in
+Triton's interpreter here: tests/conftest.py), the gradients sent in their weights' stored dtypes and AdamW's apart
+from DDP's, each piece tested alone elsewhere, what each does (tests/model/test_fp8.py, tests/optim/test_compiled.py,
+tests/optim/test_symmetric.py, tests/trainer/test_reduce_dtype.py, tests/trainer/test_adam_sync.py). Here: together
 they train, and the run differs from the one without them.
 bf16_stream is on too: a CPU run has no autocast, so it is the config's combination that is checked, not the key.
 So is the record's bf16 storage (optim.bf16_storage), a fidelity piece: the checkpoint's tables and head hold bf16
 values on both ranks' steps."""
 import json
+from importlib.util import find_spec
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from tests.helpers import demo_data, torchrun, train_args, train_values
 
 # the attention gates, bf16-stored and Muon's, share DDP's buckets with fp32 matrices: the storage wire's mixed case
 PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_dtype=storage",
+          *(["--optim.muon_symmetric=true"] if find_spec("triton") else []),
           "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true",
           "--optim.bf16_storage=true", "--model.attn_gate=true", "--optim.muon_gates=true"]
 MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048"]
@@ -46,6 +49,7 @@ def test_the_pieces_train_together_and_change_the_run(runs):
     config = (runs / "with" / "config.toml").read_text()
     assert all(line in config for line in ["fp8_head = true", "muon_compile = true", 'reduce_dtype = "storage"',
                                            'adam_sync = "adam_steps"', "bf16_stream = true", "bf16_storage = true"])
+    assert ("muon_symmetric = true" in config) == bool(find_spec("triton"))
     weights = {name: torch.load(runs / name / "checkpoint.pt", weights_only=True)["model"] for name in summaries}
     for name, table in [(name, weights[name][key]) for name in weights for key in ("wte.weight", "lm_head.weight")]:
         assert torch.equal(table, table.bfloat16().float()) == (name == "with"), name

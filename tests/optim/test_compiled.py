@@ -73,9 +73,10 @@ def test_the_key_reaches_muon_and_needs_it():
     model = get_model(dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
     assert [getattr(o, "compile", None) for o in build_optimizers(model, OptimConfig(name="muon"))] == [None, False]
     assert build_optimizers(model, OptimConfig(name="muon", muon_compile=True))[1].compile
-    with pytest.raises(ValueError, match="^optim config: muon_compile = true compiles Muon, which name='adamw' does "
-                                         "not use; set name = 'muon' or muon_compile = false$"):
-        OptimConfig(muon_compile=True)
+    for key in ("muon_compile", "muon_symmetric"):
+        with pytest.raises(ValueError, match=f"^optim config: {key} = true is a Muon option, which name='adamw' "
+                                             f"does not use; set name = 'muon' or {key} = false$"):
+            OptimConfig(**{key: True})
 
 
 @pytest.fixture(scope="module")

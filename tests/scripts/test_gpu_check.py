@@ -10,6 +10,7 @@ import sys
 import time
 import tomllib
 import warnings
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,9 @@ def test_cpu_rehearsal_runs_every_check_on_a_stock_image_from_a_wheel_folder(tmp
     # the float8 head's matmul ran its code path at a tiny shape, eager and compiled, and within its bound
     assert kernels["fp8"]["ok"] == {"eager": True, "compiled": True} and "fp8_compiled" in kernels["fp8"]["ms"]
     assert [v["verdict"] for v in res["verdicts"] if v["what"].startswith("FP8 head")] == ["PASS", "PASS", "n/a on CPU"]
+    # the symmetric kernel, in Triton's interpreter, at two small stacks
+    assert [v["verdict"] for v in res["verdicts"] if "symmetric" in v["what"] or "Polar" in v["what"]] == (
+        ["PASS", "PASS", "n/a on CPU (interpreter)"] if find_spec("triton") else ["n/a"])
     # what re-tuning the configs needs, and the record
     assert res["retune"]["speedrun"]["tokens_per_s"] > 0 and res["retune"]["hackathon"]["seq_len"] == 128
     assert json.loads((record / "gpu_check.json").read_text()) == res
@@ -227,28 +231,36 @@ def test_kernel_verdicts_fail_a_ring_mismatch_a_loose_kernel_and_an_error():
     fp8 = {"shape": {"rows": 16384, "width": 768, "vocab": 50304}, "bound": {"out": 0.2, "grad_x": 0.2, "grad_w": 0.2},
            "eager": errors, "compiled": errors, "ok": {"eager": True, "compiled": True}, "compile_s": 5.0,
            "ms": {"fp8": 4.0, "fp8_compiled": 3.0, "bf16": 6.0}, "speedup": 2.0}
+    stack = {"gram": 0.004, "gram_plain": 0.004, "poly": 0.005, "poly_plain": 0.004}
+    symmetric = {"dtype": "bfloat16", "errors": {"40 x 768 x 768": stack, "22 x 768 x 3072": stack},
+                 "ok": {"40 x 768 x 768": True, "22 x 768 x 3072": True}, "speedup": 1.2,
+                 "ms": {"matmul": 6.0, "symmetric": 5.0}}
 
     def kernel_lines(kernels: dict) -> list[str]:
         return [v["verdict"] for v in verdicts.kernel_verdicts({"status": "ok", "kernels": kernels}, cpu=False)]
 
-    fine = {"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex, "fp8": fp8}
-    assert kernel_lines(fine) == ["PASS"] * 8 + ["info"]
+    fine = {"ring_speedrun": ring, "ring_hackathon": ring, "flex": flex, "fp8": fp8, "symmetric": symmetric}
+    assert kernel_lines(fine) == ["PASS"] * 8 + ["info"] + ["PASS"] * 2 + ["info"]
     assert kernel_lines({**fine, "ring_speedrun": {**ring, "mismatches": 3}})[1] == "FAIL"
     loose = {**flex, "ok": {**flex["ok"], "dk": False}}
     assert kernel_lines({**fine, "flex": loose})[3:6] == ["PASS", "FAIL", "PASS"]
-    assert kernel_lines({**fine, "flex": {"error": "OutOfResources: shared memory"}})[3:] == ["FAIL", "PASS", "PASS",
-                                                                                              "info"]
+    assert kernel_lines({**fine, "flex": {"error": "OutOfResources: shared memory"}})[3:7] == ["FAIL", "PASS", "PASS",
+                                                                                               "info"]
     # the float8 head: a compiled result past its bound, a compile that raised (the eager lines stay), a check
     # that raised (a CUDA layout error)
-    assert kernel_lines({**fine, "fp8": {**fp8, "ok": {"eager": True, "compiled": False}}})[6:] == ["PASS", "FAIL",
-                                                                                                     "info"]
+    assert kernel_lines({**fine, "fp8": {**fp8, "ok": {"eager": True, "compiled": False}}})[6:9] == ["PASS", "FAIL",
+                                                                                                      "info"]
     assert kernel_lines({**fine, "fp8": {**fp8, "compiled": {"error": "BackendCompilerFailed: inductor"},
-                                         "ok": {"eager": True, "compiled": False}}})[6:] == ["PASS", "FAIL", "info"]
+                                         "ok": {"eager": True, "compiled": False}}})[6:9] == ["PASS", "FAIL", "info"]
     failed = verdicts.kernel_verdicts({"status": "ok", "kernels": {**fine, "fp8": {
-        "error": "RuntimeError: mat2 must be col_major"}}}, cpu=False)[6:]
+        "error": "RuntimeError: mat2 must be col_major"}}}, cpu=False)[6:7]
     assert [(v["verdict"], v["measured"]) for v in failed] == [("FAIL", "RuntimeError: mat2 must be col_major")]
+    # the symmetric kernel: one stack past its tolerance; a node without Triton
+    assert kernel_lines({**fine, "symmetric": {**symmetric, "ok": {**symmetric["ok"], "22 x 768 x 3072": False}}})[
+        9:] == ["PASS", "FAIL", "info"]
+    assert kernel_lines({**fine, "symmetric": {"status": "n/a: Triton is not installed"}})[9:] == ["n/a"]
     # a check stopped before a part: that part is a FAIL line, not a missing one
-    assert kernel_lines({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL", "FAIL"]
+    assert kernel_lines({"ring_speedrun": ring}) == ["PASS", "PASS", "FAIL", "FAIL", "FAIL", "FAIL"]
 
 
 def test_the_fp8_check_passes_the_float8_head_and_fails_a_result_off_by_more_than_its_rounding():
@@ -263,6 +275,30 @@ def test_the_fp8_check_passes_the_float8_head_and_fails_a_result_off_by_more_tha
     off = kernel_check.fp8_errors(lambda x, w: 1.5 * fp8_matmul(x, w, s), x, w, grad,
                                   fp8_matmul_bounds(x, w, grad, s))
     assert all(off[name] > res["bound"][name] for name in res["bound"]), (off, res["bound"])
+
+
+def test_the_symmetric_check_passes_the_kernel_and_its_errors_show_a_product_off_by_more_than_a_rounding():
+    """In Triton's interpreter at two small fp32 stacks; then the kernel's results with the tiles below the diagonal
+    off by 1% of the largest value."""
+    cfg = parse_train_args(["--config", "configs/speedrun_1gpu.toml"])
+    res = kernel_check.guarded(kernel_check.symmetric_check, cfg, torch.device("cpu"), True)
+    assert res["ok"] == {"2 x 48 x 80": True, "1 x 70 x 100": True}, res
+    assert set(res["ms"]) == {"matmul", "symmetric"} and res["speedup"] > 0
+    product = torch.ops.shardrun.symmetric_product
+
+    def off(x, alpha, c, beta):
+        out = product(x, alpha, c, beta)
+        return out + 0.01 * out.abs().amax() * torch.ones_like(out).tril(-1)
+    x = torch.randn(1, 70, 100, generator=torch.Generator().manual_seed(0))
+    errors = kernel_check.symmetric_errors(x / x.norm(), off)
+    assert all(errors[name] > kernel_check.tolerance(errors[f"{name}_plain"]) for name in ("gram", "poly")), errors
+
+
+def test_muon_stacks_are_the_speedrun_models_matrices_by_shape():
+    """Record 46's model: Q, K, V and the output projection [768, 768] in 10 blocks of attention, the MLP's fc and
+    proj in 11, the Muon-stepped attention gates, the smear gate."""
+    stacks = kernel_check.muon_stacks(parse_train_args(["--config", "configs/speedrun_1gpu.toml"]))
+    assert stacks == {(768, 768): 40, (768, 3072): 22, (6, 12): 10, (1, 12): 1}
 
 
 def test_compile_counts_see_a_graph_break_and_a_recompile():

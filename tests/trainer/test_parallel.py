@@ -62,7 +62,7 @@ def test_fsdp_compiles_the_blocks_and_the_head_and_loss(two_ranks):
 
 
 def test_inductor_on_cpu_needs_a_compiler_that_runs_and_pythons_c_headers(monkeypatch, tmp_path):
-    """What compiler_missing names (check_compiler's refusal, run.sh's eager run): CXX naming a folder, then a
+    """What compiler_missing names (check_kernels' refusal, run.sh's eager run): CXX naming a folder, then a
     Python without Python.h (Debian's without python3-dev)."""
     from torch._inductor import config as inductor_config
 
