@@ -87,7 +87,11 @@ def exiting_without_teardown() -> Iterator[None]:
     met a half-destroyed runtime: "terminate called without an active exception", SIGABRT, a run that had
     printed "done" exiting 134; so did a rank whose collective failed when its peer died. An uncaught error ends
     the same way, with Python's own traceback and status 1; a KeyboardInterrupt or the like propagates as usual,
-    and an error that arose while an Interrupted unwound ends with the interruption's 130 alone."""
+    and an error that arose while an Interrupted unwound ends with the interruption's 130 alone. Under `python -i`
+    nothing changes: Python's prompt follows, with the error for a post-mortem (pdb.pm())."""
+    if sys.flags.interactive:
+        yield
+        return
     try:
         yield
     except SystemExit as e:

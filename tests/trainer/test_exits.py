@@ -91,9 +91,10 @@ def test_a_ctrl_c_in_the_middle_of_a_save_exits_130_with_its_line_alone(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def ending_with(ending: str) -> subprocess.CompletedProcess:
+def ending_with(ending: str, prompt: str | None = None) -> subprocess.CompletedProcess:
     """A process that prints "ran" and ends by `ending` under exiting_without_teardown, with an atexit function
-    and a global whose __del__ stands for the interpreter's finalization (it would call it)."""
+    and a global whose __del__ stands for the interpreter's finalization (it would call it); with `prompt`,
+    under `python -i`, what is typed at its prompt."""
     code = f"""if True:
         import atexit, os, sys
         from trainer.exits import exiting_without_teardown
@@ -108,7 +109,9 @@ def ending_with(ending: str) -> subprocess.CompletedProcess:
             print("ran")
             {ending}
     """
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    interactive = ["-i"] if prompt is not None else []
+    return subprocess.run([sys.executable, *interactive, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, input=prompt)
 
 
 @pytest.mark.parametrize("ending, status, err", [("pass", 0, ""), ("raise SystemExit(3)", 3, ""),
@@ -134,6 +137,12 @@ def test_an_uncaught_error_prints_its_traceback_and_ends_1_without_finalization(
     broken = ending_with("sys.excepthook = lambda *a: 1 / 0; raise ValueError('no such shard')")
     assert (broken.returncode, broken.stdout) == (1, "ran\natexit\n")
     assert broken.stderr.endswith("ValueError: no such shard\n"), broken.stderr
+
+
+def test_under_python_i_an_error_reaches_the_prompt_for_a_post_mortem():
+    proc = ending_with("raise ValueError('no such shard')", prompt="import sys; print(repr(sys.last_value))\n")
+    assert proc.stdout.startswith("ran\nValueError('no such shard')\n"), proc.stdout
+    assert "Traceback (most recent call last):" in proc.stderr
 
 
 def test_a_keyboard_interrupt_outside_an_interruption_propagates_as_python_ends_it():
