@@ -42,9 +42,9 @@ from torch import Tensor
 
 from torch.distributed.tensor import DTensor, Shard
 
-from optim.symmetric import unavailable
 from optim.compiled import chosen
 from optim.normuon import moment_size, normalize
+from optim.symmetric import saves, unavailable
 from optim.views import Split, blocks, view_rows
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
@@ -97,7 +97,7 @@ def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz"
     """Approximately orthogonalise a matrix, or each matrix of a [..., rows, cols] stack (a random one ends with
     singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device), by the quintic
     iteration X <- a X + (b A + c A^2) X, A = X X^T, with `coefficients`' (a, b, c) per step; `symmetric`: A and
-    b A + c A^2 by optim/symmetric.py's kernel, which computes half of each."""
+    b A + c A^2 by optim/symmetric.py's kernel, which leaves out the tiles below the diagonal (where it saves any)."""
     safety, schedule = quintics(coefficients, steps)
     x = g.to(dtype or ns_dtype(g.device)).reshape(-1, *g.shape[-2:])
     wide = x.size(-2) <= x.size(-1)
@@ -105,6 +105,7 @@ def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz"
         x = x.mT
     # Frobenius norm >= spectral norm, so every singular value starts in (0, 1], where the iteration converges.
     x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety).clamp(min=eps)
+    symmetric = symmetric and saves(x.size(-2))
     for a, b, c in schedule:
         if symmetric:  # A A^T = A^2: A is symmetric
             gram = torch.ops.shardrun.symmetric_product(x, 1.0, None, 0.0)

@@ -27,11 +27,13 @@ fp8   model/fp8.py's fp8_matmul (model.fp8_head) at the speedrun's head on one G
       operand row-major, its second column-major and sizes that are multiples of 16; the CPU's does not check:
       on CPU, 128 rows of 64 and a vocabulary of 256, the same code.
 symmetric  optim/symmetric.py's Triton kernel (optim.muon_symmetric) at the shapes Muon's Newton-Schulz meets in a
-      step of configs/speedrun_1gpu.toml (its matrices and views, wide, stacked by shape), in bf16: the Gram matrix
-      X X^T of normalised X and Polar Express's first b A + c A^2 against float64, each passing where its error is
-      at most twice the plain bf16 matmul's (X @ X^T, baddbmm) plus one bf16 step; and the milliseconds of the
-      five-step Polar Express of every stack, with the kernel and without, eager (as Muon runs it by default).
-      On CPU, in Triton's interpreter (TRITON_INTERPRET=1, set by --cpu), fp32, two small stacks.
+      step of configs/speedrun_1gpu.toml and gives the kernel (its matrices and views, wide, stacked by shape; the
+      gates' are one tile, the plain matmuls'), in bf16, on X with singular values spread in (0, 1]: X X^T = A,
+      A A^T, Polar Express's first b A + c A^2 and its whole five steps against float64, each passing where its
+      error is at most twice the plain bf16 matmuls' (X @ X^T, A @ A^T, baddbmm, the iteration without the
+      kernel) plus one bf16 step; and the milliseconds of the five-step Polar Express of those stacks, with the
+      kernel and without, eager (as Muon runs it by default). On CPU, in Triton's interpreter (TRITON_INTERPRET=1,
+      set by --cpu), fp32, two small stacks.
 """
 from __future__ import annotations
 
@@ -55,12 +57,13 @@ from model.masks import attention_mask, flex_attention, flex_block_mask, flex_ma
 from optim.views import blocks
 from trainer import ROOT
 from util.atomic import write_json
-from trainer.config import parse_args as parse_train_args
+from trainer.config import Config, parse_args as parse_train_args
 
 RING_BATCHES = 200
 FLEX_MAX_T = 4096
 FP8_CPU_SHAPE = (128, 64, 256)  # rows, width, vocabulary: multiples of 16, as CUDA's _scaled_mm needs
-SYMMETRIC_CPU_STACKS = {(48, 80): 2, (70, 100): 1}  # (rows, columns): matrices; 70 rows: two tiles
+SYMMETRIC_CPU_STACKS = {(70, 100): 2, (130, 140): 1}  # (rows, columns): matrices; two and three tiles a side
+SYMMETRIC_ERRORS = ("gram", "square", "poly", "iteration")  # symmetric_check's, each against its plain twin's
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
 
 
@@ -251,7 +254,7 @@ def fp8_errors(matmul: Callable, x, w, grad, bounds: dict) -> dict:
     return {name: rel_error(got, bounds[name][0]) for name, got in results.items()}
 
 
-def muon_stacks(cfg) -> Counter:
+def muon_stacks(cfg: Config) -> Counter[tuple[int, int]]:
     """{(rows, columns): count}: the wide matrices Muon orthogonalises in a step of `cfg`'s model, by shape (views
     of a fused parameter apart), as its batched Newton-Schulz calls meet them; the model is built on the meta
     device, with no memory."""
@@ -268,11 +271,11 @@ def muon_stacks(cfg) -> Counter:
     return stacks
 
 
-def symmetric_check(cfg, device: torch.device, cpu: bool) -> dict:
+def symmetric_check(cfg: Config, device: torch.device, cpu: bool) -> dict:
     """The symmetric-product kernel against float64 and the plain matmuls, and Polar Express's time with it and
-    without (module docstring); `cfg` is configs/speedrun_1gpu.toml's."""
+    without, at the stacks where Newton-Schulz calls it (module docstring); `cfg` is configs/speedrun_1gpu.toml's."""
     from optim.muon import newton_schulz
-    from optim.symmetric import unavailable
+    from optim.symmetric import saves, unavailable
 
     if reason := unavailable(device):
         return {"status": f"n/a: {reason}"}
@@ -282,32 +285,39 @@ def symmetric_check(cfg, device: torch.device, cpu: bool) -> dict:
     res: dict = {"dtype": str(dtype).removeprefix("torch."), "errors": {}, "ok": {}}
     xs = {}
     for (m, n), count in stacks.items():
+        if not saves(m):
+            continue  # the plain matmuls' (the gates')
         x = torch.randn(count, m, n, device=device, generator=gen)
-        x = xs[m, n] = (x / x.norm(dim=(-2, -1), keepdim=True)).to(dtype)  # as Newton-Schulz starts
+        # singular values in (0, 1], spread as a gradient's: A's square then weighs as much as A in b A + c A^2
+        x = xs[m, n] = (x / torch.linalg.matrix_norm(x, ord=2)[:, None, None]).to(dtype)
+        errors = symmetric_errors(x, torch.ops.shardrun.symmetric_product)
+        want = newton_schulz(x.double(), 5, "polar_express", dtype=torch.float64)
+        errors.update({f"iteration{suffix}": rel_error(newton_schulz(x, 5, "polar_express", kernel, dtype=dtype), want)
+                       for suffix, kernel in (("", True), ("_plain", False))})
         key = f"{count} x {m} x {n}"
-        res["errors"][key] = errors = symmetric_errors(x, torch.ops.shardrun.symmetric_product)
-        res["ok"][key] = all(errors[name] <= tolerance(errors[f"{name}_plain"]) for name in ("gram", "poly"))
+        res["errors"][key] = errors
+        res["ok"][key] = all(errors[name] <= tolerance(errors[f"{name}_plain"]) for name in SYMMETRIC_ERRORS)
 
-    def iterate(symmetric: bool) -> None:
+    def iterate(kernel: bool) -> None:
         for x in xs.values():
-            newton_schulz(x, 5, "polar_express", symmetric, dtype=dtype)
-    iterate(True)  # Triton compiles the kernel for each block size and form here, off the clock
-    res["ms"] = {name: 1000 * seconds_per_call(lambda s=symmetric: iterate(s), not cpu, repeat=3 if cpu else 20)
-                 for name, symmetric in (("matmul", False), ("symmetric", True))}
+            newton_schulz(x, 5, "polar_express", kernel, dtype=dtype)
+    res["ms"] = {name: 1000 * seconds_per_call(lambda k=kernel: iterate(k), not cpu, repeat=3 if cpu else 20)
+                 for name, kernel in (("matmul", False), ("symmetric", True))}
     res["speedup"] = res["ms"]["matmul"] / res["ms"]["symmetric"]
     return res
 
 
 def symmetric_errors(x: torch.Tensor, product: Callable) -> dict:
-    """rel_error of `product`'s X X^T and b A + c A^2 (A the plain matmul's X X^T, b and c Polar Express's first)
-    against float64, and of the plain matmuls' (X @ X^T, baddbmm)."""
+    """rel_error against float64 of `product`'s X X^T = A, A A^T and b A + c A^2 (A `product`'s own, b and c Polar
+    Express's first), and of the plain matmuls' (X @ X^T, A @ A^T, baddbmm)."""
     from optim.muon import POLAR_EXPRESS_COEFFS
 
     _, b, c = POLAR_EXPRESS_COEFFS[0]
-    gram = x.double() @ x.double().mT
-    a = x @ x.mT
-    poly = b * a.double() + c * a.double() @ a.double()
-    return {"gram": rel_error(product(x, 1.0, None, 0.0), gram), "gram_plain": rel_error(a, gram),
+    a = product(x, 1.0, None, 0.0)
+    gram, a64 = x.double() @ x.double().mT, a.double()
+    square, poly = a64 @ a64.mT, b * a64 + c * a64 @ a64
+    return {"gram": rel_error(a, gram), "gram_plain": rel_error(x @ x.mT, gram),
+            "square": rel_error(product(a, 1.0, None, 0.0), square), "square_plain": rel_error(a @ a.mT, square),
             "poly": rel_error(product(a, c, a, b), poly),
             "poly_plain": rel_error(torch.baddbmm(a, a, a, beta=b, alpha=c), poly)}
 

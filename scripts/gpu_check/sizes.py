@@ -66,8 +66,9 @@ GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
                 # flex fwd+bwd compiled cold at 2 x 4,096 tokens, head 128 (~7 s); a float64 reference; 2 x 200
                 # loader batches (~5 s); imports ~10 s; the FP8 head's matmul at 16,384 x 768 @ 50,304, compiled
                 # fwd+bwd (~5 s), its float64 reference (~12 TFLOP) and 3 x 20 timed calls (~1 s); the symmetric
-                # kernel's Triton compiles (~4 forms, ~1 s each), float64 references (~0.2 TFLOP) and 2 x 20 Polar
-                # Expresses of Muon's stacks (~3 ms each); ~5 s margin (25.6 s measured before fp8 and symmetric)
+                # kernel's Triton compiles (2 forms at 768 rows, a few s), the spectral norms of 62 matrices, float64
+                # references (~1.5 TFLOP) and 2 x 20 Polar Expresses of Muon's stacks (~3 ms each); ~5 s margin
+                # (25.6 s measured before fp8 and symmetric)
                 "kernels": 45,
                 # cold compile of the 12-layer SDPA model fwd+bwd at 32 x 1,024 (~35 s after the speedrun's
                 # kernels are cached, ~45 s alone) and of its eval graph (~20 s); setup ~15 s; 3 warm-up steps +

@@ -233,16 +233,19 @@ def fp8_verdicts(fp8: dict | None, status: str, cpu: bool) -> list[dict]:
 
 
 def symmetric_verdicts(sym: dict | None, status: str, cpu: bool) -> list[dict]:
-    """The symmetric-product kernel against float64 at each of Muon's stacks, within twice the plain matmul's error
-    and a bf16 step, and Polar Express's time with it against without (a measurement, no threshold)."""
+    """The symmetric-product kernel against float64 at each of Muon's stacks it takes, within twice the plain
+    matmuls' error and a bf16 step, and Polar Express's time with it against without (a measurement, no
+    threshold)."""
     if (missing := not_run(sym, "symmetric products = float64 (optim/symmetric.py)", status)) is not None:
         return [missing]
     out = []
     for stack, errs in sym["errors"].items():
         out.append(line("kernels", f"symmetric products = float64, {stack} ({sym['dtype']})",
                         "PASS" if sym["ok"][stack] else "FAIL",
-                        f"X X^T {errs['gram']:.4f} (matmul {errs['gram_plain']:.4f}), b A + c A^2 {errs['poly']:.4f} "
-                        f"(baddbmm {errs['poly_plain']:.4f})", "<= 2 x the matmul's + 2^-8"))
+                        ", ".join(f"{what} {errs[name]:.4f} ({errs[name + '_plain']:.4f})" for name, what in
+                                  (("gram", "X X^T"), ("square", "A A^T"), ("poly", "b A + c A^2"),
+                                   ("iteration", "Polar Express"))),
+                        "<= 2 x the plain matmuls' (in brackets) + 2^-8"))
     ms = sym["ms"]
     out.append(line("kernels", "Polar Express of every stack, with the kernel vs without",
                     "n/a on CPU (interpreter)" if cpu else "info",

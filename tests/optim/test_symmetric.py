@@ -8,7 +8,7 @@ pytest.importorskip("triton", reason="optim.muon_symmetric's kernel needs Triton
 from optim.config import OptimConfig  # noqa: E402
 from optim.groups import build_optimizers  # noqa: E402
 from optim.muon import Muon, newton_schulz  # noqa: E402
-from optim.symmetric import unavailable  # noqa: E402
+from optim import symmetric  # noqa: E402
 from model import get_model  # noqa: E402
 from trainer.config import ConfigError, parse_args  # noqa: E402
 from trainer.parallel import check_kernels  # noqa: E402
@@ -20,9 +20,9 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want).abs().max() / want.abs().max()).item()
 
 
-# [batch, rows, inner]: one tile and a part of one; tiles of 16, 32, 64 and 128 rows with a ragged last tile and
-# ragged inner blocks; a stack of several
-SHAPES = [(1, 16, 16), (1, 20, 24), (2, 48, 80), (3, 130, 70), (1, 300, 40)]
+# [batch, rows, inner]: the speedrun's gates (a part of one 16-row tile, one row); one tile and a part of one; tiles
+# of 16, 32, 64 and 128 rows with a ragged last tile and ragged inner blocks; stacks of several
+SHAPES = [(10, 6, 12), (1, 1, 12), (1, 16, 16), (1, 20, 24), (2, 48, 80), (3, 130, 70), (1, 300, 40)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -39,25 +39,42 @@ def test_the_gram_matrix_and_its_polynomial_equal_float64(shape):
 
 def test_strided_operands_are_read_through_their_strides():
     """A tall matrix reaches the kernel transposed (a view), and the term added is read by its own strides."""
-    tall = torch.randn(2, 90, 40, generator=torch.Generator().manual_seed(1))
-    wide = tall.mT
+    tall = torch.randn(2, 140, 90, generator=torch.Generator().manual_seed(1))
+    wide = tall.mT  # 90 rows: two tiles, one mirrored
     assert not wide.is_contiguous()
     gram = wide.double() @ wide.double().mT
     assert relative(product(wide, 1.0, None, 0.0), gram) < 1e-6
-    c = torch.randn(2, 40, 40, generator=torch.Generator().manual_seed(2))
+    c = torch.randn(2, 90, 90, generator=torch.Generator().manual_seed(2))
     c = (c + c.mT).mT  # symmetric, transposed strides
     assert relative(product(wide, 1.0, c, -1.0), gram - c.double()) < 1e-6
 
 
 @pytest.mark.parametrize("coefficients", ["newton_schulz", "polar_express"])
-@pytest.mark.parametrize("shape", [(3, 48, 80), (2, 100, 70), (64, 64)])  # one tile, two, one
+@pytest.mark.parametrize("shape", [(2, 100, 70), (130, 200)])  # two tiles a side (70 rows), three
 def test_newton_schulz_with_the_kernel_equals_it_without(shape, coefficients):
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
     plain = newton_schulz(g, 5, coefficients)
-    symmetric = newton_schulz(g, 5, coefficients, True)
-    torch.testing.assert_close(symmetric, plain, atol=1e-5, rtol=0)
+    kernel = newton_schulz(g, 5, coefficients, True)
+    torch.testing.assert_close(kernel, plain, atol=1e-5, rtol=0)
+    assert not torch.equal(kernel, plain)  # the kernel's own sums: it ran
     compiled = torch.compile(newton_schulz, backend="aot_eager", fullgraph=True, dynamic=False)
-    torch.testing.assert_close(compiled(g, 5, coefficients, True), symmetric, atol=0, rtol=0)
+    torch.testing.assert_close(compiled(g, 5, coefficients, True), kernel, atol=0, rtol=0)
+
+
+def test_inductor_calls_the_kernel_in_its_compiled_graph():
+    """The default backend's code generation around the op (its absent term, None, included), not only tracing."""
+    g = torch.randn(2, 100, 70, generator=torch.Generator().manual_seed(3))
+    compiled = torch.compile(newton_schulz, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(g, 5, "polar_express", True), newton_schulz(g, 5, "polar_express", True),
+                               atol=1e-6, rtol=0)
+
+
+def test_a_stack_of_one_tile_a_side_keeps_the_plain_matmuls():
+    """One tile a side is the whole product: nothing to leave out, and cuBLAS's is the better call."""
+    assert [symmetric.saves(rows) for rows in (1, 6, 16, 17, 32, 33, 64, 65, 256, 257, 768)] == [
+        False, False, False, False, False, False, False, True, True, True, True]
+    g = torch.randn(3, 48, 80, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(newton_schulz(g, 5, "polar_express", True), newton_schulz(g, 5, "polar_express"))
 
 
 def test_muon_steps_the_same_with_the_kernel():
@@ -84,8 +101,11 @@ def test_without_a_gpu_or_the_interpreter_the_key_is_refused(monkeypatch):
     cfg = parse_args(["--config", "configs/tiny.toml", "--data.train=x", "--optim.name=muon",
                       "--optim.muon_symmetric=true"])
     check_kernels(cfg, torch.device("cpu"))  # the interpreter: tests/conftest.py
-    monkeypatch.delenv("TRITON_INTERPRET")
-    reason = unavailable(torch.device("cpu"))
+    assert symmetric.unavailable(torch.device("cuda")) == ("TRITON_INTERPRET=1 makes Triton interpret it on the "
+                                                           "CPU, slowly: unset it for a GPU run")
+    monkeypatch.setattr(symmetric, "INTERPRETED", False)  # as if imported without TRITON_INTERPRET
+    assert symmetric.unavailable(torch.device("cuda")) is None
+    reason = symmetric.unavailable(torch.device("cpu"))
     assert reason == ("Triton compiles it for CUDA devices, not cpu (TRITON_INTERPRET=1 runs it in Triton's "
                       "interpreter, slowly: for tests)")
     with pytest.raises(ConfigError, match=r"^optim.muon_symmetric = true: optim/symmetric.py's Triton kernel cannot "
