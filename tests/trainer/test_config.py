@@ -39,7 +39,7 @@ SPEEDRUN_1GPU = {
               "muon_weight_decay": 0.0276, "ns_steps": 5, "adjust_lr": "none",
               "ns_coefficients": "polar_express", "muon_cautious_wd": True, "muon_wd_lr_squared": True,
               "muon_fc_lr_scale": 2.0, "normuon": True, "normuon_beta2": 0.95, "normuon_attn_columns": True,
-              "muon_gates": True, "muon_qk_pairs": False, "muon_compile": False,
+              "muon_gates": True, "muon_qk_pairs": False, "muon_compile": False, "muon_symmetric": False,
               "adam_every": 2, "bf16_storage": False},
     "train": {"batch_size": 1, "seq_len": 16384, "grad_accum": 8, "batch_stages": [1, 2, 3], "batch_stage_rows": True,
               "batch_stage_lr": [1.0, 1.51, 1.93], "batch_stage_lr_at": [0.33, 0.66], "stage_loss_scale": True,

@@ -1,0 +1,35 @@
+"""scripts/bench/optimizer.py on CPU: the plain config and the optimizer keys' variants stepped on the same
+gradients from the same weights, each timed, its weights held to the plain config's."""
+import json
+
+import pytest
+
+from scripts.bench import optimizer as bench
+
+# 80 wide: Muon's 80-row matrices are the symmetric kernel's (two tiles a side; in Triton's interpreter here)
+ARGS = ["--config", "configs/tiny.toml", "--cpu", "--steps", "2", "--warmup", "1", "--optim.name=muon",
+        "--model.n_embd=80"]
+
+
+@pytest.mark.slow
+def test_each_variant_is_timed_beside_the_plain_config_on_the_same_gradients(tmp_path, capsys):
+    out = tmp_path / "optimizer.json"
+    rows = bench.main([*ARGS, "--variant", "optim.muon_symmetric", "--variant",
+                       "optim.muon_compile,optim.muon_symmetric", "--variant", "optim.bf16_storage",
+                       "--json", str(out)])
+    assert [r["variant"] for r in rows] == ["plain", "optim.muon_symmetric",
+                                            "optim.muon_compile + optim.muon_symmetric", "optim.bf16_storage"]
+    assert json.loads(out.read_text())["rows"] == rows
+    assert all(r["muon_ms"] > 0 and r["adamw_ms"] > 0 for r in rows) and rows[0]["ratio"] == 1.0
+    plain, symmetric, compiled, storage = (r["weights_vs_plain"] for r in rows)
+    # the kernel's own fp32 sums: the same weights to a rounding, not bit for bit (so it ran)
+    assert plain == 0 and 0 < symmetric < 1e-5 and 0 < compiled < 1e-5
+    assert 1e-4 < storage < 1e-2  # bf16's rounding of the tables, head and moments: ~2^-9 of a weight
+    table = capsys.readouterr().out
+    assert "optimizer steps of tiny.toml on CPU" in table and "optim.bf16_storage" in table
+
+
+def test_a_config_without_muon_is_refused_naming_the_fix():
+    with pytest.raises(SystemExit, match="trains with optim.name = 'adamw'; its keys are Muon's: add "
+                                         "--optim.name=muon"):
+        bench.main(["--config", "configs/tiny.toml", "--cpu"])
