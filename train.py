@@ -64,7 +64,7 @@ from trainer.parallel import autocast, check_kernels, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 from trainer.report import done_line, log_step, summarize  # noqa: E402
 from trainer.resume import RunFinished, default_run_id, open_run_folder, restore_run, resume_command  # noqa: E402
-from trainer.state import Diverged, Hooks, Run, StopReason, diverged  # noqa: E402
+from trainer.state import Diverged, Hooks, Run, StopReason, diverged, refuse_nonfinite_weights  # noqa: E402
 from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 from util.atomic import DiskFullError  # noqa: E402
 from util.plural import plural  # noqa: E402
@@ -124,11 +124,12 @@ def setup(cfg: Config, dist: Dist) -> Run:
     return run
 
 
-def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch.Tensor, float]:
+def train_step(run: Run, batches, seq_len: int = 0, norm_wanted: bool = True) -> tuple[torch.Tensor,
+                                                                                       torch.Tensor | None, float]:
     """One optimizer step over the micro-batches of its batch stage (grad_accum without train.batch_stages), of
     its rows (`seq_len` > 0: rows that long instead, for a warm-up): (mean loss, gradient norm before clipping,
     seconds waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing
-    in a step waits for the GPU.
+    in a step waits for the GPU. Without optim.grad_clip the norm is computed only if `norm_wanted` (None else).
 
     Phases, in order: per micro-batch the data, then forward + backward (of the loss x Run.loss_scale); the
     gradient norm (and clipping); the optimizer steps (each drops the gradients it applied: AdamW's wait for its
@@ -153,7 +154,7 @@ def train_step(run: Run, batches, seq_len: int = 0) -> tuple[torch.Tensor, torch
         total += loss.detach()
 
     gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's
-    norm = run.model.clip_grads(run.cfg.optim.grad_clip)
+    norm = run.model.clip_grads(run.cfg.optim.grad_clip, norm_wanted)
 
     step_optimizers(run.optimizers, step, adam_every, adam_sync=run.model.sync_apart)
     gpt.tie_weights()
@@ -183,10 +184,12 @@ def warm_up(run: Run) -> None:
 
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock. Nothing with
-    train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here."""
+    train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here. Weights that are not finite
+    stop the run instead (Diverged), whatever the steps since the last save checked."""
     t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
     if not cfg.train.save_checkpoint:
         return
+    refuse_nonfinite_weights(run)
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if dist.master:
         save_checkpoint(run.checkpoint_path, cfg.to_dict(), model_state, run.progress.step)
@@ -249,7 +252,9 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     cfg, progress = run.cfg, run.progress
     # before progress.step moves on: this step's batch stage, the one train_step runs
     tokens, seq_len = run.tokens_per_step, run.clock.seq_len(progress.step)
-    loss, norm, wait = train_step(run, batches)
+    every_log = cfg.log.every_steps
+    logs = bool(every_log) and ((progress.step + 1) % every_log == 0 or progress.step + 1 == loop.first_step)
+    loss, norm, wait = train_step(run, batches, norm_wanted=logs)
     progress.step += 1
     progress.tokens += tokens
     progress.flops += run.flops_per_token(seq_len) * tokens  # train_step set this step's window
@@ -263,8 +268,7 @@ def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
     eval_due = bool(run.val_files) and run.clock.elapsed() >= loop.next_eval_s
     save_due = 0 < cfg.train.checkpoint_every_s <= time.perf_counter() - loop.last_save
     run.flags.start(run.clock, bool(run.stop_requested), eval_due, save_due, loss, norm)
-    every_log = cfg.log.every_steps
-    if every_log and (progress.step % every_log == 0 or progress.step == loop.first_step):
+    if logs:
         log_step(run, loss, norm, loop.since)
         loop.since = (progress.step, run.clock.elapsed(), progress.tokens)
     every = cfg.eval.every_steps

@@ -133,8 +133,8 @@ def ten_second_steps(monkeypatch: pytest.MonkeyPatch, after_step: Callable | Non
     monkeypatch.setattr(trainer.clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     real = train.train_step
 
-    def step(run, batches, *rows):
-        out = real(run, batches, *rows)
+    def step(run, batches, *args, **kwargs):
+        out = real(run, batches, *args, **kwargs)
         now[0] += 10.0
         if after_step:
             after_step(run)

@@ -120,8 +120,8 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     _, _, straight, straight_losses = trained(tmp_path, "straight", *args, warm_up=warm_up)
     real = train.train_step
 
-    def stop_after_step_3(run, batches, *rows):
-        out = real(run, batches, *rows)
+    def stop_after_step_3(run, batches, *args, **kwargs):
+        out = real(run, batches, *args, **kwargs)
         if run.progress.step == 2:  # the step being run is the third
             run.stop_requested.append(signal.SIGTERM)
         return out
@@ -163,8 +163,8 @@ def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie
     warm = ("--train.timing=exclude_warmup", "--train.warmup_steps=1")
     real, stop, tied = train.train_step, [], []
 
-    def step(run, batches, *rows):
-        out = real(run, batches, *rows)
+    def step(run, batches, *args, **kwargs):
+        out = real(run, batches, *args, **kwargs)
         tied.append(run.model.module.tied)
         if run.progress.step + 1 in stop:
             run.stop_requested.append(signal.SIGTERM)
@@ -203,8 +203,8 @@ def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
     assert straight["mudd.0.proj"].any() and straight["mudd.1.bias"].any()  # off their zero init
     real = train.train_step
 
-    def stop_after_step_3(run, batches, *rows):
-        out = real(run, batches, *rows)
+    def stop_after_step_3(run, batches, *args, **kwargs):
+        out = real(run, batches, *args, **kwargs)
         if run.progress.step == 2:
             run.stop_requested.append(signal.SIGTERM)
         return out
@@ -223,7 +223,8 @@ def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
     CPU with the GPU's exchange (read a step late), every optimizer piece of the speedrun config on and no log or
     eval due, no step converts a tensor to a Python number (.item(), float(), bool(), int(): the scalar reads that
     wait for a GPU). The Flags arrive through a host buffer (LateMax's .tolist(), no scalar read). AdamW's step
-    counters are read here because CPU AdamW keeps them on the host; fused AdamW on a GPU reads none of them."""
+    counters are read here because CPU AdamW keeps them on the host; fused AdamW on a GPU reads none of them. Nor,
+    without a clip, does such a step take the gradients' norm, which nobody would read."""
     import traceback
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -233,14 +234,16 @@ def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
     import train
 
     class ScalarReads(TorchDispatchMode):
-        """Where each scalar read of a tensor happened, other than of AdamW's step counters."""
+        """Where each scalar read of a tensor happened, other than of AdamW's step counters; how many gradient
+        norms were taken."""
         def __init__(self):
             super().__init__()
-            self.where, self.counters = [], set()
+            self.where, self.counters, self.norms = [], set(), 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default and id(args[0]) not in self.counters:
                 self.where.append("".join(traceback.format_stack(limit=6)[:-1]))
+            self.norms += func.overloadpacket is torch.ops.aten._foreach_norm  # get_total_norm's pass
             return func(*args, **(kwargs or {}))
 
     reads, real = ScalarReads(), train.timed_step
@@ -264,3 +267,4 @@ def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
         run.loader.close()
         run.log.close()
     assert reads.where == [], f"{len(reads.where)} scalar reads in ordinary steps; the first:\n{reads.where[0]}"
+    assert reads.norms == 0

@@ -24,7 +24,7 @@ class Flags(NamedTuple):
     sigterm: bool
     eval_due: bool               # by eval.every_s (every_steps needs no exchange: the step count is the same)
     save_due: bool
-    nonfinite: bool              # the step's loss or gradient norm was nan or inf (computed on the device)
+    nonfinite: bool              # the step's loss or gradient norm (where computed) was nan or inf, on the device
 
     def act(self) -> bool:
         """True if these flags call for a stop, an eval or a save."""
@@ -41,9 +41,11 @@ class FlagExchange:
         self.reduce = LateMax(len(Flags._fields) - 1, 1, device)  # nonfinite is computed on the device
 
     def start(self, clock: Clock, stop: bool, eval_due: bool, save_due: bool, loss: torch.Tensor,
-              norm: torch.Tensor) -> None:
-        """Start this step's exchange; `collect` reads it, after the next step on a GPU."""
-        nonfinite = (~(torch.isfinite(loss) & torch.isfinite(norm))).to(torch.float64).reshape(1)
+              norm: torch.Tensor | None) -> None:
+        """Start this step's exchange (`norm`: None where the step computed none); `collect` reads it, after the
+        next step on a GPU."""
+        finite = torch.isfinite(loss) if norm is None else torch.isfinite(loss) & torch.isfinite(norm)
+        nonfinite = (~finite).to(torch.float64).reshape(1)
         self.reduce.start([clock.elapsed(), clock.time_up(), stop, eval_due, save_due], nonfinite)
 
     def collect(self) -> Flags | None:

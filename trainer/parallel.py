@@ -105,9 +105,10 @@ class ParallelModel:
             self.wrapped.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def clip_grads(self, max_norm: float) -> torch.Tensor:
+    def clip_grads(self, max_norm: float, wanted: bool = True) -> torch.Tensor | None:
         """The global L2 norm of the gradients (before clipping); with max_norm > 0 they are scaled to at most
-        that.
+        that. None without a clip where the norm is not `wanted` (a step that logs none): no pass over the
+        gradients that nobody reads.
 
         Under FSDP2 each rank holds DTensor shards of the gradients, and their norm is a DTensor (a partial
         result on some torch versions, already reduced on others): full_tensor() makes it the whole gradient's
@@ -115,6 +116,8 @@ class ParallelModel:
         rank already. A device tensor: nothing here waits for the GPU. (get_total_norm and
         clip_grads_with_norm_: torch >= 2.6.)
         """
+        if max_norm <= 0 and not wanted:
+            return None
         params = [p for p in self.wrapped.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from data.loader import TokenLoader
 from trainer import distributed
@@ -123,12 +124,27 @@ class Hooks:
         return stage(run)
 
 
-def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor) -> None:
-    """Stop the run at the non-finite step `step` (its loss and gradient norm given), saving nothing."""
-    loss, norm = distributed.mean_over_ranks(loss, norm)
+def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor | None) -> None:
+    """Stop the run at the non-finite step `step` (its loss and gradient norm given, where it computed one), saving
+    nothing."""
+    loss, *norm = distributed.mean_over_ranks(loss, *([] if norm is None else [norm]))
+    _stop(run, f"step {step}: loss {loss:.4g}" + "".join(f", gradient norm {n:.4g}" for n in norm) + ": not finite")
+
+
+def refuse_nonfinite_weights(run: Run) -> None:
+    """Before a save: stop the run, saving nothing, if a weight is not finite. A step that computed no gradient
+    norm (optim.grad_clip = 0, no log due) checked its loss alone, and a gradient that went non-finite with a finite
+    loss shows in the weights it moved (one pass over them, on each rank: FSDP2's shards)."""
+    weights = [p.to_local() if isinstance(p, DTensor) else p for p in run.model.module.parameters()]
+    finite = torch.stack([torch.isfinite(w).all() for w in weights if w.numel()]).all()
+    if distributed.any_rank([not finite], run.dist.device)[0]:
+        _stop(run, f"step {run.progress.step}: a weight is not finite")
+
+
+def _stop(run: Run, what: str) -> None:
     kept = f"the checkpoint of step {run.saved_step} is untouched" if run.saved_step >= 0 else "no checkpoint exists"
-    msg = (f"step {step}: loss {loss:.4g}, gradient norm {norm:.4g}: not finite, so training stopped without saving "
-           f"({kept}). Try a lower learning rate (optim.lr, or optim.muon_lr and the other *_lr keys for muon), "
-           f"gradient clipping (optim.grad_clip = 1.0), and check the data (data.vocab_check)")
+    msg = (f"{what}, so training stopped without saving ({kept}). Try a lower learning rate (optim.lr, or "
+           f"optim.muon_lr and the other *_lr keys for muon), gradient clipping (optim.grad_clip = 1.0), and check "
+           f"the data (data.vocab_check)")
     run.log.print(f"train.py: {msg}")
     raise Diverged(msg)

@@ -33,6 +33,13 @@ def test_a_loss_or_norm_that_is_not_finite_raises_nonfinite(loss, norm):
     assert flags.nonfinite and flags.act() and not (flags.time_up or flags.sigterm)
 
 
+def test_a_step_without_a_gradient_norm_is_judged_by_its_loss():
+    exchange = FlagExchange(torch.device("cpu"))
+    for loss, nonfinite in ((1.0, False), (math.nan, True)):
+        exchange.start(clock(1.0), False, False, False, torch.tensor(loss), None)
+        assert exchange.collect().nonfinite is nonfinite
+
+
 def test_on_cpu_every_step_acts_on_its_own_flags_and_the_clock_adopts_their_time():
     exchange, one, c = FlagExchange(torch.device("cpu")), torch.tensor(1.0), clock(7.5)
     exchange.start(c, False, False, False, one, one)

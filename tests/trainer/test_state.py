@@ -69,6 +69,27 @@ def test_a_non_finite_step_stops_the_run_and_says_what_to_try(run, capsys):
     run.saved_step = 5
     with pytest.raises(Diverged, match="the checkpoint of step 5 is untouched"):
         diverged(run, 7, torch.tensor(1.0), torch.tensor(float("nan")))
+    with pytest.raises(Diverged, match=r"^step 7: loss nan: not finite, so training stopped"):  # no norm computed
+        diverged(run, 7, torch.tensor(float("nan")), None)
+
+
+def test_a_save_of_weights_that_are_not_finite_stops_the_run_and_writes_nothing(tmp_path):
+    """What a step without a gradient norm (no clip, no log due) cannot see in its finite loss: a gradient gone
+    non-finite has moved the weights, and the next save finds it."""
+    run = growing_window_run(tmp_path)
+    try:
+        train.save(run)
+        saved = run.checkpoint_path.read_bytes()
+        run.progress.step += 1
+        with torch.no_grad():
+            run.model.module.lm_head.weight[3, 5] = float("inf")
+        with pytest.raises(Diverged, match=r"^step 1: a weight is not finite, so training stopped without saving "
+                                           r"\(the checkpoint of step 0 is untouched\)"):
+            train.save(run)
+        assert run.checkpoint_path.read_bytes() == saved and run.saved_step == 0
+    finally:
+        run.loader.close()
+        run.log.close()
 
 
 def test_hooks_run_each_stage_as_given_by_default(run):

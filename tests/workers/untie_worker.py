@@ -36,8 +36,8 @@ def trained(data: Path, parallel: str, run_id: str, dist, stop: int | None = Non
     tied = []
     real = train.train_step
 
-    def step(run, batches, *rows):
-        out = real(run, batches, *rows)
+    def step(run, batches, *args, **kwargs):
+        out = real(run, batches, *args, **kwargs)
         tied.append(run.model.module.tied)
         if run.progress.step + 1 == stop:
             run.stop_requested.append(signal.SIGTERM)
