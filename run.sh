@@ -23,7 +23,7 @@ usage: bash run.sh [COMMAND] [ARGS...]
   prepare [ARGS]         python -m data.prepare ARGS         (corpus -> token shards)
   train CONFIG [ARGS]    train.py --config CONFIG ARGS, under torchrun when NPROC or NNODES > 1 (torchrun's
                          own log and failure report go to the run folder's torchrun.log)
-  bench [loader|recipe|memory|beside_record|optimizer] [ARGS]
+  bench [loader|recipe|memory|budgets|beside_record|optimizer] [ARGS]
                          the benchmarks in scripts/ (default: loader)
   leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)
   plot RUN_DIR [...]     python -m scripts.plot: loss curves as a PNG (-o FILE, --x time|tokens|steps, --logy)

@@ -64,7 +64,7 @@ from trainer.parallel import autocast, check_kernels, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 from trainer.report import done_line, log_step, summarize  # noqa: E402
 from trainer.resume import RunFinished, default_run_id, open_run_folder, restore_run, resume_command  # noqa: E402
-from trainer.state import Diverged, Hooks, Run, StopReason, diverged, refuse_nonfinite_weights  # noqa: E402
+from trainer.state import Diverged, Hooks, Run, StopReason, diverged, refuse_nonfinite_state  # noqa: E402
 from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 from util.atomic import DiskFullError  # noqa: E402
 from util.plural import plural  # noqa: E402
@@ -184,12 +184,13 @@ def warm_up(run: Run) -> None:
 
 def save(run: Run) -> None:
     """checkpoint.pt (rank 0) and every rank's resume state; not charged to the training clock. Nothing with
-    train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here. Weights that are not finite
-    stop the run instead (Diverged), whatever the steps since the last save checked."""
+    train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here. A state that is not finite
+    stops the run instead (Diverged), whatever the steps since the last save checked, also where nothing is saved:
+    finish comes here at the end of every run."""
+    refuse_nonfinite_state(run)
     t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
     if not cfg.train.save_checkpoint:
         return
-    refuse_nonfinite_weights(run)
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all
     if dist.master:
         save_checkpoint(run.checkpoint_path, cfg.to_dict(), model_state, run.progress.step)

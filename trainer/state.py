@@ -128,17 +128,30 @@ def diverged(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor | None)
     """Stop the run at the non-finite step `step` (its loss and gradient norm given, where it computed one), saving
     nothing."""
     loss, *norm = distributed.mean_over_ranks(loss, *([] if norm is None else [norm]))
-    _stop(run, f"step {step}: loss {loss:.4g}" + "".join(f", gradient norm {n:.4g}" for n in norm) + ": not finite")
+    said = "".join(f", gradient norm {n:.4g}" for n in norm) or " (no gradient norm taken: the cause may be earlier)"
+    _stop(run, f"step {step}: loss {loss:.4g}{said}: not finite")
 
 
-def refuse_nonfinite_weights(run: Run) -> None:
-    """Before a save: stop the run, saving nothing, if a weight is not finite. A step that computed no gradient
-    norm (optim.grad_clip = 0, no log due) checked its loss alone, and a gradient that went non-finite with a finite
-    loss shows in the weights it moved (one pass over them, on each rank: FSDP2's shards)."""
-    weights = [p.to_local() if isinstance(p, DTensor) else p for p in run.model.module.parameters()]
-    finite = torch.stack([torch.isfinite(w).all() for w in weights if w.numel()]).all()
-    if distributed.any_rank([not finite], run.dist.device)[0]:
-        _stop(run, f"step {run.progress.step}: a weight is not finite")
+def refuse_nonfinite_state(run: Run) -> None:
+    """Before a save, and at the end of a run that saves nothing: stop the run, saving nothing, if a weight, a held
+    gradient (optim.adam_every) or an optimizer's state is not finite. A step that took no gradient norm
+    (optim.grad_clip = 0, no log due) checked its loss alone: a gradient that went non-finite with a finite loss
+    shows here (one pass over the state, on each rank: FSDP2's shards; the first bad parameter named)."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    states = {id(p): s for opt in run.optimizers for p, s in opt.state.items()}
+    named, checks = [], [torch.ones((), dtype=torch.bool, device=run.dist.device)]  # a rank with no shards too
+    for name, p in run.model.module.named_parameters():
+        tensors = [p, p.grad, *states.get(id(p), {}).values()]
+        named += [name]
+        checks.append(torch.stack([torch.isfinite(local(t)).all() for t in tensors
+                                   if isinstance(t, torch.Tensor) and local(t).numel()] or [checks[0]]).all())
+    finite = torch.stack(checks).tolist()
+    if distributed.any_rank([not all(finite)], run.dist.device)[0]:
+        where = next((name for name, ok in zip(named, finite[1:]) if not ok), None)
+        _stop(run, f"step {run.progress.step}: " + (f"{where} (its weight, gradient or optimizer state)"
+                                                    if where else "a weight on another rank") + " is not finite")
 
 
 def _stop(run: Run, what: str) -> None:

@@ -13,12 +13,12 @@ then `--steps` times in a row, as the training loop queues them after a backward
 shows), timed with CUDA events (on CPU, the clock). Per variant: Muon's and AdamW's milliseconds a step, a
 training step's share of them (AdamW steps every optim.adam_every steps), its ratio to the plain config's, and
 how far its weights ended from the plain config's (max |dw| / max |w|: the keys change roundings, not the math).
-Other arguments are train.py's overrides of the config (`--optim.name=muon`, `--model.n_layer=4`).
+Other arguments are train.py's overrides of the config (`--optim.name=muon`, `--model.n_layer=4`); the keys above
+are the bench's own, off in the plain config whatever the config says.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 
 from trainer import ROOT
-from trainer.config import Config, parse_args as parse_train_args
+from trainer.config import Config, ConfigError, parse_args as parse_train_args
 from util.atomic import write_json
 
+KEYS = ("optim.muon_compile", "optim.muon_symmetric", "optim.bf16_storage")  # what changes the optimizer step only
 DEFAULT_VARIANTS = ["optim.muon_compile", "optim.muon_symmetric", "optim.muon_compile,optim.muon_symmetric",
                     "optim.bf16_storage"]
 GRAD_SCALE = 1e-3  # a gradient's size here does not change the time; only bf16_storage's roundings see it
@@ -52,15 +53,34 @@ def timed(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) ->
     return start.elapsed_time(end) / steps
 
 
-def run_variant(cfg: Config, keys: list[str], device: torch.device, steps: int, warmup: int) -> tuple[dict, list]:
-    """({muon_ms, adamw_ms}, the weights after warmup + steps steps of each optimizer) with `keys` on."""
+def variant_config(config: str, overrides: list[str], keys: list[str]) -> Config:
+    """The config with `keys` (of KEYS) on and the others off, checked as train.py checks it."""
+    unknown = [key for key in keys if key not in KEYS]
+    if unknown:
+        sys.exit(f"bench optimizer: --variant {','.join(unknown)}: not one of the keys that change only the "
+                 f"optimizer step ({', '.join(KEYS)})")
+    try:
+        cfg = parse_train_args(["--config", config, "--data.train=unused", *overrides,
+                                *(f"--{key}={str(key in keys).lower()}" for key in KEYS)])
+    except ConfigError as e:
+        sys.exit(f"bench optimizer: {e} (the bench's own options: python -m scripts.bench.optimizer --help)")
+    if cfg.optim.name != "muon":
+        sys.exit(f"bench optimizer: {config} trains with optim.name = {cfg.optim.name!r}; its keys are Muon's: "
+                 f"add --optim.name=muon")
+    return cfg
+
+
+def run_variant(cfg: Config, device: torch.device, steps: int, warmup: int) -> tuple[dict, list]:
+    """({muon_ms, adamw_ms}, the weights after warmup + steps steps of each optimizer) of `cfg`'s optimizers."""
     from model.gpt import GPT
+    from optim.compiled import compiled
     from optim.groups import build_optimizers
 
+    torch._dynamo.reset()  # each variant compiles its own graphs, none left over from the one before
+    compiled.cache_clear()
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model).to(device)
-    optim = dataclasses.replace(cfg.optim, **{key.removeprefix("optim."): True for key in keys})
-    adamw, muon = build_optimizers(model, optim)
+    adamw, muon = build_optimizers(model, cfg.optim)
     gen = torch.Generator(device).manual_seed(0)
     for p in model.parameters():  # kept across the steps: every variant steps on the same gradients
         p.grad = GRAD_SCALE * torch.randn(p.shape, device=device, generator=gen)
@@ -74,7 +94,8 @@ def run_variant(cfg: Config, keys: list[str], device: torch.device, steps: int, 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Time the plain config and each variant; print the table, write --json."""
-    p = argparse.ArgumentParser(prog="python -m scripts.bench.optimizer", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.optimizer", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)  # the rest goes to train.py's parser: no prefix of ours
     p.add_argument("--config", default=str(ROOT / "configs" / "speedrun_1gpu.toml"))
     p.add_argument("--variant", action="append", metavar="KEYS",
                    help="comma-separated optim keys set to true together (repeat it; default: "
@@ -84,19 +105,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--cpu", action="store_true", help="a rehearsal on CPU (Triton's kernels in its interpreter)")
     p.add_argument("--json", type=Path)
     args, overrides = p.parse_known_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
     if args.cpu:  # before optim/symmetric.py's kernel is defined: Triton reads it then
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():
         sys.exit("bench optimizer: no CUDA device; use --cpu for a rehearsal")
     device = torch.device("cpu" if args.cpu else "cuda")
-    cfg = parse_train_args(["--config", args.config, "--data.train=unused", *overrides])
-    if cfg.optim.name != "muon":
-        sys.exit(f"bench optimizer: {args.config} trains with optim.name = {cfg.optim.name!r}; its keys are Muon's: "
-                 f"add --optim.name=muon")
     variants = [[]] + [[k for k in v.split(",") if k] for v in args.variant or DEFAULT_VARIANTS]
+    configs = [variant_config(args.config, overrides, keys) for keys in variants]  # all refused before any runs
+    cfg = configs[0]
     rows, plain = [], None
-    for keys in variants:
-        result, weights = run_variant(cfg, keys, device, args.steps, args.warmup)
+    for keys, variant in zip(variants, configs):
+        result, weights = run_variant(variant, device, args.steps, args.warmup)
         plain = plain or weights
         step_ms = result["muon_ms"] + result["adamw_ms"] / cfg.optim.adam_every
         drift = max(((w - p).abs().max() / p.abs().max().clamp(min=1e-30)).item()

@@ -29,7 +29,18 @@ def test_each_variant_is_timed_beside_the_plain_config_on_the_same_gradients(tmp
     assert "optimizer steps of tiny.toml on CPU" in table and "optim.bf16_storage" in table
 
 
-def test_a_config_without_muon_is_refused_naming_the_fix():
+def test_a_config_without_muon_a_key_of_another_kind_or_a_typo_is_refused_naming_the_fix():
     with pytest.raises(SystemExit, match="trains with optim.name = 'adamw'; its keys are Muon's: add "
                                          "--optim.name=muon"):
         bench.main(["--config", "configs/tiny.toml", "--cpu"])
+    with pytest.raises(SystemExit, match=r"--variant optim.lr: not one of the keys that change only the optimizer "
+                                         r"step \(optim.muon_compile, optim.muon_symmetric, optim.bf16_storage\)"):
+        bench.main([*ARGS, "--variant", "optim.lr"])
+    with pytest.raises(SystemExit, match=r"unexpected argument '--stepz'.*the bench's own options"):
+        bench.main([*ARGS, "--stepz", "5"])
+
+
+def test_the_plain_config_is_plain_whatever_the_config_says():
+    cfg = bench.variant_config("configs/speedrun_1gpu.toml", ["--optim.muon_compile=true"], [])
+    assert not (cfg.optim.muon_compile or cfg.optim.muon_symmetric or cfg.optim.bf16_storage)
+    assert bench.variant_config("configs/speedrun_1gpu.toml", [], ["optim.bf16_storage"]).optim.bf16_storage

@@ -121,7 +121,7 @@ def test_under_bf16_storage_fsdp2_rounds_the_ranks_average_as_it_joins_the_shard
 
 
 def test_a_nan_gradient_on_one_rank_survives_the_bf16_wire_into_the_norm(two_ranks):
-    # the non-finite guard (trainer/flags.py) reads this norm
+    # the non-finite guard (trainer/flags.py) reads this norm on the steps that take it (a clip, or a log due)
     assert not torch.isfinite(torch.tensor(two_ranks["nan_norm"]))
 
 

@@ -69,24 +69,41 @@ def test_a_non_finite_step_stops_the_run_and_says_what_to_try(run, capsys):
     run.saved_step = 5
     with pytest.raises(Diverged, match="the checkpoint of step 5 is untouched"):
         diverged(run, 7, torch.tensor(1.0), torch.tensor(float("nan")))
-    with pytest.raises(Diverged, match=r"^step 7: loss nan: not finite, so training stopped"):  # no norm computed
+    with pytest.raises(Diverged, match=r"^step 7: loss nan \(no gradient norm taken: the cause may be earlier\): not "
+                                       r"finite, so training stopped"):
         diverged(run, 7, torch.tensor(float("nan")), None)
 
 
-def test_a_save_of_weights_that_are_not_finite_stops_the_run_and_writes_nothing(tmp_path):
+def test_a_save_of_a_state_that_is_not_finite_stops_the_run_and_writes_nothing(tmp_path):
     """What a step without a gradient norm (no clip, no log due) cannot see in its finite loss: a gradient gone
-    non-finite has moved the weights, and the next save finds it."""
-    run = growing_window_run(tmp_path)
+    non-finite, held for AdamW's next step (optim.adam_every) or already moving the weights. The next save finds it,
+    and so does the end of a run that saves nothing."""
+    run = growing_window_run(tmp_path, "--optim.name=muon", "--optim.adam_every=2")
     try:
+        train.train_step(run, iter(run.loader))  # step 0: AdamW holds its gradients
+        run.progress.step = 1
         train.save(run)
         saved = run.checkpoint_path.read_bytes()
-        run.progress.step += 1
-        with torch.no_grad():
-            run.model.module.lm_head.weight[3, 5] = float("inf")
-        with pytest.raises(Diverged, match=r"^step 1: a weight is not finite, so training stopped without saving "
-                                           r"\(the checkpoint of step 0 is untouched\)"):
-            train.save(run)
-        assert run.checkpoint_path.read_bytes() == saved and run.saved_step == 0
+        run.progress.step = 2
+        gpt = run.model.module
+        matrix, weight = next((n, p) for n, p in gpt.named_parameters() if n.startswith("blocks.0.") and p.ndim == 2)
+        for name, bad in (("wte.weight", gpt.wte.weight.grad), (matrix, weight)):  # a held gradient, a weight
+            finite = bad[3, 5].item()
+            with torch.no_grad():
+                bad[3, 5] = float("nan")
+            with pytest.raises(Diverged, match=rf"^step 2: {name} \(its weight, gradient or optimizer state\) is not "
+                                               r"finite, so training stopped without saving \(the checkpoint of step "
+                                               r"1 is untouched\)"):
+                train.save(run)
+            assert run.checkpoint_path.read_bytes() == saved and run.saved_step == 1
+            run.cfg.train.save_checkpoint = False  # nothing to save: the end of the run checks all the same
+            with pytest.raises(Diverged, match=rf"^step 2: {name} "):
+                train.save(run)
+            run.cfg.train.save_checkpoint = True
+            with torch.no_grad():
+                bad[3, 5] = finite
+        train.save(run)
+        assert run.saved_step == 2
     finally:
         run.loader.close()
         run.log.close()
