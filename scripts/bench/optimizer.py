@@ -13,7 +13,7 @@ then `--steps` times in a row, as the training loop queues them after a backward
 shows), timed with CUDA events (on CPU, the clock). Per variant: Muon's and AdamW's milliseconds a step, a
 training step's share of them (AdamW steps every optim.adam_every steps), its ratio to the plain config's, and
 how far its weights ended from the plain config's (max |dw| / max |w|: the keys change roundings, not the math;
-where cautious decay's sign test flips on a rounding, a weight differs by the rate x the decay, ~6e-4 in the speedrun's).
+where cautious decay's sign test flips on a rounding, a weight differs by the rate x the decay: ~6e-4 here).
 Other arguments are train.py's overrides of the config (`--optim.name=muon`, `--model.n_layer=4`); the keys above
 are the bench's own, off in the plain config whatever the config says.
 """
