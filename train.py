@@ -187,8 +187,8 @@ def save(run: Run) -> None:
     train.save_checkpoint = false: the periodic, final and SIGTERM saves all come here. A state that is not finite
     stops the run instead (Diverged), whatever the steps since the last save checked, also where nothing is saved:
     finish comes here at the end of every run."""
-    refuse_nonfinite_state(run)
     t0, cfg, dist = time.perf_counter(), run.cfg, run.dist
+    refuse_nonfinite_state(run)
     if not cfg.train.save_checkpoint:
         return
     model_state = run.model.full_state()  # every rank: FSDP2 gathers the full state from them all

@@ -103,7 +103,7 @@ class StopReason(StrEnum):
 
 
 class Diverged(RuntimeError):
-    """A step's loss or gradient norm was not finite: the run stopped without saving."""
+    """A step's loss or gradient norm, or the state before a save, was not finite: the run stopped without saving."""
 
 
 class Hooks:
@@ -136,28 +136,34 @@ def refuse_nonfinite_state(run: Run) -> None:
     """Before a save, and at the end of a run that saves nothing: stop the run, saving nothing, if a weight, a held
     gradient (optim.adam_every) or an optimizer's state is not finite. A step that took no gradient norm
     (optim.grad_clip = 0, no log due) checked its loss alone: a gradient that went non-finite with a finite loss
-    shows here (one pass over the state, on each rank: FSDP2's shards; the first bad parameter named)."""
+    shows here (one pass over the state, on each rank: FSDP2's shards, each rank's own held gradients; the first
+    bad parameter on any rank named)."""
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if isinstance(t, DTensor) else t
 
-    states = {id(p): s for opt in run.optimizers for p, s in opt.state.items()}
-    named, checks = [], [torch.ones((), dtype=torch.bool, device=run.dist.device)]  # a rank with no shards too
+    device, states = run.dist.device, {id(p): s for opt in run.optimizers for p, s in opt.state.items()}
+    named, checks = [], []
     for name, p in run.model.module.named_parameters():
-        tensors = [p, p.grad, *states.get(id(p), {}).values()]
-        named += [name]
-        checks.append(torch.stack([torch.isfinite(local(t)).all() for t in tensors
-                                   if isinstance(t, torch.Tensor) and local(t).numel()] or [checks[0]]).all())
-    finite = torch.stack(checks).tolist()
-    if distributed.any_rank([not all(finite)], run.dist.device)[0]:
-        where = next((name for name, ok in zip(named, finite[1:]) if not ok), None)
-        _stop(run, f"step {run.progress.step}: " + (f"{where} (its weight, gradient or optimizer state)"
-                                                    if where else "a weight on another rank") + " is not finite")
+        tensors = [local(t) for t in (p, p.grad, *states.get(id(p), {}).values()) if isinstance(t, torch.Tensor)]
+        named.append(name)
+        # .to(device): an optimizer may keep a 0-dim step counter on the host
+        checks += [torch.stack([torch.isfinite(t).all().to(device) for t in tensors if t.numel()]
+                               or [torch.ones((), dtype=torch.bool, device=device)]).all()]
+    first_bad = next((i for i, ok in enumerate(torch.stack(checks).tolist()) if not ok), len(named))
+    first_bad = int(-distributed.max_over_ranks([-first_bad], device)[0])  # the least over the ranks
+    if first_bad == len(named):
+        return
+    what = f"step {run.progress.step}: {named[first_bad]} (its weight, gradient or optimizer state) is not finite"
+    if not run.cfg.train.save_checkpoint:
+        _stop(run, what, "so the run fails without its final eval (train.save_checkpoint = false: nothing to save)")
+    _stop(run, what)
 
 
-def _stop(run: Run, what: str) -> None:
+def _stop(run: Run, what: str, outcome: str = "") -> None:
     kept = f"the checkpoint of step {run.saved_step} is untouched" if run.saved_step >= 0 else "no checkpoint exists"
-    msg = (f"{what}, so training stopped without saving ({kept}). Try a lower learning rate (optim.lr, or "
-           f"optim.muon_lr and the other *_lr keys for muon), gradient clipping (optim.grad_clip = 1.0), and check "
-           f"the data (data.vocab_check)")
+    clip = "" if run.cfg.optim.adam_every == 1 else ", with optim.adam_every = 1"  # a clip needs it
+    msg = (f"{what}, {outcome or f'so training stopped without saving ({kept})'}. Try a lower learning rate "
+           f"(optim.lr, or optim.muon_lr and the other *_lr keys for muon), gradient clipping (optim.grad_clip = "
+           f"1.0{clip}), and check the data (data.vocab_check)")
     run.log.print(f"train.py: {msg}")
     raise Diverged(msg)

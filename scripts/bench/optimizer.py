@@ -2,7 +2,7 @@
 
     python -m scripts.bench.optimizer                                      # speedrun_1gpu.toml on the GPU
     python -m scripts.bench.optimizer --variant optim.muon_symmetric --json optimizer.json
-    python -m scripts.bench.optimizer --config configs/tiny.toml --cpu --steps 2 --optim.name=muon   # CPU
+    python -m scripts.bench.optimizer --config configs/tiny.toml --cpu --optim.name=muon --model.n_embd=128  # CPU
 
 Some keys change the optimizer step and nothing else (optim.muon_compile, optim.muon_symmetric, and the cost of
 optim.bf16_storage's roundings): forward and backward are the same with them, so a training step gains what
@@ -54,8 +54,10 @@ def timed(optimizer: torch.optim.Optimizer, steps: int, device: torch.device) ->
     return start.elapsed_time(end) / steps
 
 
-def variant_config(config: str, overrides: list[str], keys: list[str]) -> Config:
-    """The config with `keys` (of KEYS) on and the others off, checked as train.py checks it."""
+def variant_config(config: str, overrides: list[str], keys: list[str], device: torch.device) -> Config:
+    """The config with `keys` (of KEYS) on and the others off, checked as train.py checks it for `device`."""
+    from trainer.parallel import check_kernels  # imports optim/symmetric.py: after main() chose the interpreter
+
     unknown = [key for key in keys if key not in KEYS]
     if unknown:
         sys.exit(f"bench optimizer: --variant {','.join(unknown)}: not one of the keys that change only the "
@@ -63,6 +65,7 @@ def variant_config(config: str, overrides: list[str], keys: list[str]) -> Config
     try:
         cfg = parse_train_args(["--config", config, "--data.train=unused", *overrides,
                                 *(f"--{key}={str(key in keys).lower()}" for key in KEYS)])
+        check_kernels(cfg, device)
     except ConfigError as e:
         sys.exit(f"bench optimizer: {e} (the bench's own options: python -m scripts.bench.optimizer --help)")
     if cfg.optim.name != "muon":
@@ -106,15 +109,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--cpu", action="store_true", help="a rehearsal on CPU (Triton's kernels in its interpreter)")
     p.add_argument("--json", type=Path)
     args, overrides = p.parse_known_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 1:
+        p.error("--steps and --warmup must be >= 1 (the warm-up compiles what the variant compiles)")
     if args.cpu:  # before optim/symmetric.py's kernel is defined: Triton reads it then
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():
         sys.exit("bench optimizer: no CUDA device; use --cpu for a rehearsal")
     device = torch.device("cpu" if args.cpu else "cuda")
     variants = [[]] + [[k for k in v.split(",") if k] for v in args.variant or DEFAULT_VARIANTS]
-    configs = [variant_config(args.config, overrides, keys) for keys in variants]  # all refused before any runs
+    configs = [variant_config(args.config, overrides, keys, device) for keys in variants]  # refused before any runs
     cfg = configs[0]
     rows, plain = [], None
     for keys, variant in zip(variants, configs):

@@ -62,7 +62,7 @@ from trainer.config import Config, parse_args as parse_train_args
 RING_BATCHES = 200
 FLEX_MAX_T = 4096
 FP8_CPU_SHAPE = (128, 64, 256)  # rows, width, vocabulary: multiples of 16, as CUDA's _scaled_mm needs
-SYMMETRIC_CPU_STACKS = {(70, 100): 2, (130, 140): 1}  # (rows, columns): matrices; two and three tiles a side
+SYMMETRIC_CPU_STACKS = {(128, 160): 2, (192, 200): 1}  # (rows, columns): matrices; two and three tiles a side
 SYMMETRIC_ERRORS = ("gram", "square", "poly", "iteration")  # symmetric_check's, each against its plain twin's
 BF16_STEP = 2.0 ** -8  # bf16's spacing just above 1: its 8-bit significand
 

@@ -21,8 +21,9 @@ PIECES = ["--model.fp8_head=true", "--optim.muon_compile=true", "--train.reduce_
           *(["--optim.muon_symmetric=true"] if find_spec("triton") else []),
           "--train.adam_sync=adam_steps", "--train.dtype=bfloat16", "--train.bf16_stream=true",
           "--optim.bf16_storage=true", "--model.attn_gate=true", "--optim.muon_gates=true"]
-# 80 wide: Muon's matrices of 80 rows span two tiles, which the symmetric kernel takes (one it leaves to matmul)
-MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048", "--model.n_embd=80"]
+# 128 wide: Muon's matrices of 128 rows span two tiles, which the symmetric kernel takes (one it leaves to matmul)
+MUON = ["--optim.name=muon", "--optim.embed_lr=0.01", "--train.max_steps=8", "--eval.tokens=2048",
+        "--model.n_embd=128"]
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,13 @@ gradients from the same weights, each timed, its weights held to the plain confi
 import json
 
 import pytest
+import torch
 
 from scripts.bench import optimizer as bench
 
-# 80 wide: Muon's 80-row matrices are the symmetric kernel's (two tiles a side; in Triton's interpreter here)
+# 128 wide: Muon's 128-row matrices are the symmetric kernel's (two tiles a side; in Triton's interpreter here)
 ARGS = ["--config", "configs/tiny.toml", "--cpu", "--steps", "2", "--warmup", "1", "--optim.name=muon",
-        "--model.n_embd=80"]
+        "--model.n_embd=128"]
 
 
 @pytest.mark.slow
@@ -41,6 +42,16 @@ def test_a_config_without_muon_a_key_of_another_kind_or_a_typo_is_refused_naming
 
 
 def test_the_plain_config_is_plain_whatever_the_config_says():
-    cfg = bench.variant_config("configs/speedrun_1gpu.toml", ["--optim.muon_compile=true"], [])
+    cpu = torch.device("cpu")
+    cfg = bench.variant_config("configs/speedrun_1gpu.toml", ["--optim.muon_compile=true"], [], cpu)
     assert not (cfg.optim.muon_compile or cfg.optim.muon_symmetric or cfg.optim.bf16_storage)
-    assert bench.variant_config("configs/speedrun_1gpu.toml", [], ["optim.bf16_storage"]).optim.bf16_storage
+    assert bench.variant_config("configs/speedrun_1gpu.toml", [], ["optim.bf16_storage"], cpu).optim.bf16_storage
+
+
+def test_a_variant_whose_kernel_cannot_run_here_is_refused_as_train_py_refuses_it(monkeypatch):
+    from optim import symmetric
+
+    monkeypatch.setattr(symmetric, "INTERPRETED", False)  # as if imported without TRITON_INTERPRET
+    with pytest.raises(SystemExit, match=r"optim.muon_symmetric = true: optim/symmetric.py's Triton kernel cannot "
+                                         r"run here: Triton compiles it for CUDA devices, not cpu"):
+        bench.variant_config("configs/speedrun_1gpu.toml", [], ["optim.muon_symmetric"], torch.device("cpu"))

@@ -282,7 +282,7 @@ def test_the_symmetric_check_passes_the_kernel_and_its_errors_show_a_product_off
     off by 1% of the largest value."""
     cfg = parse_train_args(["--config", "configs/speedrun_1gpu.toml"])
     res = kernel_check.guarded(kernel_check.symmetric_check, cfg, torch.device("cpu"), True)
-    assert res["ok"] == {"2 x 70 x 100": True, "1 x 130 x 140": True}, res
+    assert res["ok"] == {"2 x 128 x 160": True, "1 x 192 x 200": True}, res
     assert set(res["ms"]) == {"matmul", "symmetric"} and res["speedup"] > 0
     product = torch.ops.shardrun.symmetric_product
 

@@ -80,30 +80,35 @@ def test_a_save_of_a_state_that_is_not_finite_stops_the_run_and_writes_nothing(t
     and so does the end of a run that saves nothing."""
     run = growing_window_run(tmp_path, "--optim.name=muon", "--optim.adam_every=2")
     try:
-        train.train_step(run, iter(run.loader))  # step 0: AdamW holds its gradients
-        run.progress.step = 1
+        batches = iter(run.loader)
+        for run.progress.step in range(3):  # AdamW steps at step 1, and holds step 2's gradients
+            train.train_step(run, batches)
+        run.progress.step = 3
         train.save(run)
         saved = run.checkpoint_path.read_bytes()
-        run.progress.step = 2
+        run.progress.step = 4
         gpt = run.model.module
         matrix, weight = next((n, p) for n, p in gpt.named_parameters() if n.startswith("blocks.0.") and p.ndim == 2)
-        for name, bad in (("wte.weight", gpt.wte.weight.grad), (matrix, weight)):  # a held gradient, a weight
+        moment = run.optimizers[0].state[gpt.wte.weight]["exp_avg_sq"]
+        for name, bad in (("wte.weight", gpt.wte.weight.grad), (matrix, weight), ("wte.weight", moment)):
             finite = bad[3, 5].item()
             with torch.no_grad():
                 bad[3, 5] = float("nan")
-            with pytest.raises(Diverged, match=rf"^step 2: {name} \(its weight, gradient or optimizer state\) is not "
+            with pytest.raises(Diverged, match=rf"^step 4: {name} \(its weight, gradient or optimizer state\) is not "
                                                r"finite, so training stopped without saving \(the checkpoint of step "
-                                               r"1 is untouched\)"):
+                                               r"3 is untouched\)\. .*optim.grad_clip = 1.0, with optim.adam_every = "
+                                               r"1\)"):
                 train.save(run)
-            assert run.checkpoint_path.read_bytes() == saved and run.saved_step == 1
+            assert run.checkpoint_path.read_bytes() == saved and run.saved_step == 3
             run.cfg.train.save_checkpoint = False  # nothing to save: the end of the run checks all the same
-            with pytest.raises(Diverged, match=rf"^step 2: {name} "):
+            with pytest.raises(Diverged, match=rf"^step 4: {name} .* is not finite, so the run fails without its final "
+                                               r"eval \(train.save_checkpoint = false: nothing to save\)"):
                 train.save(run)
             run.cfg.train.save_checkpoint = True
             with torch.no_grad():
                 bad[3, 5] = finite
         train.save(run)
-        assert run.saved_step == 2
+        assert run.saved_step == 4
     finally:
         run.loader.close()
         run.log.close()
