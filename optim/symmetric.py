@@ -6,9 +6,10 @@ at the speedrun's 768 rows (t = 6) 42% of each product, 25% of the iteration's f
 One kernel serves both: out = alpha * X X^T (+ beta * C, C symmetric). Each program computes one square tile
 (rows i, columns j, i <= j, in fp32) and writes it twice, at (i, j) and mirrored at (j, i): the mirror is the
 same values stored through swapped strides, with no transpose in registers. A stack of one tile a side saves
-nothing, nor one whose last tiles are mostly padding: `saves` says when to call it. Triton compiles it for CUDA; on a CPU its interpreter runs it
-(TRITON_INTERPRET=1, numpy's arithmetic), which is how the tests check it. Registered as an opaque custom op with a
-shape-only fake: a compiled Newton-Schulz (optim.muon_compile) keeps it whole in its graph and calls it as it is.
+nothing, nor one whose last tiles are mostly padding: `saves` says when to call it. Triton compiles it for CUDA; on
+a CPU its interpreter runs it (TRITON_INTERPRET=1, numpy's arithmetic), which is how the tests check it.
+Registered as an opaque custom op with a shape-only fake: a compiled Newton-Schulz (optim.muon_compile) keeps it
+whole in its graph and calls it as it is.
 """
 from __future__ import annotations
 

@@ -153,10 +153,9 @@ def refuse_nonfinite_state(run: Run) -> None:
     first_bad = int(-distributed.max_over_ranks([-first_bad], device)[0])  # the least over the ranks
     if first_bad == len(named):
         return
-    what = f"step {run.progress.step}: {named[first_bad]} (its weight, gradient or optimizer state) is not finite"
-    if not run.cfg.train.save_checkpoint:
-        _stop(run, what, "so the run fails without its final eval (train.save_checkpoint = false: nothing to save)")
-    _stop(run, what)
+    _stop(run, f"step {run.progress.step}: {named[first_bad]} (its weight, gradient or optimizer state) is not finite",
+          "" if run.cfg.train.save_checkpoint
+          else "so the run fails without its final eval (train.save_checkpoint = false: nothing to save)")
 
 
 def _stop(run: Run, what: str, outcome: str = "") -> None:
