@@ -114,6 +114,9 @@ class GPTConfig:
     # block: 1,408 -> 640); 0 = half the window
     window_block: int = 0
     window_pattern: str = ""  # a letter per layer, repeated over the layers: L = the window, S = half of it; "" = L
+    # every window counts the keys before the query, its own added: window + 1 keys (FlashAttention's window_size=
+    # (window, 0), record 46's); false: window keys, its own included
+    window_past: bool = False
     yarn: bool = False  # rotary frequencies and attention logits rescaled (YaRN) as the window outgrows its first
     doc_causal: bool = False  # tokens never attend across a `bos_id` token (document boundaries)
     bos_id: int = 50256  # the token placed before each document (GPT-2 end-of-text)
@@ -179,6 +182,8 @@ class GPTConfig:
         need(not self.window_pattern or (self.window > 0 and set(self.window_pattern) <= set("LS")),
              f"window_pattern={self.window_pattern!r} needs window > 0 and only the letters L and S, "
              f"e.g. 'LSSSLSSLSSSL'")
+        need(self.window > 0 or not self.window_past, "window_past = true widens a window by the query's own key: "
+             "it needs window > 0")
         stages = self.window_stages
         need(not stages or (not self.window_start and all(type(w) is int and w > 0 for w in stages)
                             and sorted(stages) == stages and stages[-1] <= self.window),

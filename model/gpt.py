@@ -330,14 +330,14 @@ class GPT(nn.Module):
         causal), plus 6 x n_embd per weight a MUDD connection gives a source (its weighted sums).
 
         A token at position p attends to min(p + 1, w) keys, w being its layer's window at `window` (default:
-        the current one; S layers half of it). Document boundaries are ignored: with doc_causal it is an
-        upper bound, the FLOPs of the window alone.
+        the current one; S layers half of it; one more under model.window_past). Document boundaries are
+        ignored: with doc_causal it is an upper bound, the FLOPs of the window alone.
         """
         cfg = self.cfg
         long = self.window if window is None else window
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
         layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
-        keys = sum(mean_keys(seq_len, w) for w in layers)
+        keys = sum(mean_keys(seq_len, w + cfg.window_past) for w in layers)
         mixed = sum(m.proj.size(0) for m in self.mudd)
         return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed
 

@@ -127,7 +127,7 @@ def window_at(cfg: GPTConfig, progress: float) -> int:
 
 def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:
     """Per layer: None (plain causal, or no attention), an explicit boolean mask, or a FlexAttention BlockMask;
-    `windows` holds the (long, short) window now."""
+    `windows` holds the (long, short) window now, in keys a query may see, unless model.window_past adds its own."""
     pattern, attending = cfg.layer_windows, cfg.attention_layers
     if not (cfg.window or cfg.doc_causal):
         return [None] * cfg.n_layer
@@ -138,7 +138,8 @@ def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:
         else:
             _warn_flex_fallback("is not in this torch build" if flex_attention is None
                                 else f"has no backward on {idx.device.type}")
-    by_kind = {"L": windows[0], "S": windows[1]} if cfg.window else {"L": None}
+    keys = windows + 1 if cfg.window_past else windows
+    by_kind = {"L": keys[0], "S": keys[1]} if cfg.window else {"L": None}
     kinds = dict.fromkeys(pattern[i] for i in attending)  # none built for the layers without attention
     masks = {kind: build(idx, by_kind[kind], cfg.doc_causal, cfg.bos_id) for kind in kinds}
     return [masks[kind] if i in attending else None for i, kind in enumerate(pattern)]

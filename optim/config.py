@@ -15,6 +15,9 @@ class OptimConfig:
     weight_decay: float = 0.1  # adamw: decoupled decay of matrices (never of embeddings, norms, biases)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam betas (both recipes)
     eps: float = 1e-8  # Adam epsilon (both recipes)
+    # Adam's eps added to sqrt(v) before its bias correction (record 46's Adam), not after (torch's): it weighs
+    # 1 / sqrt(1 - beta2^t) more at AdamW's t-th step (x4.5 at the first with beta2 = 0.95, x1.25 at the 20th)
+    eps_before_correction: bool = False
     grad_clip: float = 0.0  # > 0: scale the gradients down to this global norm before every step; 0 = off
     embed_lr: float = 0.6  # muon: Adam rate of token/position/value embeddings (and a tied head)
     head_lr: float = 0.008  # muon: Adam rate of the untied head
@@ -30,6 +33,9 @@ class OptimConfig:
     ns_steps: int = 5  # muon: Newton-Schulz iterations
     adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" | "none" (optim/muon.py)
     ns_coefficients: Literal["newton_schulz", "polar_express"] = "newton_schulz"  # muon: the iteration's quintics
+    # muon: added to the update's starting norm (times the safety factor), which it divides by; record 46: 1e-6
+    # on its summed loss's gradients, 1e-6 / 16,384 on ours (train.stage_loss_scale)
+    ns_eps: float = 1e-7
     muon_cautious_wd: bool = False  # muon: decay only where the update and the weight share a sign
     muon_wd_lr_squared: bool = False  # muon: the decay follows the rate squared (the same at the base rate)
     muon_fc_lr_scale: float = 1.0  # muon: the MLP fc's rate (and decay) as a multiple of muon_lr's
@@ -60,6 +66,8 @@ class OptimConfig:
         if self.muon_momentum_cooldown_steps < 0:
             raise ValueError(f"optim config: muon_momentum_cooldown_steps={self.muon_momentum_cooldown_steps} must "
                              "be >= 0 (0 = no cooldown; record 46: 50)")
+        if self.ns_eps <= 0:
+            raise ValueError(f"optim config: ns_eps={self.ns_eps} must be > 0 (a zero update divides by it; e.g. 1e-7)")
         if not 0 <= self.normuon_beta2 < 1:
             raise ValueError(f"optim config: normuon_beta2={self.normuon_beta2} must be in [0, 1), e.g. 0.95")
         if self.adam_every < 1:

@@ -13,6 +13,7 @@ All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -120,7 +121,7 @@ def _optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimize
                 weight_decay=cfg.muon_weight_decay, ns_steps=cfg.ns_steps, adjust_lr=cfg.adjust_lr,
                 ns_coefficients=cfg.ns_coefficients, cautious_wd=cfg.muon_cautious_wd, normuon=cfg.normuon,
                 normuon_beta2=cfg.normuon_beta2, wd_lr_squared=cfg.muon_wd_lr_squared, compile=cfg.muon_compile,
-                symmetric=cfg.muon_symmetric)
+                symmetric=cfg.muon_symmetric, ns_eps=cfg.ns_eps)
     for g in muon.param_groups:
         g.update(initial_lr=g["lr"], initial_momentum=g["momentum"], momentum_start=cfg.muon_momentum_start,
                  momentum_warmup_steps=cfg.muon_momentum_warmup_steps,
@@ -140,12 +141,14 @@ def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
 
 
 def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1,
-                    adam_sync: Callable[[], Callable[[], None]] | None = None) -> None:
+                    adam_sync: Callable[[], Callable[[], None]] | None = None,
+                    eps_before_correction: float | None = None) -> None:
     """Step the optimizers due at `step` (0-based) and drop the gradients they applied. Muon steps every step;
     AdamW only at steps adam_every - 1, 2 * adam_every - 1, ... (with 2, the odd ones, as the records), and keeps
     its gradients in between, which the next backwards add to: its step applies their sum. AdamW steps last: on its
     steps `adam_sync()` is called first and what it returns right before AdamW's step (train.adam_sync: its
-    gradients cross the ranks while Muon steps)."""
+    gradients cross the ranks while Muon steps). `eps_before_correction` (optim.eps under the key of that name):
+    AdamW's eps for that step is the one that adds it to sqrt(v) before the bias correction (`raw_eps`)."""
     # Held gradients are averaged over the ranks already, the same on each: DDP's average of held + new is then
     # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself. Under
     # train.adam_sync = "adam_steps" each rank holds its own sum, and AdamW's step averages it.
@@ -157,8 +160,18 @@ def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_eve
                 continue
             if synced is not None:
                 synced()
+            if eps_before_correction is not None:
+                for group in opt.param_groups:
+                    group["eps"] = raw_eps(eps_before_correction, group["betas"][1], (step + 1) // adam_every)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+def raw_eps(eps: float, beta2: float, t: int) -> float:
+    """What torch's AdamW, which adds eps after the bias correction, must add at its t-th step (1-based) to step as
+    an Adam that adds `eps` before it: m / (sqrt(v / c) + eps / sqrt(c)) = sqrt(c) m / (sqrt(v) + eps), where
+    c = 1 - beta2^t. AdamW's t follows from the training step: it steps at fixed steps from a run's first."""
+    return eps / math.sqrt(1 - beta2 ** t)
 
 
 def untie_when_due(model: GPT, optimizers: list[torch.optim.Optimizer], progress: float, step: int,

@@ -61,6 +61,7 @@ POLAR_EXPRESS_COEFFS = (
 # The starting norm is inflated by the safety factor: the quintics are tuned for singular values up to 1, and
 # bf16 rounding of the Frobenius norm must not push one past it.
 POLAR_EXPRESS_SAFETY = 1.02
+NS_EPS = 1e-7  # added to the starting norm, so that a zero update stays zero
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the same arguments; the old name warns there).
 # Looked up on torch.distributed at each call, by name, so the tests' recorder sees it.
 ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
@@ -78,6 +79,7 @@ class Iteration(NamedTuple):
     steps: int = 5
     coefficients: str = "newton_schulz"  # or "polar_express"
     symmetric: bool = False
+    eps: float = NS_EPS
 
 
 def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
@@ -93,7 +95,7 @@ def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, fl
 
 
 def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz", symmetric: bool = False,
-                  eps: float = 1e-7, dtype: torch.dtype | None = None) -> Tensor:
+                  eps: float = NS_EPS, dtype: torch.dtype | None = None) -> Tensor:
     """Approximately orthogonalise a matrix, or each matrix of a [..., rows, cols] stack (a random one ends with
     singular values in ~[0.67, 1.14] in bf16), in `dtype` (default: ns_dtype of its device), by the quintic
     iteration X <- a X + (b A + c A^2) X, A = X X^T, with `coefficients`' (a, b, c) per step; `symmetric`: A and
@@ -104,7 +106,7 @@ def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz"
     if not wide:  # iterate on the smaller Gram matrix
         x = x.mT
     # Frobenius norm >= spectral norm, so every singular value starts in (0, 1], where the iteration converges.
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety).clamp(min=eps)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * safety + eps)
     symmetric = symmetric and saves(x.size(-2))
     for a, b, c in schedule:
         if symmetric:  # A A^T = A^2: A is symmetric
@@ -383,6 +385,7 @@ class Muon(torch.optim.Optimizer):
     `split`: the matrices orthogonalised apart: a number of equal row blocks, or a tuple of row counts (see
     optim/views.py);
     `ns_coefficients`: the quintics of the iteration, "newton_schulz" or "polar_express" (see `quintics`);
+    `ns_eps`: added to the update's starting norm (scaled by the safety factor), which it divides by;
     `cautious_wd`: decay only the weights whose sign the update shares (W -= lr * U pulls them toward 0);
     `wd_lr_squared`: the decay times lr / initial_lr (initial_lr: the group's base rate, lr at construction);
     `normuon` (with `normuon_beta2`): the update rescaled per neuron, see optim/normuon.py (`normuon_columns`: the
@@ -395,7 +398,7 @@ class Muon(torch.optim.Optimizer):
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
                  wd_lr_squared: bool = False, normuon_columns: bool = False, compile: bool = False,
-                 symmetric: bool = False):
+                 symmetric: bool = False, ns_eps: float = NS_EPS):
         lr_scale((1, 1), adjust_lr)  # reject an unknown rule now, not at the first step
         self.ns_dtype = ns_dtype  # None: ns_dtype(device) of the parameters
         self.compile = compile
@@ -404,7 +407,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, ns_steps=ns_steps,
                                       adjust_lr=adjust_lr, split=split, ns_coefficients=ns_coefficients,
                                       cautious_wd=cautious_wd, normuon=normuon, normuon_beta2=normuon_beta2,
-                                      wd_lr_squared=wd_lr_squared, normuon_columns=normuon_columns))
+                                      wd_lr_squared=wd_lr_squared, normuon_columns=normuon_columns, ns_eps=ns_eps))
         reason = unavailable(self.param_groups[0]["params"][0].device) if symmetric else None
         if reason:
             raise ValueError(f"Muon symmetric=True: {reason}")
@@ -432,8 +435,10 @@ class Muon(torch.optim.Optimizer):
         updates = chosen(nesterov, self.compile)([self._momentum_buffer(p) for p in params],
                                                  [_local(p.grad) for p in params], momenta)
         dtype = self.ns_dtype or ns_dtype(params[0].device)
-        done = _orthogonalize(params, updates, [g["split"] for _, g in work],
-                              [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric) for _, g in work], dtype,
+        # ns_eps is absent from the groups an older resume state restores
+        iterations = [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric, g.get("ns_eps", NS_EPS))
+                      for _, g in work]
+        done = _orthogonalize(params, updates, [g["split"] for _, g in work], iterations, dtype,
                               chosen(newton_schulz, self.compile))
         done = self._normuon(work, done)
         chosen(apply_updates, self.compile)(

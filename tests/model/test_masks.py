@@ -44,6 +44,27 @@ def test_window_limits_the_receptive_field(attention, window, pattern, progress,
     assert changed_positions(m, x, x2) == list(range(reach + 1))
 
 
+@pytest.mark.filterwarnings("ignore:attention='flex'")
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("window, pattern, reach, past_reach", [
+    (4, "", 6, 8),     # 3 tokens back a layer, 4 with the query's own key added: FlashAttention's (4, 0)
+    (8, "SS", 6, 8),   # the S layers' half window too
+])
+def test_window_past_adds_the_querys_own_key_to_every_window(attention, window, pattern, reach, past_reach):
+    x = batch(B=2, T=20, seed=4)
+    x2 = x.clone()
+    x2[:, 0] = (x[:, 0] + 1) % 257
+    for past, expected in [(False, reach), (True, past_reach)]:
+        m = tiny(window=window, window_pattern=pattern, window_past=past, n_layer=2, attention=attention)
+        assert changed_positions(m, x, x2) == list(range(expected + 1))
+    # and the FLOPs count one key more a query wherever the window, not the position, bounds it
+    plain, past = (tiny(window=window, window_pattern=pattern, window_past=p, n_layer=2) for p in (False, True))
+    keys = 2 * (model.masks.mean_keys(20, 5) - model.masks.mean_keys(20, 4))
+    assert past.flops_per_token(20) - plain.flops_per_token(20) == pytest.approx(12 * TINY["n_embd"] * keys)
+    with pytest.raises(ValueError, match="window_past = true .* needs window > 0"):
+        tiny(window_past=True)
+
+
 def test_window_schedule_sets_each_layers_mask():
     m = tiny(window=16, window_start=4, window_pattern="LSSL", doc_causal=True, bos_id=0)
     idx = batch(B=2, T=20).clamp(min=1)

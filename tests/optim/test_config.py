@@ -18,6 +18,7 @@ def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
     (dict(muon_momentum_start=1.0), r"muon_momentum_start=1.0 must be in \[0, 1\), e.g. 0.85"),
     (dict(muon_fc_lr_scale=0.0), r"muon_fc_lr_scale=0.0 must be > 0 \(1 = muon_lr; record 46: 2\)"),
     (dict(adam_every=0), r"adam_every=0 must be >= 1 \(1 = every step; records: 2\)"),
+    (dict(ns_eps=0.0), r"ns_eps=0.0 must be > 0 \(a zero update divides by it; e.g. 1e-7\)"),
     (dict(adam_every=2, grad_clip=1.0), r"adam_every=2 with grad_clip=1.0: the clip would scale AdamW's held "
                                         r"gradients again .*; set grad_clip = 0 or adam_every = 1"),
 ])

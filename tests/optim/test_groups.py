@@ -83,6 +83,25 @@ def test_adamw_every_second_step_applies_the_sum_of_both_steps_gradients_and_muo
     assert opts[0].state[adam[0]]["step"] == 1
 
 
+def test_eps_before_correction_steps_as_record_46s_adam():
+    # record 46's Adam at its t-th step: p -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps), on the odd steps
+    # (adam_every 2) with the two steps' gradients; near eps in size, where torch's eps placement differs
+    torch.manual_seed(0)
+    lr, (b1, b2), eps = 0.01, (0.65, 0.95), 1e-8
+    w, grads = torch.randn(64, dtype=torch.float64), torch.randn(8, 64, dtype=torch.float64) * 1e-8
+    m, v, ref = torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64), w.clone()
+    for t, g in enumerate(grads.view(4, 2, 64).sum(1), start=1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        ref -= lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (v.sqrt() + eps)
+    for placed, near in [(eps, True), (None, False)]:
+        p = torch.nn.Parameter(w.clone())
+        opt = torch.optim.AdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0)
+        for step, g in enumerate(grads):
+            p.grad = g.clone() if p.grad is None else p.grad + g
+            step_optimizers([opt], step, 2, eps_before_correction=placed)
+        assert torch.allclose(p.detach(), ref, rtol=0, atol=1e-12 * lr) is near  # torch's own placement: ~lr off
+
+
 def test_adam_every_1_steps_every_optimizer_and_drops_every_gradient():
     model = gpt()
     opts = build_optimizers(model, OptimConfig(name="muon", embed_lr=0.01, head_lr=0.01))

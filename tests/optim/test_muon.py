@@ -10,7 +10,7 @@ from model import get_model
 from model.config import GPTConfig
 from optim.config import OptimConfig
 from optim.groups import build_optimizers, qkv_split, set_lr
-from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops
+from optim.muon import ALL_GATHER, Muon, assign, lr_scale, newton_schulz, ns_dtype, ns_flops, quintics
 from optim.views import view_rows
 from tests.helpers import ROOT, torchrun
 from tests.workers.muon_worker import ADAM_EVERY, CASES, STEPS, full_state, gpt, optimizers_for, train
@@ -61,6 +61,34 @@ def test_polar_express_is_nearer_the_polar_factor(shape, dtype):
     s = torch.linalg.svdvals(newton_schulz(g.float(), 5, "polar_express", dtype=dtype).double())
     assert 0.85 < s.min() and s.max() < 1.15, s
     assert error("polar_express", 8) < 0.06  # past 5 steps the last quintic repeats and keeps converging
+
+
+def test_the_starting_norm_adds_ns_eps_as_record_46_adds_its_1e_6():
+    # X / (1.02 ||X|| + eps), then the quintics, all in float64: on an update whose norm is near eps, eps weighs
+    torch.manual_seed(0)
+    g = torch.randn(16, 32, dtype=torch.float64) * 1e-7  # norm ~2e-6
+    safety, schedule = quintics("polar_express", 5)
+    for eps in (1e-7, 1e-6):
+        x = g / (safety * g.norm() + eps)
+        for a, b, c in schedule:
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        got = newton_schulz(g, 5, "polar_express", eps=eps, dtype=torch.float64)
+        torch.testing.assert_close(got, x, atol=1e-12, rtol=0)
+    assert not newton_schulz(torch.zeros(8, 16), eps=1e-7).any()  # a zero update stays zero
+
+
+def test_muon_iterates_with_its_groups_ns_eps():
+    # momentum 0 and rate 1: the step is minus the iteration of the gradient, whose eps is the group's
+    torch.manual_seed(0)
+    w, grad = torch.randn(16, 32), torch.randn(16, 32) * 1e-7
+    for eps in (1e-7, 1e-5):
+        p = torch.nn.Parameter(w.clone())
+        p.grad = grad.clone()
+        Muon([p], lr=1.0, momentum=0.0, adjust_lr="none", ns_coefficients="polar_express", ns_eps=eps).step()
+        torch.testing.assert_close(w - p.detach(), newton_schulz(grad, 5, "polar_express", eps=eps))
+    adamw, muon = build_optimizers(gpt(), OptimConfig(name="muon", ns_eps=6.103515625e-11))
+    assert {g["ns_eps"] for g in muon.param_groups} == {6.103515625e-11}
 
 
 def test_polar_express_needs_its_five_steps():
