@@ -90,9 +90,9 @@ class Clock:
 
     def lr_stage(self, step: int) -> int:
         """Whose train.batch_stage_lr entry the step about to run takes: its batch stage's, or the stage whose
-        train.batch_stage_lr_at start it has reached."""
+        train.batch_stage_lr_at start it has passed (past it, not at it: record 46's `step / steps > 0.33`)."""
         starts = self.cfg.batch_stage_lr_at
-        return sum(self.progress(step) >= at for at in starts) if starts else self.stage(step)
+        return sum(self.progress(step) > at for at in starts) if starts else self.stage(step)
 
     def stage(self, step: int) -> int:
         """The batch schedule's stage of the step about to run (0 without one). It follows the progress the LR

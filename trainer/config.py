@@ -83,7 +83,7 @@ class TrainConfig:
     batch_stage_rows: bool = False
     # each stage's LR multiplier, applied on top of the LR schedule's; [] = 1.0 in every stage
     batch_stage_lr: list[float] = field(default_factory=list)
-    # the progress at which the second, third, ... stage's LR multiplier takes over; [] = where its batch stage
+    # the progress past which the second, third, ... stage's LR multiplier takes over; [] = where its batch stage
     # starts. Record 46 raises its rate a little before its batch: [0.33, 0.66] against thirds
     batch_stage_lr_at: list[float] = field(default_factory=list)
     # true: each step's mean loss is scaled by its batch stage's tokens over the first stage's, so that its gradient

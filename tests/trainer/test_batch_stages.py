@@ -154,14 +154,14 @@ def test_an_extended_budget_says_when_it_moves_the_next_step_to_longer_rows():
 
 
 def test_lr_stages_may_start_where_batch_stage_lr_at_says_and_decay_to_a_floor_of_the_base_rate():
-    """Two stages of 20 steps, the second's rate x 2 from 40% of them (step 8) while its batch waits for step 10;
-    the decay over the last half runs from each stage's rate down to 0.1 of the base rate (lr_final_of = "base"):
-    at step 15, halfway, 2 x 0.5 + 0.1 x 0.5."""
+    """Two stages of 20 steps, the second's rate x 2 past 40% of them (from step 9: record 46's rate rises where
+    step / steps > 0.33) while its batch waits for step 10; the decay over the last half runs from each stage's rate
+    down to 0.1 of the base rate (lr_final_of = "base"): at step 15, halfway, 2 x 0.5 + 0.1 x 0.5."""
     cfg = TrainConfig(schedule="step", max_steps=20, batch_stages=[1, 2], batch_stage_lr=[1.0, 2.0],
                       batch_stage_lr_at=[0.4], lr_decay_frac=0.5, lr_final_frac=0.1, lr_final_of="base")
     clock = Clock(cfg)
     assert [clock.micro_steps(s) for s in (7, 8, 9, 10)] == [1, 1, 1, 2]
-    assert [clock.lr_mult(s) for s in (0, 7, 8, 10, 15, 20)] == pytest.approx([1.0, 1.0, 2.0, 2.0, 1.05, 0.1])
+    assert [clock.lr_mult(s) for s in (0, 8, 9, 10, 15, 20)] == pytest.approx([1.0, 1.0, 2.0, 2.0, 1.05, 0.1])
     # a fraction of the stage's rate, as before: the same decay ends at 0.1 x 2
     stage = Clock(dataclasses.replace(cfg, lr_final_of="stage"))
     assert [stage.lr_mult(s) for s in (15, 20)] == pytest.approx([2 * 0.55, 0.2])
