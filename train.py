@@ -156,8 +156,7 @@ def train_step(run: Run, batches, seq_len: int = 0, norm_wanted: bool = True) ->
     gpt.tie_grads()  # a head that follows the embedding: its gradient is the embedding's
     norm = run.model.clip_grads(run.cfg.optim.grad_clip, norm_wanted)
 
-    step_optimizers(run.optimizers, step, adam_every, adam_sync=run.model.sync_apart,
-                    eps_before_correction=run.cfg.optim.eps if run.cfg.optim.eps_before_correction else None)
+    step_optimizers(run.optimizers, step, adam_every, adam_sync=run.model.sync_apart)
     gpt.tie_weights()
     return total / accum, norm, run.loader.wait_s - waited
 

@@ -337,7 +337,7 @@ class GPT(nn.Module):
         long = self.window if window is None else window
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
         layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
-        keys = sum(mean_keys(seq_len, w + cfg.window_past) for w in layers)
+        keys = sum(mean_keys(seq_len, w + int(cfg.window_past)) for w in layers)
         mixed = sum(m.proj.size(0) for m in self.mudd)
         return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed
 

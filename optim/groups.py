@@ -8,7 +8,8 @@ Muon's groups also carry their momentum warm-up and cooldown (`initial_momentum`
 momentum_at(group, step, steps)` next to the rate: a function of the step and the run's length alone, so a
 resumed run gets the same values.
 The trainer steps them with `step_optimizers`, which also drops the gradients they applied (AdamW may keep
-its own for a later step: optim.adam_every).
+its own for a later step: optim.adam_every); under optim.eps_before_correction AdamW's groups carry that eps as
+`group["eps_before_correction"]`, and step_optimizers gives torch's AdamW the eps that places it so.
 All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
 """
 from __future__ import annotations
@@ -76,6 +77,8 @@ def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["initial_lr"] = g["lr"]
+        if cfg.eps_before_correction:
+            g["eps_before_correction"] = cfg.eps
     fused = all(p.is_cuda for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
 
@@ -141,14 +144,13 @@ def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
 
 
 def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_every: int = 1,
-                    adam_sync: Callable[[], Callable[[], None]] | None = None,
-                    eps_before_correction: float | None = None) -> None:
+                    adam_sync: Callable[[], Callable[[], None]] | None = None) -> None:
     """Step the optimizers due at `step` (0-based) and drop the gradients they applied. Muon steps every step;
     AdamW only at steps adam_every - 1, 2 * adam_every - 1, ... (with 2, the odd ones, as the records), and keeps
     its gradients in between, which the next backwards add to: its step applies their sum. AdamW steps last: on its
     steps `adam_sync()` is called first and what it returns right before AdamW's step (train.adam_sync: its
-    gradients cross the ranks while Muon steps). `eps_before_correction` (optim.eps under the key of that name):
-    AdamW's eps for that step is the one that adds it to sqrt(v) before the bias correction (`raw_eps`)."""
+    gradients cross the ranks while Muon steps). A group with an `eps_before_correction` steps with the eps that
+    adds it to sqrt(v) before the bias correction (`torch_eps`)."""
     # Held gradients are averaged over the ranks already, the same on each: DDP's average of held + new is then
     # held + the average of the new gradients, and FSDP2 adds that average to the held shard itself. Under
     # train.adam_sync = "adam_steps" each rank holds its own sum, and AdamW's step averages it.
@@ -160,17 +162,19 @@ def step_optimizers(optimizers: list[torch.optim.Optimizer], step: int, adam_eve
                 continue
             if synced is not None:
                 synced()
-            if eps_before_correction is not None:
-                for group in opt.param_groups:
-                    group["eps"] = raw_eps(eps_before_correction, group["betas"][1], (step + 1) // adam_every)
+            for group in opt.param_groups:
+                if "eps_before_correction" in group:
+                    group["eps"] = torch_eps(group["eps_before_correction"], group["betas"][1],
+                                             (step + 1) // adam_every)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
 
-def raw_eps(eps: float, beta2: float, t: int) -> float:
+def torch_eps(eps: float, beta2: float, t: int) -> float:
     """What torch's AdamW, which adds eps after the bias correction, must add at its t-th step (1-based) to step as
     an Adam that adds `eps` before it: m / (sqrt(v / c) + eps / sqrt(c)) = sqrt(c) m / (sqrt(v) + eps), where
-    c = 1 - beta2^t. AdamW's t follows from the training step: it steps at fixed steps from a run's first."""
+    c = 1 - beta2^t. AdamW's t follows from the training step: it steps at fixed steps from a run's first (the
+    warm-up's steps, undone after, count as step 0)."""
     return eps / math.sqrt(1 - beta2 ** t)
 
 

@@ -74,8 +74,8 @@ def ns_dtype(device: torch.device) -> torch.dtype:
 
 
 class Iteration(NamedTuple):
-    """How a group's updates are orthogonalised: the number of steps, whose quintic coefficients, and whether the
-    two symmetric products go to optim/symmetric.py's kernel."""
+    """How a group's updates are orthogonalised: the number of steps, whose quintic coefficients, whether the
+    two symmetric products go to optim/symmetric.py's kernel, and the eps added to the starting norm."""
     steps: int = 5
     coefficients: str = "newton_schulz"  # or "polar_express"
     symmetric: bool = False
@@ -435,8 +435,8 @@ class Muon(torch.optim.Optimizer):
         updates = chosen(nesterov, self.compile)([self._momentum_buffer(p) for p in params],
                                                  [_local(p.grad) for p in params], momenta)
         dtype = self.ns_dtype or ns_dtype(params[0].device)
-        # ns_eps is absent from the groups an older resume state restores
-        iterations = [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric, g.get("ns_eps", NS_EPS))
+        eps = self.defaults["ns_eps"]  # for the groups an older resume state restores, which lack ns_eps
+        iterations = [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric, g.get("ns_eps", eps))
                       for _, g in work]
         done = _orthogonalize(params, updates, [g["split"] for _, g in work], iterations, dtype,
                               chosen(newton_schulz, self.compile))

@@ -58,8 +58,9 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     stages = [shapes[stage_of(i / 100, len(shapes))] for i in range(101)]
     flops = statistics.fmean([model.flops_per_token(row, window_at(cfg.model, i / 100))
                               for i, (_, row) in enumerate(stages)], weights=[m * row for m, row in stages])
-    attention_at_one_key = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd
-    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_one_key
+    # at window 1 a query sees one key (two under model.window_past): the attention left to take away
+    attention_at_window_1 = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd * (1 + cfg.model.window_past)
+    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_window_1
     return flops, 1 - matmul_only / flops
 
 

@@ -47,7 +47,7 @@ def test_window_limits_the_receptive_field(attention, window, pattern, progress,
 @pytest.mark.filterwarnings("ignore:attention='flex'")
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("window, pattern, reach, past_reach", [
-    (4, "", 6, 8),     # 3 tokens back a layer, 4 with the query's own key added: FlashAttention's (4, 0)
+    (4, "", 6, 8),     # 3 keys back a layer, its own included; 4 back and its own under window_past: (4, 0)
     (8, "SS", 6, 8),   # the S layers' half window too
 ])
 def test_window_past_adds_the_querys_own_key_to_every_window(attention, window, pattern, reach, past_reach):

@@ -93,13 +93,16 @@ def test_eps_before_correction_steps_as_record_46s_adam():
     for t, g in enumerate(grads.view(4, 2, 64).sum(1), start=1):
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         ref -= lr * (1 - b2 ** t) ** 0.5 / (1 - b1 ** t) * m / (v.sqrt() + eps)
-    for placed, near in [(eps, True), (None, False)]:
+    for key, near in [({"eps_before_correction": eps}, True), ({}, False)]:
         p = torch.nn.Parameter(w.clone())
-        opt = torch.optim.AdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0)
+        opt = torch.optim.AdamW([{"params": [p], **key}], lr=lr, betas=(b1, b2), eps=eps, weight_decay=0.0)
         for step, g in enumerate(grads):
             p.grad = g.clone() if p.grad is None else p.grad + g
-            step_optimizers([opt], step, 2, eps_before_correction=placed)
+            step_optimizers([opt], step, 2)
         assert torch.allclose(p.detach(), ref, rtol=0, atol=1e-12 * lr) is near  # torch's own placement: ~lr off
+    # the key gives every AdamW group the eps to place so
+    adamw, _ = build_optimizers(gpt(), OptimConfig(name="muon", eps=eps, eps_before_correction=True))
+    assert [g["eps_before_correction"] for g in adamw.param_groups] == [eps] * len(adamw.param_groups)
 
 
 def test_adam_every_1_steps_every_optimizer_and_drops_every_gradient():
