@@ -10,7 +10,8 @@ resumed run gets the same values.
 The trainer steps them with `step_optimizers`, which also drops the gradients they applied (AdamW may keep
 its own for a later step: optim.adam_every); under optim.eps_before_correction AdamW's groups carry that eps as
 `group["eps_before_correction"]`, and step_optimizers gives torch's AdamW the eps that places it so.
-All optimizers returned support `state_dict()` / `load_state_dict()` for resume.
+All optimizers returned support `state_dict()` / `load_state_dict()` for resume (through trainer/checkpoint.py's
+`restore`, which gives a state saved before a group key existed the key as this run built it).
 """
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def torch_eps(eps: float, beta2: float, t: int) -> float:
     """What torch's AdamW, which adds eps after the bias correction, must add at its t-th step (1-based) to step as
     an Adam that adds `eps` before it: m / (sqrt(v / c) + eps / sqrt(c)) = sqrt(c) m / (sqrt(v) + eps), where
     c = 1 - beta2^t. AdamW's t follows from the training step: it steps at fixed steps from a run's first (the
-    warm-up's steps, undone after, count as step 0)."""
+    warm-up's steps, undone after, count as the step the run starts or resumes at)."""
     return eps / math.sqrt(1 - beta2 ** t)
 
 

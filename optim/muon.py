@@ -435,9 +435,7 @@ class Muon(torch.optim.Optimizer):
         updates = chosen(nesterov, self.compile)([self._momentum_buffer(p) for p in params],
                                                  [_local(p.grad) for p in params], momenta)
         dtype = self.ns_dtype or ns_dtype(params[0].device)
-        eps = self.defaults["ns_eps"]  # for the groups an older resume state restores, which lack ns_eps
-        iterations = [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric, g.get("ns_eps", eps))
-                      for _, g in work]
+        iterations = [Iteration(g["ns_steps"], g["ns_coefficients"], self.symmetric, g["ns_eps"]) for _, g in work]
         done = _orthogonalize(params, updates, [g["split"] for _, g in work], iterations, dtype,
                               chosen(newton_schulz, self.compile))
         done = self._normuon(work, done)

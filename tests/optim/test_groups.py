@@ -103,6 +103,8 @@ def test_eps_before_correction_steps_as_record_46s_adam():
     # the key gives every AdamW group the eps to place so
     adamw, _ = build_optimizers(gpt(), OptimConfig(name="muon", eps=eps, eps_before_correction=True))
     assert [g["eps_before_correction"] for g in adamw.param_groups] == [eps] * len(adamw.param_groups)
+    adamw, _ = build_optimizers(gpt(), OptimConfig(name="muon"))
+    assert not any("eps_before_correction" in g for g in adamw.param_groups)  # off: torch's own placement
 
 
 def test_adam_every_1_steps_every_optimizer_and_drops_every_gradient():
