@@ -1,6 +1,6 @@
 """How far a record's own runs fall apart: at each eval step, the val loss's mean, standard deviation, lowest and
 highest over the logs of its runs (modded-nanogpt keeps every run's log beside a record's README). A gap between the
-record and ours means something only against this spread (issue: the side by side's fidelity).
+record and ours, side by side (scripts/bench/beside_record.py), means something only against this spread.
 
     python -m scripts.record_spread upstream/2025-11-29_BatchSizeSchedule/*.txt
 """
