@@ -138,7 +138,7 @@ def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:
         else:
             _warn_flex_fallback("is not in this torch build" if flex_attention is None
                                 else f"has no backward on {idx.device.type}")
-    keys = windows + 1 if cfg.window_past else windows  # a 0-dim add, inside the compiled graph
+    keys = windows + 1 if cfg.window_past else windows  # two numbers added, inside the compiled graph
     by_kind = {"L": keys[0], "S": keys[1]} if cfg.window else {"L": None}
     kinds = dict.fromkeys(pattern[i] for i in attending)  # none built for the layers without attention
     masks = {kind: build(idx, by_kind[kind], cfg.doc_causal, cfg.bos_id) for kind in kinds}

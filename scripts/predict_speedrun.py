@@ -24,7 +24,7 @@ import torch
 
 from model.config import stage_of
 from model.gpt import GPT
-from model.masks import window_at
+from model.masks import mean_keys, window_at
 from trainer.config import Config, parse_args as parse_train_args
 from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
@@ -58,8 +58,10 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
     stages = [shapes[stage_of(i / 100, len(shapes))] for i in range(101)]
     flops = statistics.fmean([model.flops_per_token(row, window_at(cfg.model, i / 100))
                               for i, (_, row) in enumerate(stages)], weights=[m * row for m, row in stages])
-    # at window 1 a query sees one key (two under model.window_past): the attention left to take away
-    attention_at_window_1 = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd * (1 + cfg.model.window_past)
+    # at window 1 a query sees one key (two under model.window_past, but at the first position): what is left of
+    # the attention, to take away
+    keys = mean_keys(cfg.train.seq_len, 1 + int(cfg.model.window_past))
+    attention_at_window_1 = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd * keys
     matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_window_1
     return flops, 1 - matmul_only / flops
 
