@@ -325,21 +325,23 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int, window: int | None = None) -> float:
-        """Training FLOPs per token of a seq_len-token sequence: 6 per matmul weight, plus 12 x n_embd per layer
-        with attention for each key a query attends to (QK^T and AV, forward and backward; PaLM's count, made
-        causal), plus 6 x n_embd per weight a MUDD connection gives a source (its weighted sums).
+        """Training FLOPs per token of a seq_len-token sequence: 6 per matmul weight, plus the attention's
+        (`attention_flops_per_token`), plus 6 x n_embd per weight a MUDD connection gives a source (its weighted
+        sums)."""
+        mixed = sum(m.proj.size(0) for m in self.mudd)
+        return (6.0 * self.matmul_weights + self.attention_flops_per_token(seq_len, window)
+                + 6.0 * self.cfg.n_embd * mixed)
 
-        A token at position p attends to min(p + 1, w) keys, w being its layer's window at `window` (default:
-        the current one; S layers half of it; one more under model.window_past). Document boundaries are
-        ignored: with doc_causal it is an upper bound, the FLOPs of the window alone.
-        """
+    def attention_flops_per_token(self, seq_len: int, window: int | None = None) -> float:
+        """12 x n_embd per layer with attention for each key a query attends to (QK^T and AV, forward and backward;
+        PaLM's count, made causal). A token at position p attends to min(p + 1, w) keys, w being its layer's
+        window at `window` (default: the current one; S layers half of it; one more under model.window_past).
+        Document boundaries are ignored: with doc_causal it is an upper bound, the FLOPs of the window alone."""
         cfg = self.cfg
         long = self.window if window is None else window
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
         layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
-        keys = sum(mean_keys(seq_len, w + int(cfg.window_past)) for w in layers)
-        mixed = sum(m.proj.size(0) for m in self.mudd)
-        return 6.0 * self.matmul_weights + 12.0 * cfg.n_embd * keys + 6.0 * cfg.n_embd * mixed
+        return 12.0 * cfg.n_embd * sum(mean_keys(seq_len, w + int(cfg.window_past)) for w in layers)
 
     @functools.cached_property
     def matmul_weights(self) -> int:

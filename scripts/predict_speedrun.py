@@ -24,7 +24,7 @@ import torch
 
 from model.config import stage_of
 from model.gpt import GPT
-from model.masks import mean_keys, window_at
+from model.masks import window_at
 from trainer.config import Config, parse_args as parse_train_args
 from trainer.mfu import PEAK_BF16_FLOPS, mfu
 
@@ -56,14 +56,11 @@ def flops_per_token(cfg: Config) -> tuple[float, float]:
         model = GPT(cfg.model)
     shapes = cfg.train.stage_shapes()
     stages = [shapes[stage_of(i / 100, len(shapes))] for i in range(101)]
-    flops = statistics.fmean([model.flops_per_token(row, window_at(cfg.model, i / 100))
-                              for i, (_, row) in enumerate(stages)], weights=[m * row for m, row in stages])
-    # at window 1 a query sees one key (two under model.window_past, but at the first position): what is left of
-    # the attention, to take away
-    keys = mean_keys(cfg.train.seq_len, 1 + int(cfg.model.window_past))
-    attention_at_window_1 = 12.0 * len(cfg.model.attention_layers) * cfg.model.n_embd * keys
-    matmul_only = model.flops_per_token(cfg.train.seq_len, 1) - attention_at_window_1
-    return flops, 1 - matmul_only / flops
+    points = [(row, window_at(cfg.model, i / 100)) for i, (_, row) in enumerate(stages)]
+    weights = [m * row for m, row in stages]
+    flops = statistics.fmean([model.flops_per_token(*point) for point in points], weights=weights)
+    attention = statistics.fmean([model.attention_flops_per_token(*point) for point in points], weights=weights)
+    return flops, attention / flops
 
 
 def params(cfg: Config) -> int:

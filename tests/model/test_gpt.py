@@ -167,6 +167,7 @@ def test_flops_per_token_counts_the_attended_keys(options, window, T):
         pairs += int(model.masks.attention_mask(idx, torch.tensor(w), False, 0).sum())
     tables = ("wte", "wpe", "value_embeds")  # lookups, no matmul; a tied head is listed again as lm_head
     weights = sum(p.numel() for name, p in m.named_parameters(remove_duplicate=False) if not name.startswith(tables))
+    assert m.attention_flops_per_token(T, window) == pytest.approx(12 * 32 * pairs / T, rel=1e-12)
     assert m.flops_per_token(T, window) == pytest.approx(6 * weights + 12 * 32 * pairs / T, rel=1e-12)
 
 
