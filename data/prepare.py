@@ -16,8 +16,9 @@ documents, empty_documents (skipped), tokens, text_bytes (the source's bytes), b
 and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
-uninterrupted run. Another run's shards in DIR are refused unless --overwrite. A run that fails before its
-first shard, or refuses its input (a binary file, too little text), leaves nothing behind.
+uninterrupted run. Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
+new corpus has given its first shard. A run that fails before its first shard, or refuses its input (a binary file,
+too little text), leaves nothing behind; one whose reading fails part-way (the network, the disk) keeps its shards.
 """
 from __future__ import annotations
 
@@ -102,8 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{flag.replace('_', '-')} must be < 2**31 (the shard header's int32 token count)")
     args.fit_val = args.val_tokens is None  # a corpus smaller than the default split keeps a tenth (_tokenize)
     args.val_tokens = VAL_TOKENS if args.fit_val else args.val_tokens
-    if args.val_tokens < 0:
-        p.error("--val-tokens must be >= 0")
+    if args.val_tokens < 0 or args.val_tokens == 1:
+        p.error("--val-tokens must be 0 (no val shard) or at least 2 (a target and the token before it)")
     args.tokenizer = args.tokenizer or ("bytes" if args.source else "gpt2")
     args.name = args.name or _slug(args)
     args.out = Path(args.out or Path("shards") / args.name)
@@ -120,8 +121,8 @@ def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
     if args.files:
         pattern = args.files
         if os.path.isdir(pattern):
-            pattern = sources.folder_glob(pattern)
-        files = sources.local_files(pattern)
+            pattern = sources.folder_glob(pattern, skip=args.out)
+        files = sources.local_files(pattern, skip=args.out)
         if pattern != args.files:
             print(f"prepare: --files {args.files} is a folder: reading its "
                   f"{plural(len(files), files[0].suffix + ' file')} ({pattern})", file=sys.stderr)
@@ -152,28 +153,31 @@ def _slug(args: argparse.Namespace) -> str:
     return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "corpus"
 
 
-def start_meta(out: Path, settings: dict, overwrite: bool) -> dict:
-    """meta.json to continue from: a fresh one, or the one a run with the same settings left in `out`."""
+def start_meta(out: Path, settings: dict, overwrite: bool) -> tuple[dict, list[Path]]:
+    """meta.json to continue from (a fresh one, or the one a run with the same settings left in `out`), and under
+    `overwrite` the files of `out` that the first new shard replaces (meta.json first)."""
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out} is a file, not a folder; name a folder for the shards")
     for stale in out.glob(".*.tmp*"):  # left by a killed writer (atomic_path cleans up only on exceptions)
         stale.unlink()
     found = sorted({p.name for pattern in OUR_SHARDS for p in out.glob(pattern)})
-    old = _read_meta(out) if (out / META).exists() else None
-    if overwrite:
-        for name in [META, *found]:  # meta.json first: it must never list shards that are gone
-            (out / name).unlink(missing_ok=True)
-    elif old is not None and old["settings"] != settings and old["shards"]:  # without shards: nothing to keep
+    old = _read_meta(out) if (out / META).exists() and not overwrite else None
+    fresh = {"complete": False, "settings": settings, "shards": [], "documents": 0, "empty_documents": 0,
+             "partial_doc_tokens": 0, "tokens": 0, "text_bytes": 0, "binary_bytes": 0}
+    if overwrite:  # meta.json first: it must never list shards that are gone
+        return fresh, [out / name for name in [META, *found] if (out / name).exists()]
+    if old is not None and old["settings"] != settings and old["shards"]:  # without shards: nothing to keep
         diffs = [f"{key}: {_value(there)} there, {_value(now)} now"
                  for key, there, now in _differences(old["settings"], settings)]
         raise PrepareError(f"{out} holds shards made with other settings: {'; '.join(diffs)}; write to another "
                            f"--out directory, or pass --overwrite to replace them")
     elif old is not None and old["settings"] == settings:
         _check_listed_shards(out, old)
-        return old
+        return old, []
     elif found:
         raise PrepareError(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
                            f"unknown; write to another --out directory or pass --overwrite to replace them")
-    return {"complete": False, "settings": settings, "shards": [], "documents": 0, "empty_documents": 0,
-            "partial_doc_tokens": 0, "tokens": 0, "text_bytes": 0, "binary_bytes": 0}
+    return fresh, []
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
@@ -295,20 +299,21 @@ def prepare(args: argparse.Namespace) -> dict:
                 "max_tokens": args.max_tokens, "shuffle": args.shuffle, "seed": args.seed if args.shuffle else None,
                 "shuffle_buffer": corpus.shuffle_buffer}
     made = [p for p in (args.out, *args.out.parents) if not p.exists()]  # deepest first
-    meta = start_meta(args.out, settings, args.overwrite)
+    meta, replaced = start_meta(args.out, settings, args.overwrite)
     meta.update(tokenizer=args.tokenizer, vocab_size=enc.n_vocab, eot_token=eot_token(enc), dtype=dtype.name)
     if meta["complete"]:
         print(f"prepare: {args.out} is already complete ({plural(meta['tokens'], 'token')}); "
               f"nothing to do", file=sys.stderr)
         return meta
     try:
-        return _tokenize(args, corpus, meta, dtype)
-    except (PrepareError, sources.SourceError):
-        # a refused input: the corrected corpus has other settings, so no re-run could continue these shards
-        _remove(args.out, meta, made)
-        raise
-    except (Exception, KeyboardInterrupt):
-        if not meta["shards"]:  # a folder holding only meta.json would look like a prepare in progress
+        return _tokenize(args, corpus, meta, dtype, replaced)
+    except (Exception, KeyboardInterrupt) as e:
+        if replaced:  # --overwrite's old files are still all there: nothing of this run was written
+            raise
+        # a refused input: the corrected corpus has other settings, so no re-run could continue these shards;
+        # a folder holding only meta.json would look like a prepare in progress
+        refused = isinstance(e, (PrepareError, sources.SourceError)) and not isinstance(e, sources.ReadError)
+        if refused or not meta["shards"]:
             _remove(args.out, meta, made)
         raise
 
@@ -323,11 +328,22 @@ def _remove(out: Path, meta: dict, made: list[Path]) -> None:
             folder.rmdir()
 
 
-def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtype: np.dtype) -> dict:
-    """Write the corpus's documents, from where `meta` stopped, into shards; return meta.json's final values."""
+def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtype: np.dtype,
+              replaced: list[Path]) -> dict:
+    """Write the corpus's documents, from where `meta` stopped, into shards, the files `replaced` (emptied then)
+    deleted before the first; return meta.json's final values."""
     # One loop, long: its resume state (documents done, the partial document's written tokens, the byte counts)
     # goes into meta.json at every shard written, so pieces of it would pass all of that back and forth.
-    write_json(args.out / META, meta)  # before any shard: a shard whose settings are unknown blocks a re-run
+    def write(tokens: np.ndarray, size: int | None = None) -> np.ndarray:
+        if replaced:  # --overwrite: the old files go once the corpus has given a shard, not on a wrong argument
+            for path in replaced:
+                path.unlink(missing_ok=True)
+            replaced.clear()
+            write_json(args.out / META, meta)
+        return _write_next(args.out, meta, tokens, size)
+
+    if not replaced:
+        write_json(args.out / META, meta)  # before any shard: a shard whose settings are unknown blocks a re-run
     # The demo's stdlib holds encoding test files (test/encoded_modules/module_koi8_r.py: 42% not UTF-8)
     allow_binary = args.allow_binary or args.source == "stdlib"
     # Documents resume at the first not fully written, `skip` of its tokens already in the shards.
@@ -360,7 +376,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         bar.update(len(toks))
         bar.set_postfix_str(f"docs={done + 1:,}", refresh=False)
         while buffered >= shard_file(meta)[1]:
-            rest = _write_next(args.out, meta, np.concatenate(buf))
+            rest = write(np.concatenate(buf))
             buf, buffered = [rest], len(rest)
             # The rest, if any, is the tail of this document: resume re-tokenizes it and skips what is written
             # (counted from the document's start: a --max-tokens cut may have dropped its end).
@@ -381,11 +397,12 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         print(f"prepare: the corpus gave {plural(buffered, 'token')}, fewer than the default val split "
               f"(--val-tokens {args.val_tokens:,}): its first {val:,} form the val shard, the rest the train data",
               file=sys.stderr)
-        rest = _write_next(args.out, meta, np.concatenate(buf), size=val)
+        rest = write(np.concatenate(buf), size=val)
         buf, buffered = [rest], len(rest)
     _check_training_left(meta, buffered, empty, args.val_tokens)
-    if buffered:
-        _write_next(args.out, meta, np.concatenate(buf))
+    rest = np.concatenate(buf) if buf else np.empty(0, dtype)
+    while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
+        rest = write(rest)
     meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
     # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
     meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]
@@ -444,10 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         prepare(args)
+    except (DiskFullError, sources.ReadError) as e:  # meta.json names the shards already complete
+        sys.exit(f"prepare: error: {e}; the same command, run again, continues after the last complete shard")
     except (PrepareError, TokenizerError, sources.SourceError) as e:
         sys.exit(f"prepare: error: {e}")
-    except DiskFullError as e:  # meta.json names the shards already complete: a re-run resumes from them
-        sys.exit(f"prepare: error: {e}; the same command, run again, continues after the last complete shard")
+    except KeyboardInterrupt:
+        sys.exit("prepare: interrupted; the same command, run again, continues after the last complete shard")
 
 
 if __name__ == "__main__":

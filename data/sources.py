@@ -33,6 +33,11 @@ class SourceError(ValueError):
     """A corpus that cannot be read as asked; the message names it and the fix."""
 
 
+class ReadError(SourceError):
+    """A read that failed part-way, where the same command may succeed when run again (the network, the disk):
+    what was written from the corpus so far is kept."""
+
+
 READERS_NEED = "reading .jsonl/.json/.parquet files and hub datasets"  # what the datasets package serves here
 
 
@@ -76,11 +81,18 @@ def decode(raw: bytes) -> tuple[str, int]:
     return text, undecodable + raw.count(0)
 
 
-def folder_glob(folder: str) -> str:
+def _matches(pattern: str, skip: Path | None) -> list[Path]:
+    """The files a glob matches (`**` allowed), sorted, less those under the folder `skip` (prepare's output, which
+    may lie inside the corpus's folder: its meta.json is no document)."""
+    paths = (Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+    skip = skip.resolve() if skip else None
+    return sorted(p for p in paths if skip is None or skip not in p.resolve().parents)
+
+
+def folder_glob(folder: str, skip: Path | None = None) -> str:
     """The glob of the one known kind of file under `folder` (recursive; hidden files left out, as a shell's
-    glob would); an error when it holds none or several kinds."""
-    found = {Path(p).suffix for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
-             if os.path.isfile(p)}
+    glob would; none under `skip`); an error when it holds none or several kinds."""
+    found = {p.suffix for p in _matches(os.path.join(folder, "**", "*"), skip)}
     kinds = sorted(found & BUILDERS.keys())
     if not kinds:
         raise SourceError(f"--files {folder!r} is a folder with no {_listed(sorted(BUILDERS), 'or')} file; "
@@ -95,9 +107,9 @@ def _listed(words: list[str], last: str) -> str:
     return f"{', '.join(words[:-1])} {last} {words[-1]}" if len(words) > 1 else words[0]
 
 
-def local_files(pattern: str) -> list[Path]:
-    """The files a glob matches (`**` allowed), sorted; all must share one supported suffix."""
-    files = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+def local_files(pattern: str, skip: Path | None = None) -> list[Path]:
+    """The files a glob matches (`**` allowed), sorted, none under `skip`; all must share one supported suffix."""
+    files = _matches(pattern, skip)
     if not files:
         raise SourceError(f"--files {pattern!r} matches no file; check the path (quote the glob for the shell)")
     suffixes = sorted({p.suffix for p in files})
@@ -126,7 +138,7 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
         except (StopIteration, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
             why = str(e.__cause__ or e)[:300] or "no rows"  # StopIteration: no row at all (empty files)
             raise SourceError(f"{where}: cannot read them ({why}); fix or remove the bad file") from None
-    return _row_corpus(load, text_field, where, "fix or remove the bad file", seed, streaming, buffer)
+    return _row_corpus(load, text_field, where, seed, streaming, buffer, malformed="fix or remove the bad file")
 
 
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
@@ -137,21 +149,24 @@ def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", te
     def load():
         try:
             return datasets.load_dataset(dataset, subset, split=split, streaming=streaming)
+        except datasets.exceptions.DatasetGenerationError as e:  # a local dataset folder with a malformed file
+            raise SourceError(f"dataset {dataset!r}: cannot read it ({str(e.__cause__ or e)[:300]}); fix or remove "
+                              f"the bad file") from None
         except (ConnectionError, FileNotFoundError, ValueError) as e:
-            raise SourceError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
-                              f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
-                              f"filled cache (HF_HOME)") from e
-    return _row_corpus(load, text_field, f"dataset {dataset!r}",
-                       "run the same command again: prepare resumes where it stopped", seed, streaming, buffer)
+            # a ReadError: on a resume, the names that loaded before are not wrong, and the shards stay
+            raise ReadError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
+                            f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
+                            f"filled cache (HF_HOME)") from e
+    return _row_corpus(load, text_field, f"dataset {dataset!r}", seed, streaming, buffer)
 
 
-def _row_corpus(load: Callable[[], Any], field: str, where: str, unreadable: str, seed: int | None,
-                streaming: bool, buffer: int) -> Corpus:
-    return Corpus(lambda start: _texts(load(), field, where, unreadable, seed, buffer, start),
+def _row_corpus(load: Callable[[], Any], field: str, where: str, seed: int | None, streaming: bool, buffer: int,
+                malformed: str | None = None) -> Corpus:
+    return Corpus(lambda start: _texts(load(), field, where, malformed, seed, buffer, start),
                   shuffle_buffer=buffer if streaming and seed is not None else None)
 
 
-def _texts(rows: Any, field: str, where: str, unreadable: str, seed: int | None, buffer: int,
+def _texts(rows: Any, field: str, where: str, malformed: str | None, seed: int | None, buffer: int,
            start: int) -> Iterator[str]:
     """The `field` strings of a Dataset or IterableDataset from row `start` on, shuffled by `seed` (None: as
     stored): a Dataset as a whole (a permutation of its indices), an IterableDataset within `buffer` rows."""
@@ -159,20 +174,21 @@ def _texts(rows: Any, field: str, where: str, unreadable: str, seed: int | None,
 
     if isinstance(rows, datasets.IterableDataset):  # the columns are known only row by row
         rows = rows.shuffle(seed=seed, buffer_size=buffer) if seed is not None else rows
-        return text_column(rows.skip(start), field, where, unreadable)
+        return text_column(rows.skip(start), field, where, malformed)
     if field not in rows.column_names:
         raise _no_text(where, field, rows.column_names)
     if seed is not None:
         rows = rows.shuffle(seed=seed, keep_in_memory=True)  # its index: 8 bytes a row, not one more cache file
     batches = rows.select_columns([field]).skip(start).iter(batch_size=BATCH_ROWS)
-    return text_column(({field: text} for batch in batches for text in batch[field]), field, where, unreadable,
+    return text_column(({field: text} for batch in batches for text in batch[field]), field, where, malformed,
                        rows.column_names)
 
 
-def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str,
+def text_column(rows: Iterable[dict], field: str, where: str, malformed: str | None = None,
                 columns: list[str] | None = None) -> Iterator[str]:
     """The `field` string of every row; a missing field is an error listing the `columns` there are (default:
-    the row's), and a row that cannot be read one that says `unreadable` (what to do about it)."""
+    the row's). A row that cannot be read is a ReadError (what was written is kept), unless `malformed` says
+    how to fix one that cannot be parsed (local files: the fix changes the corpus, and so the output)."""
     rows = iter(rows)
     while True:
         try:
@@ -180,7 +196,9 @@ def text_column(rows: Iterable[dict], field: str, where: str, unreadable: str,
         except StopIteration:
             return
         except (ValueError, OSError) as e:  # e.g. pyarrow's ArrowInvalid (a ValueError) on a malformed line
-            raise SourceError(f"{where}: cannot read a row ({str(e)[:300]}); {unreadable}") from None
+            error = SourceError if malformed and not isinstance(e, OSError) else ReadError
+            raise error(f"{where}: cannot read a row ({str(e)[:300]})" + (f"; {malformed}" if error is SourceError
+                                                                          else "")) from None
         text = row.get(field)
         if not isinstance(text, str):
             raise _no_text(where, field, columns or sorted(row), text)

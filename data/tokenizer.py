@@ -101,6 +101,9 @@ def load_tiktoken_file(path: str | Path, pattern: str = GPT2_PATTERN) -> tiktoke
         except (ValueError, binascii.Error):
             raise TokenizerError(f"{path}:{lineno}: not a .tiktoken rank file: expected '<base64 token> <rank>', "
                                  f"got {line[:60]!r}") from None
+        if not 0 <= int(rank) < 2**32 - 1:  # tiktoken keeps ranks as u32, and <|endoftext|> takes the next
+            raise TokenizerError(f"{path}:{lineno}: rank {int(rank)} is not in [0, 2**32 - 1): ranks are a "
+                                 f"token's id in the vocabulary, 0 to its size")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing or len(set(ranks.values())) != len(ranks):
         what = f"{len(missing)} of the 256 single bytes have no rank" if missing else "ranks repeat"

@@ -248,6 +248,9 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
         (["--files", str(malformed), "--tokenizer", "bytes", "--streaming"], [str(malformed.parent),
                                                                               "cannot read a row", "JSON parse error"]),
         (["--files", str(empty), "--tokenizer", "bytes"], [str(empty.parent), "cannot read them (no rows)"]),
+        # the same file as a local dataset folder: datasets' own reader, as for the hub
+        (["--dataset", str(malformed.parent), "--tokenizer", "bytes"], [f"dataset {str(malformed.parent)!r}: "
+                                                                        "cannot read it", "fix or remove"]),
     ]
     for argv, needles in cases:
         t0 = time.time()
@@ -288,6 +291,7 @@ def test_argument_defaults_and_checks(tmp_path):
     assert (web.tokenizer, web.name, web.out, web.shard_tokens, web.val_tokens) == (
         "gpt2", "fineweb", Path("shards/fineweb"), 10**8, 10_485_761)  # the speedrun's eval.tokens fit
     for argv in (["--demo", "--shard-tokens", "0"], ["--demo", "--files", "x"], ["--demo", "--val-tokens", "-1"],
+                 ["--demo", "--val-tokens", "1"],  # no target: a val shard needs the token before its first
                  ["--demo", "--shard-tokens", str(2**31)],  # the header's int32 count
                  ["--demo", "--shuffle-buffer", "0"]):
         with pytest.raises(SystemExit):

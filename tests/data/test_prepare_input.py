@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from data.prepare import main
+from data.shards import open_shard
 from tests.helpers import run
 from tests.data.test_prepare import documents_of, token_stream, write_corpus
 
@@ -183,3 +184,67 @@ def test_a_corpus_smaller_than_the_default_val_split_keeps_a_tenth_for_val(tmp_p
     message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o2"),
                              "--val-tokens", "100000")
     assert "none left for training after the val split (--val-tokens 100,000)" in message, message
+    # what the val split leaves may be more than a shard: every token goes into the train shards, none is dropped
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o3"),
+                             "--shard-tokens", "100")
+    small = json.loads((tmp_path / "o3" / "meta.json").read_text())
+    assert message == "" and len(small["shards"]) == 1 + -(-train_n // 100) and small["tokens"] == meta["tokens"]
+    assert np.array_equal(np.concatenate([open_shard(tmp_path / "o3" / s["file"]) for s in small["shards"]]),
+                          np.concatenate([open_shard(tmp_path / "o" / s["file"]) for s in meta["shards"]]))
+    assert small["bytes_per_token"] == meta["bytes_per_token"]
+
+
+def test_overwrite_replaces_the_shards_only_once_the_new_input_gives_one(tmp_path, capsys):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"body": f"row {i} " * 20}) + "\n" for i in range(50)))
+    out = tmp_path / "out"
+    common = ["--files", str(corpus / "*.jsonl"), "--out", str(out), "--val-tokens", "100", "--text-field", "body"]
+    assert prepare_cli(capsys, *common)[0] == ""
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    message, _ = prepare_cli(capsys, *common[:-1], "text", "--overwrite", "--shard-tokens", "500")
+    assert "no column 'text'" in message and {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert prepare_cli(capsys, *common, "--overwrite", "--shard-tokens", "500")[0] == ""
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["settings"]["shard_tokens"] == 500 and sorted(p.name for p in out.iterdir()) == sorted(
+        ["meta.json", *(s["file"] for s in meta["shards"])])
+
+
+def test_an_out_inside_the_corpus_folder_is_not_read_as_corpus(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"some text\n" * 100, "b.txt": b"more text\n" * 100})
+    common = ["--files", str(tmp_path / "c"), "--out", str(tmp_path / "c" / "shards"), "--val-tokens", "100"]
+    assert prepare_cli(capsys, *common)[0] == ""
+    message, err = prepare_cli(capsys, *common)  # its meta.json and shards now lie in the folder it reads
+    assert message == "" and "already complete" in err, (message, err)
+
+
+def test_an_out_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"some text\n" * 100})
+    (tmp_path / "taken").write_text("mine")
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "taken"))
+    assert message == f"prepare: error: --out {tmp_path / 'taken'} is a file, not a folder; name a folder for the shards"
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_dataset_read_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, capsys):
+    # a local dataset folder, streamed (datasets' own reader, as for the hub): its second file breaks at a row
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    texts = [f"document {i} " * 10 for i in range(400)]
+    rows = [json.dumps({"text": text}) + "\n" for text in texts]
+    (folder / "a.jsonl").write_text("".join(rows[:300]))
+    (folder / "b.jsonl").write_text("".join(rows[300:350]) + "{bad json\n" + "".join(rows[350:]))
+    out = tmp_path / "out"
+    common = ["--dataset", str(folder), "--streaming", "--no-shuffle", "--out", str(out),
+              "--val-tokens", "1000", "--shard-tokens", "5000"]
+    message, _ = prepare_cli(capsys, *common)
+    assert "cannot read a row" in message and message.endswith("the same command, run again, continues after "
+                                                                "the last complete shard"), message
+    kept = json.loads((out / "meta.json").read_text())
+    assert not kept["complete"] and len(kept["shards"]) >= 3
+    assert all((out / s["file"]).exists() for s in kept["shards"])
+    (folder / "b.jsonl").write_text("".join(rows[300:]))  # the file mended, the same command continues
+    assert prepare_cli(capsys, *common)[0] == ""
+    whole = json.loads((out / "meta.json").read_text())
+    assert whole["complete"] and whole["shards"][:len(kept["shards"])] == kept["shards"]
+    assert whole["documents"] == 400 and whole["tokens"] == sum(len(text) + 1 for text in texts)  # and a BOS each

@@ -48,6 +48,8 @@ def test_local_tiktoken_file_splits_with_the_gpt2_pattern(tmp_path):
     (b"not base64! 1\n", ":1: not a .tiktoken rank file"),
     (b"aGk= 1 2\n", ":1: not a .tiktoken rank file"),
     (b"aGk= one\n", ":1: not a .tiktoken rank file"),
+    (b"aGk= 1\naGo= -5\n", r":2: rank -5 is not in \[0, 2\*\*32 - 1\)"),
+    (b"aGk= 1099511627776\n", r":1: rank 1099511627776 is not in"),
     (b"aGk= 1\n", "256 single bytes have no rank"),
     (b"", "256 single bytes have no rank"),
 ])
