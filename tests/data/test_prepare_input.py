@@ -222,7 +222,8 @@ def test_an_out_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
     text_files(tmp_path / "c", {"a.txt": b"some text\n" * 100})
     (tmp_path / "taken").write_text("mine")
     message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "taken"))
-    assert message == f"prepare: error: --out {tmp_path / 'taken'} is a file, not a folder; name a folder for the shards"
+    assert message == (f"prepare: error: --out {tmp_path / 'taken'} is a file, not a folder; name a folder for the "
+                       f"shards")
     assert (tmp_path / "taken").read_text() == "mine"
 
 
