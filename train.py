@@ -63,7 +63,8 @@ from trainer.metrics import open_log  # noqa: E402
 from trainer.parallel import autocast, check_kernels, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 from trainer.report import done_line, log_step, summarize  # noqa: E402
-from trainer.resume import RunFinished, default_run_id, open_run_folder, restore_run, resume_command  # noqa: E402
+from trainer.resume import (RunFinished, default_run_id, open_run_folder, restore_run, resume_command,  # noqa: E402
+                            seek_loader)
 from trainer.state import Diverged, Hooks, Run, StopReason, diverged, refuse_nonfinite_state  # noqa: E402
 from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 from util.atomic import DiskFullError  # noqa: E402
@@ -102,6 +103,9 @@ def setup(cfg: Config, dist: Dist) -> Run:
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
     marker, changes = open_run_folder(cfg, dist, run_dir)
     resumed = load_resume(run_dir, dist, marker) if marker else None
+    loader = train_loader(cfg, dist, files, meta)
+    if resumed:
+        seek_loader(loader, resumed, run_dir)  # data changed since the save is refused here, before the log opens
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
     log = open_log(cfg, dist, run_dir, resumed["metrics_bytes"] if resumed else 0)
 
@@ -111,7 +115,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
         gpt.set_prefix_targets(prefixes)
     model = parallelize(gpt, cfg.train, dist, apart=adamw_params(gpt, cfg.optim))
     run = Run(cfg, dist, run_dir, val_files, meta, log, model, build_optimizers(model.module, cfg.optim),
-              train_loader(cfg, dist, files, meta), Clock(cfg.train))
+              loader, Clock(cfg.train))
     if resumed:
         restore_run(run, resumed, marker, changes)
     per_step = " -> ".join(f"{tokens:,}" for tokens in run.tokens_by_stage())
@@ -229,8 +233,10 @@ def train(run: Run) -> StopReason:
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
-    if cfg.eval.at_start and run.val_files and progress.step == 0 and status is None:
-        run.model.module.set_progress(clock.progress(0))  # step 0's window, as the first step's
+    if run.val_files and (progress.eval_pending or cfg.eval.at_start and progress.step == 0) and status is None:
+        # the last step's window, as at an eval in the loop (eval.at_start: step 0's, the first step's)
+        run.model.module.set_progress(clock.progress(max(progress.step - 1, 0)))
+        progress.eval_pending = False
         time_up, status = loop_eval(run, loop)
         status = status or (StopReason.BUDGET if time_up else None)
     while status is None:
@@ -300,6 +306,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
     stops, or None."""
     status = None
     if flags.sigterm:  # any rank's signal; this rank's own says which
+        # an eval due now is saved as due: a resumed run holds it first, so the two halves log and stop as one run
+        run.progress.eval_pending = (flags.eval_due or step_eval) and not flags.time_up
         return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:

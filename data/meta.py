@@ -3,6 +3,7 @@ shards and their token counts, whether it finished), read in one place: every re
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 META = "meta.json"
@@ -31,7 +32,15 @@ def read_meta(folder: str | Path, *, missing_ok: bool = True) -> dict:
     return meta
 
 
-def vouches(meta: dict, vocab_size: int) -> bool:
-    """True when a meta.json (as read_meta reads it) promises its shards' ids are all < vocab_size."""
-    declared = meta.get("vocab_size")
-    return isinstance(declared, int) and declared <= vocab_size
+def listed(meta: dict) -> dict[str, int]:
+    """The shards a meta.json (as read_meta reads it) lists: file name -> token count; {} where it lists none."""
+    shards = meta.get("shards")
+    return {s["file"]: s["tokens"] for s in shards if isinstance(s, dict) and {"file", "tokens"} <= s.keys()
+            } if isinstance(shards, list) else {}
+
+
+def vouches(meta: dict, vocab_size: int, names: Iterable[str]) -> bool:
+    """True when a meta.json (as read_meta reads it) lists each of the files `names` of its folder and promises
+    their ids are all < vocab_size: a file it does not list (copied in, or another run's) is not its to vouch for."""
+    declared, shards = meta.get("vocab_size"), listed(meta)
+    return isinstance(declared, int) and declared <= vocab_size and all(name in shards for name in names)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from data.meta import MetaError, read_meta, vouches
+from data.meta import META, MetaError, listed, read_meta, vouches
 from data.shards import ShardError, open_shard
 from util.plural import plural
 
@@ -91,8 +91,26 @@ class Region:
 
 
 def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:
-    """Every file whole, opened (and its header checked) by data.shards."""
-    return [Region(p, open_shard(p, raw_dtype=raw_dtype, fmt=fmt)) for p in paths]
+    """Every file whole, opened (and its header checked) by data.shards; one that the meta.json beside it lists
+    must read as the tokens listed there."""
+    regions = [Region(p, open_shard(p, raw_dtype=raw_dtype, fmt=fmt)) for p in paths]
+    shards = {folder: listed(_meta(folder)) for folder in {p.parent for p in paths}}
+    for region in regions:
+        want = shards[region.path.parent].get(region.path.name)
+        if want is not None and want != len(region.tokens):
+            raise ShardError(f"{region.path}: the {META} beside it lists {want:,} tokens, but data.format = {fmt!r} "
+                             f"reads {len(region.tokens):,}: its llm.c header is damaged (re-create the shard with "
+                             f"data.prepare), or data.format does not read the header data.prepare wrote (\"auto\" "
+                             f"and \"header\" do)")
+    return regions
+
+
+def _meta(folder: Path) -> dict:
+    """The meta.json in `folder` ({} where there is none); a broken one is a ShardError, as the files' own errors."""
+    try:
+        return read_meta(folder)
+    except MetaError as e:
+        raise ShardError(str(e)) from None
 
 
 def names(regions: list[Region]) -> str:
@@ -143,11 +161,9 @@ def read_ahead(regions: list[Region]) -> None:
 
 
 def meta_vouches(paths: list[Path], vocab_size: int) -> bool:
-    """True when a meta.json beside every file (data.prepare writes one) promises ids < vocab_size."""
-    try:
-        return all(vouches(read_meta(folder), vocab_size) for folder in {p.parent for p in paths})
-    except MetaError as e:
-        raise ShardError(str(e)) from None
+    """True when the meta.json beside every file (data.prepare writes one) lists it and promises ids < vocab_size."""
+    folders = {p.parent for p in paths}
+    return all(vouches(_meta(folder), vocab_size, [p.name for p in paths if p.parent == folder]) for folder in folders)
 
 
 def check_vocabulary(tokens: np.ndarray, vocab_size: int, path: Path, offset: int) -> None:
@@ -156,4 +172,4 @@ def check_vocabulary(tokens: np.ndarray, vocab_size: int, path: Path, offset: in
         at = int(np.flatnonzero(tokens >= vocab_size)[0])
         raise ShardError(f"{path}: token id {tokens[at]} at token {offset + at} is >= vocab_size {vocab_size}; the "
                          f"data was tokenized with another tokenizer: use its vocabulary (model.vocab_size) or "
-                         f"re-tokenize")
+                         f"re-tokenize (a headerless file: or it holds another dtype than data.raw_dtype)")

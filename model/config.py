@@ -130,8 +130,8 @@ class GPTConfig:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(f"model config: {msg}")
-        need(min(self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd) > 0,
-             "vocab_size, block_size, n_layer, n_head and n_embd must be positive")
+        need(min(self.vocab_size, self.block_size, self.n_layer, self.n_head, self.n_embd, self.mlp_ratio) > 0,
+             "vocab_size, block_size, n_layer, n_head, n_embd and mlp_ratio must be positive")
         need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be a multiple of n_head={self.n_head}")
         need(not self.rotary or self.head_dim % 2 == 0, f"rotary needs an even head size, got {self.head_dim}")
         check_choices(self, "model config")

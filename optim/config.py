@@ -55,8 +55,16 @@ class OptimConfig:
         check_choices(self, "optim config")
         if self.grad_clip < 0:
             raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
-        if len(self.betas) != 2:
-            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats, e.g. [0.9, 0.95]")
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"optim config: betas={self.betas} must be a list of two floats in [0, 1), e.g. "
+                             f"[0.9, 0.95]")
+        if self.eps <= 0:
+            raise ValueError(f"optim config: eps={self.eps} must be > 0 (Adam divides by sqrt(v) + eps; e.g. 1e-8)")
+        rates = ("lr", "embed_lr", "head_lr", "scalar_lr", "muon_lr")
+        for key in rates + ("weight_decay", "muon_weight_decay"):
+            if getattr(self, key) < 0 or (key in rates and getattr(self, key) == 0):
+                raise ValueError(f"optim config: {key}={getattr(self, key)} must be "
+                                 f"{'> 0' if key in rates else '>= 0 (0 = no decay)'}")
         if self.muon_momentum_warmup_steps < 0:
             raise ValueError(f"optim config: muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
                              ">= 0 (0 = no warm-up)")

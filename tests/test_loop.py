@@ -1,7 +1,7 @@
 """train.py's timed loop in this process, on a clock the test moves: where a budget stops a CPU run, and what
 the console shows of its steps; a stop and resume while AdamW holds gradients (optim.adam_every), before
-and after the head unties from the embedding (model.untie_at), and with MUDD connections (model.mudd); no scalar
-read of a tensor in an ordinary step."""
+and after the head unties from the embedding (model.untie_at), with MUDD connections (model.mudd), and at a step
+whose eval was due; no scalar read of a tensor in an ordinary step."""
 import pytest
 
 from tests.helpers import growing_window_run, ten_second_steps
@@ -27,6 +27,18 @@ def trained(folder, run_id: str, *args: str, warm_up=None) -> tuple:
     finally:
         run.loader.close()
         run.log.close()
+
+
+def sigterm_in(step: int, train_step):
+    """`train_step` (train.py's), with a SIGTERM that comes while it runs the run's step `step` (counted from 1)."""
+    import signal
+
+    def stepped(run, batches, *args, **kwargs):
+        out = train_step(run, batches, *args, **kwargs)
+        if run.progress.step + 1 == step:
+            run.stop_requested.append(signal.SIGTERM)
+        return out
+    return stepped
 
 
 def test_a_cpu_run_stops_on_the_step_that_spends_the_budget(tmp_path, monkeypatch, capsys):
@@ -103,8 +115,6 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     """optim.adam_every = 2: a run stopped after step 3, whose AdamW gradients wait for step 4, and resumed ends
     with the weights and losses of the run that went straight through; both stopped and resumed runs warm up
     first, so a warm-up that leaked its held gradients (or lost the resumed ones) would show too."""
-    import signal
-
     import torch
 
     import train
@@ -119,13 +129,7 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
 
     _, _, straight, straight_losses = trained(tmp_path, "straight", *args, warm_up=warm_up)
     real = train.train_step
-
-    def stop_after_step_3(run, batches, *args, **kwargs):
-        out = real(run, batches, *args, **kwargs)
-        if run.progress.step == 2:  # the step being run is the third
-            run.stop_requested.append(signal.SIGTERM)
-        return out
-    monkeypatch.setattr(train, "train_step", stop_after_step_3)
+    monkeypatch.setattr(train, "train_step", sigterm_in(3, real))
     run, status, _, _ = trained(tmp_path, "stopped", *args, *warm, warm_up=warm_up)
     assert (status, run.progress.step) == ("sigterm", 3)
     adamw = {name for name, p in run.model.module.named_parameters()
@@ -191,8 +195,6 @@ def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie
 def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
     """model.mudd on both layers under the muon recipe: a run stopped after step 3 and resumed ends with the weights
     and losses of the run that went straight through (the MUDD MLPs' AdamW group has betas of its own)."""
-    import signal
-
     import torch
 
     import train
@@ -202,13 +204,7 @@ def test_a_run_with_mudd_connections_resumes_exactly(tmp_path, monkeypatch):
     _, _, straight, straight_losses = trained(tmp_path, "straight", *args)
     assert straight["mudd.0.proj"].any() and straight["mudd.1.bias"].any()  # off their zero init
     real = train.train_step
-
-    def stop_after_step_3(run, batches, *args, **kwargs):
-        out = real(run, batches, *args, **kwargs)
-        if run.progress.step == 2:
-            run.stop_requested.append(signal.SIGTERM)
-        return out
-    monkeypatch.setattr(train, "train_step", stop_after_step_3)
+    monkeypatch.setattr(train, "train_step", sigterm_in(3, real))
     run, status, _, _ = trained(tmp_path, "stopped", *args)
     assert (status, run.progress.step) == ("sigterm", 3)
     monkeypatch.setattr(train, "train_step", real)
@@ -268,3 +264,32 @@ def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
         run.log.close()
     assert reads.where == [], f"{len(reads.where)} scalar reads in ordinary steps; the first:\n{reads.where[0]}"
     assert reads.norms == 0
+
+
+def test_a_stop_at_a_step_whose_eval_is_due_holds_that_eval_first_on_resume(tmp_path, monkeypatch):
+    """eval.every_steps = 2: a SIGTERM at step 2, whose eval is due, saves it as due; the resumed run holds it
+    before its first step (at step 2's window), so its evals, and a stop at a target that eval reaches, are the
+    straight run's."""
+    import json
+
+    import train
+
+    args = ("--data.val=holdout", "--eval.tokens=2048", "--eval.every_steps=2", "--train.max_steps=8")
+
+    def evals(run_id: str) -> list:
+        lines = (tmp_path / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["val_loss"]) for r in map(json.loads, lines) if r["type"] == "eval"]
+
+    trained(tmp_path, "straight", *args)
+    straight = evals("straight")
+    assert [step for step, _ in straight] == [2, 4, 6, 8]
+    real = train.train_step
+    target = ("--eval.stop_at_target=true", f"--eval.target_loss={straight[0][1]}")  # the straight run's stop
+    for run_id, extra, ends in (("stopped", (), ("completed", 8)), ("target", target, ("target", 2))):
+        monkeypatch.setattr(train, "train_step", sigterm_in(2, real))
+        run, status, _, _ = trained(tmp_path, run_id, *args, *extra)
+        assert (status, run.progress.step, run.progress.eval_pending) == ("sigterm", 2, True)
+        monkeypatch.setattr(train, "train_step", real)
+        run, status, _, _ = trained(tmp_path, run_id, *args, *extra)
+        assert (status, run.progress.step) == ends
+        assert evals(run_id) == straight[:ends[1] // 2]

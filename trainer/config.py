@@ -343,6 +343,9 @@ def _read_config(path: Path, named_by: Path | None) -> dict[str, Any]:
     """One config file's top-level table (its sections and `base`); `named_by` is the file whose base it is."""
     try:
         text = path.read_text()
+    except (IsADirectoryError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a config file ({'a folder' if path.is_dir() else f'not UTF-8 text: {e}'}); "
+                          f"name a .toml file") from None
     except FileNotFoundError:
         if named_by is not None:
             known = ", ".join(sorted(p.name for p in path.parent.glob("*.toml"))) or "none"
@@ -530,11 +533,12 @@ def validate(cfg: Config) -> None:
     not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
                     "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
                     "data.shuffle_shards", "data.doc_cut"]
-    for dotted in positive + not_negative:
+    for dotted in positive + not_negative + ["data.seed"]:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1
         if value <= floor:
-            raise ConfigError(f"{dotted} must be {'> 0' if floor == 0 else '>= 0 (0 = off)'}, got {value}")
+            rule = "> 0" if floor == 0 else ">= 0 (0 = off)" if dotted in not_negative else ">= 0"
+            raise ConfigError(f"{dotted} must be {rule}, got {value}")
     for section, values in cfg.to_dict().items():  # nan or inf would silently never stop, or never decay
         for key, value in values.items():
             if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list)

@@ -32,15 +32,47 @@ def resolve_data(cfg: Config) -> tuple[list[Path], list[Path], dict]:
     if cfg.data.val and not val_files:
         raise ConfigError(f"data.val = {cfg.data.val!r} matches no file; give a glob of validation shards, "
                           f"'holdout' (the tail of the train data) or '' (no evals)")
-    folder = Path(files[0]).parent
-    try:
-        meta = read_meta(folder)
-    except MetaError as e:
-        raise ConfigError(str(e)) from None
-    _apply_meta(cfg, meta, folder / META)
+    _check_token_files("data.train", cfg.data.train, files)
+    _check_token_files("data.val", cfg.data.val, [] if cfg.data.holdout else val_files)
+    both = sorted(set(files) & set(val_files)) if not cfg.data.holdout else []
+    if both:
+        raise ConfigError(f"data.train = {cfg.data.train!r} and data.val = {cfg.data.val!r} both match {both[0]}"
+                          f"{' and more' if len(both) > 1 else ''}: the val loss would score tokens trained on; narrow "
+                          f"data.train (e.g. DIR/*_train_*.bin), or set data.val = 'holdout' for a tail kept apart")
+    meta = _meta_beside(files[0])
+    _apply_meta(cfg, meta, Path(files[0]).parent / META)
+    if val_files and not cfg.data.holdout:
+        _check_same_tokenizer(meta, _meta_beside(val_files[0]), Path(files[0]).parent, Path(val_files[0]).parent)
     if val_files and not cfg.data.holdout and "eval.tokens" not in cfg.given:
         _fit_eval_tokens(cfg, val_files)
     return files, val_files, meta
+
+
+def _meta_beside(file: Path) -> dict:
+    try:
+        return read_meta(Path(file).parent)
+    except MetaError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_token_files(key: str, pattern: str, files: list[Path]) -> None:
+    """Refuse a glob that matches a folder or a meta.json: neither is a token file."""
+    for path in files:
+        if path.is_dir():
+            raise ConfigError(f"{key} = {pattern!r} matches the folder {path}; give a glob of its token files, e.g. "
+                              f"{str(path / '*_train_*.bin')!r}")
+        if path.name == META:
+            raise ConfigError(f"{key} = {pattern!r} matches {path}, data.prepare's description of its shards, not "
+                              f"a token file; narrow the glob, e.g. {str(path.parent / '*_train_*.bin')!r}")
+
+
+def _check_same_tokenizer(train: dict, val: dict, train_folder: Path, val_folder: Path) -> None:
+    """Refuse train and val shards that the meta.json beside each says another tokenizer made."""
+    for key in ("tokenizer", "vocab_size"):
+        if key in train and key in val and train[key] != val[key]:
+            raise ConfigError(f"the train shards' {key} is {train[key]!r} ({train_folder / META}), the val shards' "
+                              f"{val[key]!r} ({val_folder / META}): the val loss would score another tokenizer's "
+                              f"ids; point data.val at shards of the same data.prepare run")
 
 
 def _where_shards_come_from(pattern: str) -> str:
@@ -126,7 +158,8 @@ def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> Toke
 def _vouched(files: list[Path], meta: dict, vocab_size: int) -> bool:
     """Whether `meta`, the meta.json resolve_data read beside the first file, vouches for all of `files`' ids: the
     loader then need not read it again to learn the same."""
-    return vouches(meta, vocab_size) and {Path(f).parent for f in files} == {Path(files[0]).parent}
+    return vouches(meta, vocab_size, [Path(f).name for f in files]) and {Path(f).parent for f in files} == {
+        Path(files[0]).parent}
 
 
 def val_loader(cfg: Config, dist: Dist, val_files: list[Path]) -> ValBatches:

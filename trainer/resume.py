@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from data.loader import TokenLoader
 from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
@@ -32,6 +33,9 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
     """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
     "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
     refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
+    if (taken := next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)):
+        raise ConfigError(f"log.dir = {cfg.log.dir!r}: {taken} is a file, so the run folder {run_dir} cannot be "
+                          f"made there; set log.dir to a folder")
     resume = cfg.train.resume
     marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
     if marker is None and resume == "must":
@@ -87,6 +91,15 @@ def resume_command(cfg: Config) -> str:
     if world == local:
         return f"torchrun --standalone --nproc_per_node={local} {command}"
     return f"the same torchrun command on each node, launching {command}"
+
+
+def seek_loader(loader: TokenLoader, resumed: dict, run_dir: Path) -> None:
+    """Put `loader` where load_resume's state `resumed` left it; data that changed since the save (other files, a
+    seed, shuffle or row setting) is a ConfigError."""
+    try:
+        loader.load_state_dict(resumed["loader"])
+    except ValueError as e:
+        raise ConfigError(f"{run_dir}: cannot resume: {e}") from None
 
 
 def restore_run(run: Run, resumed: dict, marker: dict, changes: list[Change]) -> None:

@@ -32,6 +32,8 @@ class Progress:
     last_val: float | None = None
     last_val_step: int = -1
     time_to_target: float | None = None
+    # a stop signal came at a step whose eval was due: the resumed run holds that eval before its first step
+    eval_pending: bool = False
     data_wait: float = 0.0
     wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
                                                     checkpoint_s=0.0))

@@ -76,9 +76,30 @@ def test_token_ids_beyond_the_vocabulary_name_the_file_and_position(tmp_path):
     with pytest.raises(ShardError, match="token id 12345"), TokenLoader([path], B, T, vocab_size=50) as loader:
         for _ in range(40):
             next(loader)
-    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50}))
+    # a meta.json that does not list the file (one copied in beside data.prepare's) does not vouch for it
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50, "shards": [{"file": "x.bin", "tokens": 9}]}))
+    with pytest.raises(ShardError, match="token id 12345"), TokenLoader([path], B, T, vocab_size=50) as loader:
+        for _ in range(40):
+            next(loader)
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50, "shards": [{"file": path.name, "tokens": 400}]}))
     with TokenLoader([path], B, T, vocab_size=50) as loader:  # meta.json is trusted: no per-batch check
         assert max(int(next(loader)[1].max()) for _ in range(40)) == 12345
+
+
+@pytest.mark.parametrize("fmt", ["auto", "raw"])
+def test_a_listed_shard_that_reads_as_other_tokens_is_refused(tmp_path, fmt):
+    # a damaged magic reads as a raw file (its header as 512 tokens); so does an llm.c shard under data.format "raw"
+    path = tmp_path / "d_train_000001.bin"
+    write_shard(path, np.arange(400) % 50)
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50, "shards": [{"file": path.name, "tokens": 400}]}))
+    if fmt == "auto":
+        with open(path, "r+b") as f:
+            f.write(b"\0\0\0\0")
+    with pytest.raises(ShardError, match=rf"{path}: the meta.json beside it lists 400 tokens, but data.format = "
+                                         rf"'{fmt}' reads 912: its llm.c header is damaged"):
+        TokenLoader([path], B, T, vocab_size=50, fmt=fmt, raw_dtype="uint16")
+    with pytest.raises(ShardError, match="lists 400 tokens"):
+        val_batches([path], 1, T, 100, fmt=fmt, raw_dtype="uint16")
 
 
 def test_two_ranks_under_torchrun(tmp_path):

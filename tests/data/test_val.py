@@ -63,5 +63,8 @@ def test_val_ids_beyond_the_vocabulary_are_refused_before_any_batch(tmp_path):
     for kw in ({"num_tokens": 360}, {"num_tokens": 100, "tail_tokens": 100}):
         with pytest.raises(ShardError, match=rf"{path}: token id 12345 at token 350 is >= vocab_size 50"):
             val_batches([path], B, T, vocab_size=50, **kw)
-    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50}))
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50}))  # it lists no shard: vouches for none
+    with pytest.raises(ShardError, match="at token 350"):
+        val_batches([path], B, T, 360, vocab_size=50)
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 50, "shards": [{"file": path.name, "tokens": 400}]}))
     assert max(int(y.max()) for _, y in val_batches([path], B, T, 360, vocab_size=50)) == 12345

@@ -13,7 +13,7 @@ def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
 @pytest.mark.parametrize("bad, message", [
     (dict(name="sgd"), "name='sgd'"),
     (dict(grad_clip=-1.0), r"grad_clip=-1.0 must be >= 0 \(0 = off, e.g. 1.0\)"),
-    (dict(betas=[0.9]), r"betas=\[0.9\] must be a list of two floats, e.g. \[0.9, 0.95\]"),
+    (dict(betas=[0.9]), r"betas=\[0.9\] must be a list of two floats in \[0, 1\), e.g. \[0.9, 0.95\]"),
     (dict(muon_momentum_warmup_steps=-1), r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"),
     (dict(muon_momentum_start=1.0), r"muon_momentum_start=1.0 must be in \[0, 1\), e.g. 0.85"),
     (dict(muon_fc_lr_scale=0.0), r"muon_fc_lr_scale=0.0 must be > 0 \(1 = muon_lr; record 46: 2\)"),

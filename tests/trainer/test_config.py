@@ -82,11 +82,17 @@ def test_file_and_overrides_in_both_spellings():
     (["--train.seq_len"], ["--train.seq_len has no value"]),
     (["--train.budget_s", "--log.run_id=x"], ["--train.budget_s has no value; write --train.budget_s=VALUE"]),
     (["--train.schedule=time", "--train.budget_s=nan"], ["train.budget_s = nan must hold finite numbers only"]),
-    (["--optim.betas=[nan, 0.95]"], ["optim.betas = [nan, 0.95] must hold finite numbers only"]),
+    (["--train.batch_stage_lr=[nan, 1.0]"], ["train.batch_stage_lr = [nan, 1.0] must hold finite numbers only"]),
+    (["--optim.betas=[0.9, 1.0]"], ["optim config: betas=[0.9, 1.0] must be a list of two floats in [0, 1)"]),
+    (["--optim.lr=0"], ["optim config: lr=0.0 must be > 0"]),
+    (["--optim.muon_weight_decay=-1"], ["optim config: muon_weight_decay=-1.0 must be >= 0 (0 = no decay)"]),
+    (["--optim.eps=-1"], ["optim config: eps=-1.0 must be > 0"]),
+    (["--data.seed=-1"], ["data.seed must be >= 0, got -1"]),
     (["--train.lr_final_frac=-1"], ["train.lr_final_frac = -1.0 must lie in [0, 1]"]),
     (["--train.lr_warmup_frac=-0.5", "--train.lr_decay_frac=1.5"], ["train.lr_warmup_frac = -0.5 must lie in"]),
     (["--train.seq_len=128"], ["train.seq_len = 128 is longer than model.block_size = 64"]),
-    (["--model.n_head=0"], ["n_head and n_embd must be positive"]),
+    (["--model.n_head=0"], ["n_head, n_embd and mlp_ratio must be positive"]),
+    (["--model.mlp_ratio=0"], ["n_head, n_embd and mlp_ratio must be positive"]),
     (["stray"], ["unexpected argument 'stray'"]),
     (["--eval.target_time=end", "--eval.stop_at_target=true"],
      ["eval.target_time = 'end' times the whole run, scored by its final eval, and eval.stop_at_target = true"]),
@@ -119,6 +125,11 @@ def test_bad_overrides_name_the_key(args, needles):
 def test_bad_files_name_file_and_key(tmp_path):
     with pytest.raises(ConfigError, match=r"missing\.toml: config file not found; available: .*tiny\.toml"):
         parse_args(["--config", str(tmp_path / "missing.toml")])
+    (tmp_path / "folder.toml").mkdir()
+    (tmp_path / "utf16.toml").write_bytes("[train]\n".encode("utf-16"))
+    for name, what in (("folder.toml", "a folder"), ("utf16.toml", "not UTF-8 text")):
+        with pytest.raises(ConfigError, match=rf"{name}: not a config file \({what}.*\); name a .toml file"):
+            parse_args(["--config", str(tmp_path / name)])
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nbatch_sise = 4\n")
     with pytest.raises(ConfigError, match=r"bad\.toml: unknown key train\.batch_sise; valid keys in \[train\]: "

@@ -124,3 +124,25 @@ def test_sorted_shards_need_the_sequential_stream(tmp_path):
     with pytest.raises(ConfigError, match="data.sorted_shards reads each shard front to back in sorted order, but "
                                           "data.shuffle = true"):
         parse_args(["--config", TINY, *data, "--data.sorted_shards=true"])
+
+
+def test_globs_that_match_no_token_file_or_the_val_set_or_another_tokenizers_val_are_refused(tmp_path):
+    data = shards(tmp_path / "a", {"tokenizer": "bytes", "vocab_size": 257})
+    for glob, matched in (("*", "meta.json"), ("*_train_*", None)):  # a folder named like a shard is no shard
+        if matched is None:
+            (tmp_path / "a" / "x_train_dir").mkdir()
+        cfg = parse_args(["--config", TINY, f"--data.train={tmp_path / 'a' / glob}", data[1]])
+        with pytest.raises(ConfigError, match=rf"data.train = '.*' matches (the folder .*x_train_dir|"
+                                              rf"{tmp_path / 'a' / 'meta.json'}, data.prepare's description)"):
+            resolve_data(cfg)
+    (tmp_path / "a" / "x_train_dir").rmdir()
+    cfg = parse_args(["--config", TINY, f"--data.train={tmp_path / 'a'}/*.bin", data[1]])
+    with pytest.raises(ConfigError, match=r"both match .*a/test_val_000000.bin: the val loss would score tokens "
+                                          r"trained on"):
+        resolve_data(cfg)
+    other = shards(tmp_path / "b", {"tokenizer": "gpt2", "vocab_size": 50257})
+    cfg = parse_args(["--config", TINY, data[0], other[1]])
+    with pytest.raises(ConfigError, match=r"the train shards' tokenizer is 'bytes' \(.*a/meta.json\), the val "
+                                          r"shards' 'gpt2' \(.*b/meta.json\)"):
+        resolve_data(cfg)
+    resolve_data(parse_args(["--config", TINY, *data]))  # the same prepare's train and val: fine

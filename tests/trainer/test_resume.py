@@ -210,3 +210,23 @@ def test_an_extended_budget_says_what_it_does_to_the_next_steps_lr():
                          "multiplier 1.000 instead of 0.000 (a decay that had ended rises again); this is not the "
                          "run the new budget gives from the start")
     assert change_lines(cfg.train, saved["train"] | {"budget_s": 20.0}, clock, 30, []) == []
+
+
+def test_a_data_file_added_since_the_save_is_refused_and_nothing_changes(tmp_path):
+    data, run_dir = tiny_data(tmp_path / "data"), tmp_path / "runs" / "r"
+    run([sys.executable, *tiny_args(data, run_dir.parent, run_dir.name, "--train.max_steps=4")])
+    before = snapshot(run_dir)
+    shutil.copy(sorted(data.glob("*_train_*.bin"))[0], data / "zz_train_000009.bin")  # the same glob matches it
+    proc = relaunch(data, run_dir, "--train.max_steps=8", "--extend-budget", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"config error: {run_dir}: cannot resume: loader state: files was" in proc.stderr, proc.stderr[-3000:]
+    assert snapshot(run_dir) == before
+
+
+def test_a_log_dir_that_is_a_file_is_refused(finished, tmp_path):
+    data, _ = finished
+    (tmp_path / "taken").write_text("mine")
+    proc = run([sys.executable, *tiny_args(data, tmp_path / "taken", "r")], check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"log.dir = '{tmp_path / 'taken'}': {tmp_path / 'taken'} is a file" in proc.stderr, proc.stderr[-3000:]
+    assert (tmp_path / "taken").read_text() == "mine"
