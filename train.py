@@ -147,7 +147,7 @@ def train_step(run: Run, batches, seq_len: int = 0, norm_wanted: bool = True) ->
     total, waited = torch.zeros((), device=dist.device), run.loader.wait_s
     set_lr(run.optimizers, run.clock.lr_mult(step), step, run.cfg.train.steps)
     # the attention window, the loss's weights and the head's untie follow the LR's clock
-    progress = run.clock.progress(step)
+    progress = run.trained_at = run.clock.progress(step)
     gpt.set_progress(progress)
     untie_when_due(gpt, run.optimizers, progress, step, adam_every)
     for micro in range(accum):
@@ -233,10 +233,11 @@ def train(run: Run) -> StopReason:
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
         status = StopReason.BUDGET  # resumed after the budget was spent (a restart after the run ended): no steps
     clock.start()
-    if run.val_files and (progress.eval_pending or cfg.eval.at_start and progress.step == 0) and status is None:
-        # the last step's window, as at an eval in the loop (eval.at_start: step 0's, the first step's)
-        run.model.module.set_progress(clock.progress(max(progress.step - 1, 0)))
-        progress.eval_pending = False
+    pending = progress.eval_pending
+    if run.val_files and (pending is not None or cfg.eval.at_start and progress.step == 0) and status is None:
+        # the window of the step the eval was due after (eval.at_start: step 0's, the first step's)
+        run.model.module.set_progress(clock.progress(0) if pending is None else pending)
+        progress.eval_pending = None
         time_up, status = loop_eval(run, loop)
         status = status or (StopReason.BUDGET if time_up else None)
     while status is None:
@@ -307,7 +308,8 @@ def act(run: Run, loop: Loop, flags: Flags, step_eval: bool) -> StopReason | Non
     status = None
     if flags.sigterm:  # any rank's signal; this rank's own says which
         # an eval due now is saved as due: a resumed run holds it first, so the two halves log and stop as one run
-        run.progress.eval_pending = (flags.eval_due or step_eval) and not flags.time_up
+        due = (flags.eval_due or step_eval) and not flags.time_up
+        run.progress.eval_pending = run.trained_at if due else None
         return StopReason.INTERRUPTED if signal.SIGINT in run.stop_requested else StopReason.SIGTERM
     # at the budget the final eval, off the clock, takes the place of this one
     if (flags.eval_due or step_eval) and not flags.time_up:

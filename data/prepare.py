@@ -121,8 +121,8 @@ def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
     if args.files:
         pattern = args.files
         if os.path.isdir(pattern):
-            pattern = sources.folder_glob(pattern, skip=args.out)
-        files = sources.local_files(pattern, skip=args.out)
+            pattern = sources.folder_glob(pattern, skip=args.out / META)
+        files = sources.local_files(pattern, skip=args.out / META)
         if pattern != args.files:
             print(f"prepare: --files {args.files} is a folder: reading its "
                   f"{plural(len(files), files[0].suffix + ' file')} ({pattern})", file=sys.stderr)
@@ -310,10 +310,11 @@ def prepare(args: argparse.Namespace) -> dict:
     except (Exception, KeyboardInterrupt) as e:
         if replaced:  # --overwrite's old files are still all there: nothing of this run was written
             raise
-        # a refused input: the corrected corpus has other settings, so no re-run could continue these shards;
-        # a folder holding only meta.json would look like a prepare in progress
+        # A refused local input: the corrected corpus has other settings, so no re-run could continue these
+        # shards (a hub dataset's settings are its names: its shards wait for a re-run). A folder holding only
+        # meta.json would look like a prepare in progress.
         refused = isinstance(e, (PrepareError, sources.SourceError)) and not isinstance(e, sources.ReadError)
-        if refused or not meta["shards"]:
+        if refused and source["kind"] != "huggingface" or not meta["shards"]:
             _remove(args.out, meta, made)
         raise
 
@@ -400,7 +401,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         rest = write(np.concatenate(buf), size=val)
         buf, buffered = [rest], len(rest)
     _check_training_left(meta, buffered, empty, args.val_tokens)
-    rest = np.concatenate(buf) if buf else np.empty(0, dtype)
+    rest = np.concatenate(buf)
     while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
         rest = write(rest)
     meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
@@ -461,12 +462,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         prepare(args)
-    except (DiskFullError, sources.ReadError) as e:  # meta.json names the shards already complete
-        sys.exit(f"prepare: error: {e}; the same command, run again, continues after the last complete shard")
-    except (PrepareError, TokenizerError, sources.SourceError) as e:
-        sys.exit(f"prepare: error: {e}")
+    except (PrepareError, TokenizerError, sources.SourceError, DiskFullError) as e:
+        sys.exit(f"prepare: error: {e}{_kept(args.out)}")
     except KeyboardInterrupt:
-        sys.exit("prepare: interrupted; the same command, run again, continues after the last complete shard")
+        sys.exit(f"prepare: interrupted{_kept(args.out)}")
+
+
+def _kept(out: Path) -> str:
+    """What a failed run left in `out` to continue from, for its last line: the shards an unfinished meta.json
+    lists, or nothing."""
+    try:
+        meta = read_meta(out)
+    except (MetaError, OSError):
+        return ""
+    if meta.get("complete") is not False or not meta.get("shards"):
+        return ""
+    return (f"; the {plural(len(meta['shards']), 'shard')} written are kept: the same command, run again, "
+            f"continues after the last")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ class SourceError(ValueError):
 
 
 class ReadError(SourceError):
-    """A read that failed part-way, where the same command may succeed when run again (the network, the disk):
-    what was written from the corpus so far is kept."""
+    """A read that failed on the way (the network, the disk), not on what it read: the same corpus may read when
+    the command runs again, so what was written from it so far is kept."""
 
 
 READERS_NEED = "reading .jsonl/.json/.parquet files and hub datasets"  # what the datasets package serves here
@@ -82,16 +82,16 @@ def decode(raw: bytes) -> tuple[str, int]:
 
 
 def _matches(pattern: str, skip: Path | None) -> list[Path]:
-    """The files a glob matches (`**` allowed), sorted, less those under the folder `skip` (prepare's output, which
-    may lie inside the corpus's folder: its meta.json is no document)."""
+    """The files a glob matches (`**` allowed), sorted, less the file `skip` (prepare's own meta.json, where its
+    output folder lies in the corpus's: no document)."""
     paths = (Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
-    skip = skip.resolve() if skip else None
-    return sorted(p for p in paths if skip is None or skip not in p.resolve().parents)
+    skip = skip if skip is not None and skip.is_file() else None
+    return sorted(p for p in paths if skip is None or not (p.name == skip.name and p.samefile(skip)))
 
 
 def folder_glob(folder: str, skip: Path | None = None) -> str:
     """The glob of the one known kind of file under `folder` (recursive; hidden files left out, as a shell's
-    glob would; none under `skip`); an error when it holds none or several kinds."""
+    glob would; not the file `skip`); an error when it holds none or several kinds."""
     found = {p.suffix for p in _matches(os.path.join(folder, "**", "*"), skip)}
     kinds = sorted(found & BUILDERS.keys())
     if not kinds:
@@ -108,7 +108,7 @@ def _listed(words: list[str], last: str) -> str:
 
 
 def local_files(pattern: str, skip: Path | None = None) -> list[Path]:
-    """The files a glob matches (`**` allowed), sorted, none under `skip`; all must share one supported suffix."""
+    """The files a glob matches (`**` allowed), sorted, not the file `skip`; all must share one supported suffix."""
     files = _matches(pattern, skip)
     if not files:
         raise SourceError(f"--files {pattern!r} matches no file; check the path (quote the glob for the shell)")
@@ -149,14 +149,14 @@ def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", te
     def load():
         try:
             return datasets.load_dataset(dataset, subset, split=split, streaming=streaming)
-        except datasets.exceptions.DatasetGenerationError as e:  # a local dataset folder with a malformed file
+        except datasets.exceptions.DatasetGenerationError as e:  # e.g. a local dataset folder's malformed file
             raise SourceError(f"dataset {dataset!r}: cannot read it ({str(e.__cause__ or e)[:300]}); fix or remove "
                               f"the bad file") from None
         except (ConnectionError, FileNotFoundError, ValueError) as e:
-            # a ReadError: on a resume, the names that loaded before are not wrong, and the shards stay
-            raise ReadError(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
-                            f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
-                            f"filled cache (HF_HOME)") from e
+            error = ReadError if isinstance(e, ConnectionError) else SourceError
+            raise error(f"cannot load Hugging Face dataset {dataset!r} (subset {subset!r}, split {split!r}): "
+                        f"{str(e)[:300]}. Check the names, the network, or HF_DATASETS_OFFLINE with a "
+                        f"filled cache (HF_HOME)") from e
     return _row_corpus(load, text_field, f"dataset {dataset!r}", seed, streaming, buffer)
 
 
@@ -187,8 +187,8 @@ def _texts(rows: Any, field: str, where: str, malformed: str | None, seed: int |
 def text_column(rows: Iterable[dict], field: str, where: str, malformed: str | None = None,
                 columns: list[str] | None = None) -> Iterator[str]:
     """The `field` string of every row; a missing field is an error listing the `columns` there are (default:
-    the row's). A row that cannot be read is a ReadError (what was written is kept), unless `malformed` says
-    how to fix one that cannot be parsed (local files: the fix changes the corpus, and so the output)."""
+    the row's). A row that cannot be read is an error, a ReadError where the reading failed (an OSError), else one
+    that says `malformed`: how to fix the row."""
     rows = iter(rows)
     while True:
         try:
@@ -196,9 +196,8 @@ def text_column(rows: Iterable[dict], field: str, where: str, malformed: str | N
         except StopIteration:
             return
         except (ValueError, OSError) as e:  # e.g. pyarrow's ArrowInvalid (a ValueError) on a malformed line
-            error = SourceError if malformed and not isinstance(e, OSError) else ReadError
-            raise error(f"{where}: cannot read a row ({str(e)[:300]})" + (f"; {malformed}" if error is SourceError
-                                                                          else "")) from None
+            error, fix = (ReadError, "") if isinstance(e, OSError) else (SourceError, f"; {malformed}" * bool(malformed))
+            raise error(f"{where}: cannot read a row ({str(e)[:300]}){fix}") from None
         text = row.get(field)
         if not isinstance(text, str):
             raise _no_text(where, field, columns or sorted(row), text)

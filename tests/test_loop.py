@@ -266,30 +266,36 @@ def test_an_ordinary_step_reads_no_tensor_on_the_host(tmp_path, monkeypatch):
     assert reads.norms == 0
 
 
-def test_a_stop_at_a_step_whose_eval_is_due_holds_that_eval_first_on_resume(tmp_path, monkeypatch):
+@pytest.mark.parametrize("schedule", [("--train.max_steps=8",),
+                                      ("--train.schedule=time", "--train.budget_s=75", "--train.max_steps=0")])
+def test_a_stop_at_a_step_whose_eval_is_due_holds_that_eval_first_on_resume(tmp_path, monkeypatch, schedule):
     """eval.every_steps = 2: a SIGTERM at step 2, whose eval is due, saves it as due; the resumed run holds it
-    before its first step (at step 2's window), so its evals, and a stop at a target that eval reaches, are the
-    straight run's."""
+    before its first step, at step 2's window (under a time schedule not the clock's after step 2), so its evals,
+    and a stop at a target that eval reaches, are the straight run's."""
     import json
 
     import train
 
-    args = ("--data.val=holdout", "--eval.tokens=2048", "--eval.every_steps=2", "--train.max_steps=8")
+    args = ("--data.val=holdout", "--eval.tokens=2048", "--eval.every_steps=2", *schedule)
 
     def evals(run_id: str) -> list:
         lines = (tmp_path / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
         return [(r["step"], r["val_loss"]) for r in map(json.loads, lines) if r["type"] == "eval"]
 
+    real = train.train_step
+    ten_second_steps(monkeypatch)  # 10 s a step: the time schedule's window grows step by step
     trained(tmp_path, "straight", *args)
     straight = evals("straight")
-    assert [step for step, _ in straight] == [2, 4, 6, 8]
-    real = train.train_step
+    assert [step for step, _ in straight] == [2, 4, 6, 8][:len(straight)] and len(straight) >= 3
     target = ("--eval.stop_at_target=true", f"--eval.target_loss={straight[0][1]}")  # the straight run's stop
-    for run_id, extra, ends in (("stopped", (), ("completed", 8)), ("target", target, ("target", 2))):
+    full = ("completed" if len(schedule) == 1 else "budget", 8)
+    for run_id, extra, ends in (("stopped", (), full), ("target", target, ("target", 2))):
         monkeypatch.setattr(train, "train_step", sigterm_in(2, real))
+        ten_second_steps(monkeypatch)
         run, status, _, _ = trained(tmp_path, run_id, *args, *extra)
-        assert (status, run.progress.step, run.progress.eval_pending) == ("sigterm", 2, True)
+        assert (status, run.progress.step, run.progress.eval_pending) == ("sigterm", 2, run.trained_at)
         monkeypatch.setattr(train, "train_step", real)
+        ten_second_steps(monkeypatch)
         run, status, _, _ = trained(tmp_path, run_id, *args, *extra)
         assert (status, run.progress.step) == ends
-        assert evals(run_id) == straight[:ends[1] // 2]
+        assert evals(run_id) == straight[:ends[1] // 2], schedule

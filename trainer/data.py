@@ -67,8 +67,9 @@ def _check_token_files(key: str, pattern: str, files: list[Path]) -> None:
 
 
 def _check_same_tokenizer(train: dict, val: dict, train_folder: Path, val_folder: Path) -> None:
-    """Refuse train and val shards that the meta.json beside each says another tokenizer made."""
-    for key in ("tokenizer", "vocab_size"):
+    """Refuse train and val shards that the meta.json beside each says another tokenizer made (by its numbers: a
+    tokenizer's name is as the user wrote it, a path one way or another)."""
+    for key in ("vocab_size", "eot_token"):
         if key in train and key in val and train[key] != val[key]:
             raise ConfigError(f"the train shards' {key} is {train[key]!r} ({train_folder / META}), the val shards' "
                               f"{val[key]!r} ({val_folder / META}): the val loss would score another tokenizer's "

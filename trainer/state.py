@@ -32,8 +32,9 @@ class Progress:
     last_val: float | None = None
     last_val_step: int = -1
     time_to_target: float | None = None
-    # a stop signal came at a step whose eval was due: the resumed run holds that eval before its first step
-    eval_pending: bool = False
+    # a stop signal came at a step whose eval was due: the training progress that step ran at (its window), where
+    # the resumed run holds that eval before its first step; None: no eval due
+    eval_pending: float | None = None
     data_wait: float = 0.0
     wall: dict = field(default_factory=lambda: dict(init_s=0.0, warmup_s=0.0, train_s=0.0, eval_s=0.0,
                                                     checkpoint_s=0.0))
@@ -56,6 +57,7 @@ class Run:
     loader: TokenLoader
     clock: Clock
     progress: Progress = field(default_factory=Progress)
+    trained_at: float = 0.0      # the clock's progress the last step ran at: its window, at which its evals score
     stop_requested: list = field(default_factory=list)   # the stop signals received (watch_stop_signals)
     saved_step: int = -1         # the step of the last complete save (or of the state resumed from)
     flags: FlagExchange = field(init=False)   # each step's stop/eval/save exchange (on GPU read a step late)

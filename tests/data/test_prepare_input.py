@@ -211,11 +211,14 @@ def test_overwrite_replaces_the_shards_only_once_the_new_input_gives_one(tmp_pat
 
 
 def test_an_out_inside_the_corpus_folder_is_not_read_as_corpus(tmp_path, capsys):
-    text_files(tmp_path / "c", {"a.txt": b"some text\n" * 100, "b.txt": b"more text\n" * 100})
-    common = ["--files", str(tmp_path / "c"), "--out", str(tmp_path / "c" / "shards"), "--val-tokens", "100"]
-    assert prepare_cli(capsys, *common)[0] == ""
-    message, err = prepare_cli(capsys, *common)  # its meta.json and shards now lie in the folder it reads
-    assert message == "" and "already complete" in err, (message, err)
+    rows = "".join(json.dumps({"text": f"row {i} " * 20}) + "\n" for i in range(50))
+    for case, out in enumerate(("c/shards", "c", ".")):  # below the corpus, the corpus's own folder, above it
+        root = tmp_path / str(case)
+        text_files(root / "c", {"a.jsonl": rows.encode()})
+        common = ["--files", str(root / "c"), "--out", str(root / out), "--val-tokens", "100"]
+        assert prepare_cli(capsys, *common)[0] == ""
+        message, err = prepare_cli(capsys, *common)  # its meta.json now lies in the folder it reads
+        assert message == "" and "already complete" in err, (out, message, err)
 
 
 def test_an_out_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
@@ -227,7 +230,7 @@ def test_an_out_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
     assert (tmp_path / "taken").read_text() == "mine"
 
 
-def test_a_dataset_read_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, capsys):
+def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, capsys):
     # a local dataset folder, streamed (datasets' own reader, as for the hub): its second file breaks at a row
     folder = tmp_path / "ds"
     folder.mkdir()
@@ -239,10 +242,11 @@ def test_a_dataset_read_that_fails_part_way_keeps_its_shards_and_resumes(tmp_pat
     common = ["--dataset", str(folder), "--streaming", "--no-shuffle", "--out", str(out),
               "--val-tokens", "1000", "--shard-tokens", "5000"]
     message, _ = prepare_cli(capsys, *common)
-    assert "cannot read a row" in message and message.endswith("the same command, run again, continues after "
-                                                                "the last complete shard"), message
     kept = json.loads((out / "meta.json").read_text())
     assert not kept["complete"] and len(kept["shards"]) >= 3
+    assert "cannot read a row" in message and message.endswith(
+        f"; the {len(kept['shards'])} shards written are kept: the same command, run again, continues after the "
+        f"last"), message
     assert all((out / s["file"]).exists() for s in kept["shards"])
     (folder / "b.jsonl").write_text("".join(rows[300:]))  # the file mended, the same command continues
     assert prepare_cli(capsys, *common)[0] == ""

@@ -142,7 +142,10 @@ def test_globs_that_match_no_token_file_or_the_val_set_or_another_tokenizers_val
         resolve_data(cfg)
     other = shards(tmp_path / "b", {"tokenizer": "gpt2", "vocab_size": 50257})
     cfg = parse_args(["--config", TINY, data[0], other[1]])
-    with pytest.raises(ConfigError, match=r"the train shards' tokenizer is 'bytes' \(.*a/meta.json\), the val "
-                                          r"shards' 'gpt2' \(.*b/meta.json\)"):
+    with pytest.raises(ConfigError, match=r"the train shards' vocab_size is 257 \(.*a/meta.json\), the val "
+                                          r"shards' 50257 \(.*b/meta.json\)"):
         resolve_data(cfg)
     resolve_data(parse_args(["--config", TINY, *data]))  # the same prepare's train and val: fine
+    # the same tokenizer named another way (a path from elsewhere) is the same tokenizer
+    same = shards(tmp_path / "c", {"tokenizer": "../bytes", "vocab_size": 257})
+    resolve_data(parse_args(["--config", TINY, data[0], same[1]]))
