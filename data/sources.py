@@ -196,8 +196,10 @@ def text_column(rows: Iterable[dict], field: str, where: str, malformed: str | N
         except StopIteration:
             return
         except (ValueError, OSError) as e:  # e.g. pyarrow's ArrowInvalid (a ValueError) on a malformed line
-            error, fix = (ReadError, "") if isinstance(e, OSError) else (SourceError, f"; {malformed}" * bool(malformed))
-            raise error(f"{where}: cannot read a row ({str(e)[:300]}){fix}") from None
+            failed = f"{where}: cannot read a row ({str(e)[:300]})"
+            if isinstance(e, OSError):
+                raise ReadError(failed) from None
+            raise SourceError(failed + (f"; {malformed}" if malformed else "")) from None
         text = row.get(field)
         if not isinstance(text, str):
             raise _no_text(where, field, columns or sorted(row), text)
