@@ -262,9 +262,26 @@ check_bench() {
   exit 2
 }
 
+# The knobs that are counts or switches, checked before anything runs: bash's own tests would say "integer
+# expression expected" and go on with a guess.
+check_knobs() {
+  local v
+  for v in NPROC NNODES NODE_RANK; do
+    [ -z "${!v:-}" ] || [[ ${!v} =~ ^[0-9]+$ ]] || { echo "run.sh: $v=${!v}: give a whole number" >&2; exit 2; }
+  done
+  [ "${NPROC:-1}" -ge 1 ] && [ "${NNODES:-1}" -ge 1 ] \
+    || { echo "run.sh: NPROC and NNODES count processes and nodes: give 1 or more (or leave them unset)" >&2; exit 2; }
+  case ${FRESH:-} in
+    "" | 1) ;;
+    *) echo "run.sh: FRESH=$FRESH: FRESH=1 starts a new run; leave it unset to continue an unfinished one" >&2
+       exit 2 ;;
+  esac
+}
+
 cmd=${1:-main}
 [ $# -gt 0 ] && shift
 [ "$cmd" = bench ] && check_bench "${1:-loader}"
+check_knobs
 case "$cmd" in
   help|-h|--help) usage; exit 0 ;;
   test|prepare|train|bench|leaderboard|plot|sample|main) setup_env ;;

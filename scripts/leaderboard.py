@@ -65,7 +65,9 @@ class SummaryError(ValueError):
 
 
 def find_summaries(paths: list[str | Path]) -> list[Path]:
-    """Every summary.json named by `paths` (a summary file, a run folder, or a folder searched recursively)."""
+    """Every summary.json named by `paths` (a summary file, a run folder, or a folder searched recursively). Below
+    a folder, one without a config.toml beside it (a summary kept alone, as some records keep a side run's) is left
+    out, and said so on stderr: a run named itself must have its config.toml (load_summary)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_file():
@@ -75,7 +77,12 @@ def find_summaries(paths: list[str | Path]) -> list[Path]:
             if not hits:
                 raise SummaryError(f"{p}: no summary.json in this folder or below it; pass a run folder "
                                    f"(runs/<run_id>) or a folder of runs")
-            found.extend(hits)
+            alone = [h for h in hits if h.parent != p and not (h.parent / "config.toml").exists()]
+            if alone:
+                print(f"leaderboard: left out {len(alone)} of the {len(hits)} summary.json below {p} that have no "
+                      f"config.toml beside them, which puts a run in its row (e.g. {alone[0]}); copy it along to "
+                      f"rank them", file=sys.stderr)
+            found.extend(h for h in hits if h not in alone)
         else:
             raise SummaryError(f"{p}: no such file or folder; pass a run folder or a summary.json path")
     return list(dict.fromkeys(found))  # overlapping arguments (runs/ and runs/a) must not count a run twice
@@ -241,6 +248,7 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
     for fp, runs in sorted(groups.items(), key=lambda g: (str(g[1][0]["track"]), str(g[1][0]["config_name"]),
                                                           -len(g[1]), g[0])):
         losses = [float(r["final_val_loss"]) for r in runs if r["final_val_loss"] is not None]
+        scored = f" ({len(losses)} of {len(runs)} runs)" if 0 < len(losses) < len(runs) else ""  # e.g. stopped ones
         times = [float(r["time_to_target_s"]) for r in runs if r["time_to_target_s"] is not None]
         goal = target if target is not None else runs[0]["target_loss"]  # eval.target_loss: one per experiment
         p = t_test_below(losses, goal)[1] if goal is not None and len(losses) > 1 else None
@@ -249,7 +257,7 @@ def group_rows(summaries: list[dict], target: float | None = None, pool_seeds: b
             "track": _distinct(r["track"] for r in runs), "config": _distinct(r["config_name"] for r in runs),
             "fingerprint": fp, "runs": len(runs), "reached": len(times),
             "time to target (s)": _mean_std_text(times, 1),
-            "final val loss": _mean_std_text(losses, 4),
+            "final val loss": _mean_std_text(losses, 4) + scored,
             "target": f"{goal:g}" if goal is not None else "-",
             "p(mean<=target)": "n/a" if p is None else f"{p:.3g}",
             "hardware": _distinct(r["hardware"] for r in runs),

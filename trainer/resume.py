@@ -14,6 +14,7 @@ from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
+from trainer.runs import checkpoint_path
 from trainer.state import Progress, Run
 
 
@@ -33,9 +34,7 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
     """What train.resume makes of `run_dir`: the resume marker to continue from (None: a fresh start, for which
     "overwrite" has cleared the folder) and the config changes that resume makes. Raises ConfigError where it
     refuses, RunFinished where the run ended there; either way before anything in the folder changes."""
-    if (taken := next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)):
-        raise ConfigError(f"log.dir = {cfg.log.dir!r}: {taken} is a file, so the run folder {run_dir} cannot be "
-                          f"made there; set log.dir to a folder")
+    _check_writable(cfg, run_dir)
     resume = cfg.train.resume
     marker = None if resume in ("never", "overwrite") else resume_marker(run_dir, dist)
     if marker is None and resume == "must":
@@ -55,6 +54,27 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
     if resume == "overwrite":
         remove_run(run_dir, dist)
     return marker, changes
+
+
+def _check_writable(cfg: Config, run_dir: Path) -> None:
+    """Refuse, before the first step, a run folder or checkpoint path that a save could not write, or would write
+    over a file that is not a checkpoint (a data shard named by mistake)."""
+    if (taken := next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)):
+        raise ConfigError(f"log.dir = {cfg.log.dir!r}: {taken} is a file, so the run folder {run_dir} cannot be "
+                          f"made there; set log.dir to a folder")
+    if not (cfg.train.checkpoint_path and cfg.train.save_checkpoint):
+        return
+    target = checkpoint_path(run_dir, cfg.train.checkpoint_path)
+    key = f"train.checkpoint_path = {cfg.train.checkpoint_path!r}"
+    if target.is_dir():
+        raise ConfigError(f"{key} is a folder; name the file to write, e.g. {target / 'checkpoint.pt'}")
+    if (taken := next((p for p in target.parents if p.exists() and not p.is_dir()), None)):
+        raise ConfigError(f"{key}: {taken} is a file, so no folder can hold the checkpoint there; name another path")
+    if target.is_file():
+        with open(target, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # torch.save's zip archive
+                raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
+                                  f"would replace; name another path, or move the file away")
 
 
 def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: int,

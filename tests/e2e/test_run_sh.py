@@ -118,3 +118,14 @@ def test_multi_node_needs_a_rendezvous_id(bare):
     proc = run(["bash", "run.sh", "train", "configs/tiny.toml"], cwd=folder, check=False,
                env={**env, "NNODES": "2", "NPROC": "1", "MASTER_ADDR": "127.0.0.1"})
     assert proc.returncode != 0 and "multi-node runs need RDZV_ID" in proc.stderr
+
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("NPROC", "abc", "run.sh: NPROC=abc: give a whole number"), ("NPROC", "1.5", "NPROC=1.5: give a whole number"),
+    ("NPROC", "0", "give 1 or more"), ("NNODES", "-1", "NNODES=-1: give a whole number"),
+    ("FRESH", "0", "run.sh: FRESH=0: FRESH=1 starts a new run"),
+])
+def test_a_knob_that_is_no_count_is_refused_before_anything_runs(bare, knob, value, message):
+    folder, env = bare
+    proc = run(["bash", "run.sh", "train", "configs/tiny.toml"], cwd=folder, env={**env, knob: value}, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -8,8 +8,8 @@ from matplotlib.image import imread
 
 from util.atomic import write_json
 from scripts.leaderboard import (COLUMNS, RESULT_NEUTRAL, RUN_SPECIFIC, SummaryError, find_summaries, format_table,
-                                 group_rows, load_summary, mean_std, moves_result, t_test_below)
-from tests.helpers import run
+                                 group_rows, load_summary, main, mean_std, moves_result, t_test_below)
+from tests.helpers import ROOT, run
 from trainer.config import RESUME_BUDGET, RESUME_SAFE, keys_in, parse_args, to_toml
 from trainer.plots import plot_leaderboard
 
@@ -283,6 +283,25 @@ def test_bad_resume_changes_are_refused(tmp_path):
         load_summary(tmp_path / "r" / "summary.json")
     write_runs(tmp_path, [{k: v for k, v in summary("old", 3.2).items() if k != "resume_changes"}])
     assert load_summary(tmp_path / "old" / "summary.json")["resume_changes"] == []  # written before the key was
+
+
+def test_a_tree_leaves_out_a_summary_kept_without_its_config_and_says_so(tmp_path, capsys):
+    write_runs(tmp_path / "a", [summary("r1", 3.3), summary("r2", 3.2)])
+    (tmp_path / "a" / "r2" / "config.toml").unlink()
+    assert find_summaries([tmp_path]) == [tmp_path / "a" / "r1" / "summary.json"]
+    assert f"left out 1 of the 2 summary.json below {tmp_path} that have no config.toml" in capsys.readouterr().err
+    assert find_summaries([tmp_path / "a" / "r2"]) == [tmp_path / "a" / "r2" / "summary.json"]  # named: refused
+
+
+def test_the_records_rank_as_the_readme_says(capsys):
+    assert main([str(ROOT / "records"), "--markdown"]) == 0, capsys.readouterr().err
+    assert "| cpu |" in capsys.readouterr().out
+
+
+def test_a_row_says_how_many_of_its_runs_have_a_final_loss(tmp_path):
+    write_runs(tmp_path, [summary("r1", 3.3), summary("r2", None)])
+    [row] = group_rows([load_summary(p) for p in find_summaries([tmp_path])])
+    assert (row["runs"], row["final val loss"]) == (2, "3.3000 (1 of 2 runs)")
 
 
 def test_missing_paths_are_refused(tmp_path):

@@ -223,10 +223,18 @@ def test_a_data_file_added_since_the_save_is_refused_and_nothing_changes(tmp_pat
     assert snapshot(run_dir) == before
 
 
-def test_a_log_dir_that_is_a_file_is_refused(finished, tmp_path):
+def test_a_log_dir_or_checkpoint_path_a_save_cannot_write_is_refused_before_training(finished, tmp_path):
     data, _ = finished
     (tmp_path / "taken").write_text("mine")
-    proc = run([sys.executable, *tiny_args(data, tmp_path / "taken", "r")], check=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"log.dir = '{tmp_path / 'taken'}': {tmp_path / 'taken'} is a file" in proc.stderr, proc.stderr[-3000:]
-    assert (tmp_path / "taken").read_text() == "mine"
+    shard = sorted(data.glob("*_train_*.bin"))[0]
+    before = shard.read_bytes()
+    cases = [(tmp_path / "taken", [], f"log.dir = '{tmp_path / 'taken'}': {tmp_path / 'taken'} is a file"),
+             (tmp_path / "runs", [f"--train.checkpoint_path={tmp_path}"], "is a folder; name the file to write"),
+             (tmp_path / "runs", [f"--train.checkpoint_path={tmp_path / 'taken' / 'ck.pt'}"],
+              f"{tmp_path / 'taken'} is a file, so no folder can hold the checkpoint there"),
+             (tmp_path / "runs", [f"--train.checkpoint_path={shard}"], "names a file that is not a checkpoint")]
+    for runs, extra, message in cases:
+        proc = run([sys.executable, *tiny_args(data, runs, "r", *extra)], check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert message in proc.stderr and "step 1 " not in proc.stdout, proc.stderr[-3000:]
+    assert (tmp_path / "taken").read_text() == "mine" and shard.read_bytes() == before
