@@ -271,6 +271,8 @@ check_knobs() {
   done
   [ "${NPROC:-1}" -ge 1 ] && [ "${NNODES:-1}" -ge 1 ] \
     || { echo "run.sh: NPROC and NNODES count processes and nodes: give 1 or more (or leave them unset)" >&2; exit 2; }
+  [ -z "${BUDGET:-}" ] || [[ $BUDGET =~ ^[0-9]+([.][0-9]+)?$ ]] \
+    || { echo "run.sh: BUDGET=$BUDGET: give the training budget in seconds, e.g. BUDGET=180" >&2; exit 2; }
   case ${FRESH:-} in
     "" | 1) ;;
     *) echo "run.sh: FRESH=$FRESH: FRESH=1 starts a new run; leave it unset to continue an unfinished one" >&2

@@ -124,6 +124,7 @@ def test_multi_node_needs_a_rendezvous_id(bare):
     ("NPROC", "abc", "run.sh: NPROC=abc: give a whole number"), ("NPROC", "1.5", "NPROC=1.5: give a whole number"),
     ("NPROC", "0", "give 1 or more"), ("NNODES", "-1", "NNODES=-1: give a whole number"),
     ("FRESH", "0", "run.sh: FRESH=0: FRESH=1 starts a new run"),
+    ("BUDGET", "3 min", "run.sh: BUDGET=3 min: give the training budget in seconds, e.g. BUDGET=180"),
 ])
 def test_a_knob_that_is_no_count_is_refused_before_anything_runs(bare, knob, value, message):
     folder, env = bare
