@@ -477,8 +477,8 @@ def _kept(out: Path) -> str:
         return ""
     if meta.get("complete") is not False or not meta.get("shards"):
         return ""
-    return (f"; the {plural(len(meta['shards']), 'shard')} written are kept: the same command, run again, "
-            f"continues after the last")
+    return (f"; what it wrote is kept ({plural(len(meta['shards']), 'shard')}): the same command, run again, "
+            f"continues after the last complete shard")
 
 
 if __name__ == "__main__":

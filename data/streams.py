@@ -26,6 +26,7 @@ import numpy as np
 
 from data.order import Block, file_order
 from data.regions import Region, Spans, no_window, read_ahead
+from data.shards import ShardError
 
 ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: few enough that a first batch is quick
 
@@ -104,6 +105,11 @@ class Sequential(Stream):
                         yield (epoch, index, pos), (region, spans)
                 if pos == region.lo:  # not a window in this file, now or in any later epoch
                     windowless.add(int(order[index]))
+                    if len(windowless) == len(self.regions) and self.cut:
+                        raise ShardError(f"no file gives a whole global batch of {self.per_step} rows (the rows of "
+                                         f"a step under data.doc_cut come from one file): lower train.batch_size "
+                                         f"(x the ranks), use larger shards, or check bos_id (meta.json "
+                                         f"eot_token) if the files hold no document token")
                     if len(windowless) == len(self.regions):
                         raise no_window(self.regions, self.length, self.bos_id)
                 pos = None

@@ -245,8 +245,8 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     kept = json.loads((out / "meta.json").read_text())
     assert not kept["complete"] and len(kept["shards"]) >= 3
     assert "cannot read a row" in message and message.endswith(
-        f"; the {len(kept['shards'])} shards written are kept: the same command, run again, continues after the "
-        f"last"), message
+        f"; what it wrote is kept ({len(kept['shards'])} shards): the same command, run again, continues after the "
+        f"last complete shard"), message
     assert all((out / s["file"]).exists() for s in kept["shards"])
     (folder / "b.jsonl").write_text("".join(rows[300:]))  # the file mended, the same command continues
     assert prepare_cli(capsys, *common)[0] == ""

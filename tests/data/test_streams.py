@@ -218,3 +218,10 @@ def test_cut_rows_need_a_bos_id_and_the_order_of_the_files(tmp_path):
         with pytest.raises(ValueError, match="doc_cut was 8 but this loader has 0"):
             whole.load_state_dict(state)
         whole.load_state_dict({k: v for k, v in state.items() if k != "doc_cut"})  # a state of rows uncut
+
+
+def test_cut_rows_a_batch_no_file_can_give_whole_is_named_as_such(tmp_path):
+    coded_shards(tmp_path, [20 * L, 10 * L], bos_seed=0)  # rows in plenty, but fewer than 40 in any file
+    with pytest.raises(ShardError, match="no file gives a whole global batch of 40 rows .*lower train.batch_size"):
+        with TokenLoader(str(tmp_path / "*.bin"), 20, T, world_size=2, bos_id=BOS, shuffle=False, doc_cut=8) as loader:
+            next(loader)
