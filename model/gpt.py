@@ -141,11 +141,13 @@ class GPT(nn.Module):
         self._weights_now = []
         self._use_loss_weights(loss_weights_at(cfg, 1.0))
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (None, mean cross-entropy over
-        the targets that are not -100).
+    def forward(self, idx: Tensor, targets: Tensor | None = None,
+                keep_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
+        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets in eval mode -> (logits, mean
+        cross-entropy over the targets that are not -100), the checkpoint contract's answer to an evaluator.
 
-        With targets the logits are not returned, so the [B, T, V] float copy can be freed early.
+        Training (and an eval with keep_logits=False, train.py's) returns (None, loss): no [B, T, V] float copy is
+        kept, and the eval's loss is computed a chunk of the tokens at a time (scored_loss).
         """
         cfg, dtype = self.cfg, self.stream_dtype(idx.device)
         x = x0 = self.embed(idx, dtype)
@@ -181,7 +183,7 @@ class GPT(nn.Module):
                 early = x
         if self.backout_lambda is not None:
             x = x - self.backout_lambda.to(x.dtype) * early
-        return self.head_loss(x, targets)
+        return self.head_loss(x, targets, keep_logits)
 
     def stream_dtype(self, device: torch.device) -> torch.dtype | None:
         """The residual stream's dtype: autocast's where it runs on `device` and autocast_stream is on (the key
@@ -205,13 +207,17 @@ class GPT(nn.Module):
         # again: the fp32 position table, or a norm autocast runs in fp32, would promote it
         return (F.rms_norm(x, (x.size(-1),)) if cfg.embed_norm else x).to(dtype)
 
-    def head_loss(self, x: Tensor, targets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    def head_loss(self, x: Tensor, targets: Tensor | None,
+                  keep_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
         """forward's tail on the blocks' output: final norm, head, (softcapped) logits, cross-entropy; the logits
         fp32, but for the training loss in the stream's dtype under train.bf16_stream.
 
         A method of its own so that trainer/parallel.py can compile it where the whole forward is not (FSDP2)."""
         if targets is None:
             return self.logits(x), None
+        if keep_logits and not self.training:
+            logits = self.logits(x)
+            return logits, self.loss(logits, targets)
         if not torch.is_grad_enabled():
             return None, self.scored_loss(x, targets)
         dtype = self.stream_dtype(x.device)

@@ -38,7 +38,7 @@ def evaluate(run: Run) -> float:
     t0 = shown = time.perf_counter()
     for done, (x, y) in enumerate(batches, 1):
         with autocast(dist, cfg.train.dtype):
-            _, loss = model(x, y)
+            _, loss = model(x, y, keep_logits=False)  # the loss a chunk at a time: no [B, T, V] logits kept
         count = (y != PAD_TARGET).sum()
         sums[0] += torch.where(count > 0, loss.double() * count, 0.0)  # a padding-only batch's mean is NaN
         sums[1] += count

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from data.loader import TokenLoader
 from model import get_model
@@ -39,6 +40,13 @@ def test_a_checkpoint_loads_as_the_contract_says_and_gives_the_same_logits(tmp_p
     with torch.no_grad():
         torch.testing.assert_close(loaded(x)[0], model.eval()(x)[0], atol=0, rtol=0)
         assert not torch.equal(get_model(CONFIG).eval()(x)[0], model(x)[0])
+    # an evaluator that passes targets reads both: the logits it scores HellaSwag by, and the loss of those logits
+    y = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2))
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            logits, loss = loaded(x, y)
+        torch.testing.assert_close(logits, loaded(x)[0], atol=0, rtol=0)
+        torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)))
 
 
 BEFORE_SPLIT = Path(__file__).parents[1] / "model" / "before_split"
