@@ -130,6 +130,8 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     datasets.disable_progress_bars()
     named = f"--files {given!r}" if given else f"{files[0].parent}/*{files[0].suffix}"
     where = f"{named} ({plural(len(files), 'file')})"
+    if files[0].suffix == ".parquet":
+        _check_parquet(files)
 
     def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME
         try:
@@ -139,6 +141,25 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
             why = str(e.__cause__ or e)[:300] or "no rows"  # StopIteration: no row at all (empty files)
             raise SourceError(f"{where}: cannot read them ({why}); fix or remove the bad file") from None
     return _row_corpus(load, text_field, where, seed, streaming, buffer, malformed="fix or remove the bad file")
+
+
+def _check_parquet(files: list[Path]) -> None:
+    """Refuse, naming the file, a .parquet file with no rows or with other columns than the first file's: datasets
+    answers either with an error that names neither (its footer read only, no rows)."""
+    parquet = import_optional("pyarrow.parquet", READERS_NEED, SourceError)
+    first = None
+    for path in files:
+        try:
+            meta = parquet.read_metadata(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise SourceError(f"{path}: not a readable .parquet file ({str(e)[:200]}); fix or remove it") from None
+        columns = sorted(meta.schema.names)
+        if meta.num_rows == 0:
+            raise SourceError(f"{path}: a .parquet file with no rows; remove it (or narrow --files)")
+        first = first or (path, columns)
+        if columns != first[1]:
+            raise SourceError(f"{path}: columns {columns}, where {first[0]} has {first[1]}; the files of one run "
+                              f"need the same columns: convert them, or narrow --files to one kind")
 
 
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",

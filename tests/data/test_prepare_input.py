@@ -253,3 +253,23 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     whole = json.loads((out / "meta.json").read_text())
     assert whole["complete"] and whole["shards"][:len(kept["shards"])] == kept["shards"]
     assert whole["documents"] == 400 and whole["tokens"] == sum(len(text) + 1 for text in texts)  # and a BOS each
+
+
+def test_parquet_files_without_rows_or_with_other_columns_are_named(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"text": "some text " * 20, "id": 1}]), folder / "a.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": "more text " * 20}]), folder / "b.parquet")
+    message, _ = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / "o"), "--val-tokens", "10")
+    assert message == (f"prepare: error: {folder / 'b.parquet'}: columns ['text'], where {folder / 'a.parquet'} has "
+                       f"['id', 'text']; the files of one run need the same columns: convert them, or narrow --files "
+                       f"to one kind")
+    pq.write_table(pa.Table.from_pylist([], schema=pa.schema([("text", pa.string()), ("id", pa.int64())])),
+                   folder / "b.parquet")
+    message, _ = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / "o"), "--val-tokens", "10")
+    assert message == (f"prepare: error: {folder / 'b.parquet'}: a .parquet file with no rows; remove it (or narrow "
+                       f"--files)")
+    assert not (tmp_path / "o").exists()
