@@ -271,7 +271,7 @@ check_knobs() {
   done
   [ "${NPROC:-1}" -ge 1 ] && [ "${NNODES:-1}" -ge 1 ] \
     || { echo "run.sh: NPROC and NNODES count processes and nodes: give 1 or more (or leave them unset)" >&2; exit 2; }
-  [ -z "${BUDGET:-}" ] || [[ $BUDGET =~ ^[0-9]+([.][0-9]+)?$ ]] \
+  [ -z "${BUDGET:-}" ] || [[ $BUDGET =~ ^[0-9]*[.]?[0-9]+([eE][+-]?[0-9]+)?$ ]] \
     || { echo "run.sh: BUDGET=$BUDGET: give the training budget in seconds, e.g. BUDGET=180" >&2; exit 2; }
   case ${FRESH:-} in
     "" | 1) ;;
@@ -283,7 +283,7 @@ check_knobs() {
 cmd=${1:-main}
 [ $# -gt 0 ] && shift
 [ "$cmd" = bench ] && check_bench "${1:-loader}"
-check_knobs
+case "$cmd" in train | main) check_knobs ;; esac  # the commands that read them
 case "$cmd" in
   help|-h|--help) usage; exit 0 ;;
   test|prepare|train|bench|leaderboard|plot|sample|main) setup_env ;;

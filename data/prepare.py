@@ -316,6 +316,8 @@ def prepare(args: argparse.Namespace) -> dict:
         refused = isinstance(e, (PrepareError, sources.SourceError)) and not isinstance(e, sources.ReadError)
         if refused and source["kind"] != "huggingface" or not meta["shards"]:
             _remove(args.out, meta, made)
+        else:
+            e.kept = len(meta["shards"])  # for main's last line: what a re-run continues from
         raise
 
 
@@ -401,7 +403,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         rest = write(np.concatenate(buf), size=val)
         buf, buffered = [rest], len(rest)
     _check_training_left(meta, buffered, empty, args.val_tokens)
-    rest = np.concatenate(buf)
+    rest = np.concatenate(buf) if buf else np.empty(0, dtype)  # none: a resume that found no document left
     while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
         rest = write(rest)
     meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
@@ -463,22 +465,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         prepare(args)
     except (PrepareError, TokenizerError, sources.SourceError, DiskFullError) as e:
-        sys.exit(f"prepare: error: {e}{_kept(args.out)}")
-    except KeyboardInterrupt:
-        sys.exit(f"prepare: interrupted{_kept(args.out)}")
+        sys.exit(f"prepare: error: {e}{_kept(e)}")
+    except KeyboardInterrupt as e:
+        sys.exit(f"prepare: interrupted{_kept(e)}")
 
 
-def _kept(out: Path) -> str:
-    """What a failed run left in `out` to continue from, for its last line: the shards an unfinished meta.json
-    lists, or nothing."""
-    try:
-        meta = read_meta(out)
-    except (MetaError, OSError):
-        return ""
-    if meta.get("complete") is not False or not meta.get("shards"):
-        return ""
-    return (f"; what it wrote is kept ({plural(len(meta['shards']), 'shard')}): the same command, run again, "
-            f"continues after the last complete shard")
+def _kept(error: BaseException) -> str:
+    """The end of a failed run's last line: the shards it kept for a re-run to continue from (prepare's `kept`),
+    where it kept some."""
+    kept = getattr(error, "kept", 0)
+    return (f"; kept {plural(kept, 'shard')} written so far: the same command, run again, continues after the last"
+            if kept else "")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,13 @@ def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardEr
                       f"turn off data.bos_aligned")
 
 
+def no_batch(regions: list[Region], rows: int) -> ShardError:
+    """The error of a cut stream (data.doc_cut) none of whose files gives a whole global batch of `rows` rows."""
+    return ShardError(f"{names(regions)}: no file gives a whole global batch of {rows} rows (the rows of a step "
+                      f"under data.doc_cut come from one file): lower train.batch_size (x the ranks), use larger "
+                      f"shards, or check bos_id (meta.json eot_token) if the files hold no document token")
+
+
 def read_ahead(regions: list[Region]) -> None:
     """Ask the kernel to read the regions whole, in order (POSIX_FADV_WILLNEED). In a thread of its own: a request
     returns once its reads are queued, which blocks when cold, and releases the GIL."""

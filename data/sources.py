@@ -144,8 +144,8 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
 
 
 def _check_parquet(files: list[Path]) -> None:
-    """Refuse, naming the file, a .parquet file with no rows or with other columns than the first file's: datasets
-    answers either with an error that names neither (its footer read only, no rows)."""
+    """Refuse, naming the file, a .parquet file with no rows or with a column the first file lacks: datasets reads
+    the files by the first one's columns, and answers either with an error that names no file."""
     parquet = import_optional("pyarrow.parquet", READERS_NEED, SourceError)
     first = None
     for path in files:
@@ -157,9 +157,9 @@ def _check_parquet(files: list[Path]) -> None:
         if meta.num_rows == 0:
             raise SourceError(f"{path}: a .parquet file with no rows; remove it (or narrow --files)")
         first = first or (path, columns)
-        if columns != first[1]:
-            raise SourceError(f"{path}: columns {columns}, where {first[0]} has {first[1]}; the files of one run "
-                              f"need the same columns: convert them, or narrow --files to one kind")
+        if extra := sorted(set(columns) - set(first[1])):
+            raise SourceError(f"{path}: column(s) {extra} that {first[0]} lacks (its columns: {first[1]}); the files "
+                              f"are read by the first one's columns: give them the same ones, or narrow --files")
 
 
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",

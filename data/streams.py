@@ -25,8 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from data.order import Block, file_order
-from data.regions import Region, Spans, no_window, read_ahead
-from data.shards import ShardError
+from data.regions import Region, Spans, no_batch, no_window, read_ahead
 
 ORDER_CHUNK = 1 << 12  # positions of a block's order computed at a time: few enough that a first batch is quick
 
@@ -105,13 +104,9 @@ class Sequential(Stream):
                         yield (epoch, index, pos), (region, spans)
                 if pos == region.lo:  # not a window in this file, now or in any later epoch
                     windowless.add(int(order[index]))
-                    if len(windowless) == len(self.regions) and self.cut:
-                        raise ShardError(f"no file gives a whole global batch of {self.per_step} rows (the rows of "
-                                         f"a step under data.doc_cut come from one file): lower train.batch_size "
-                                         f"(x the ranks), use larger shards, or check bos_id (meta.json "
-                                         f"eot_token) if the files hold no document token")
                     if len(windowless) == len(self.regions):
-                        raise no_window(self.regions, self.length, self.bos_id)
+                        raise no_batch(self.regions, self.per_step) if self.cut else no_window(
+                            self.regions, self.length, self.bos_id)
                 pos = None
             epoch, index = epoch + 1, 0
 

@@ -78,6 +78,9 @@ def find_summaries(paths: list[str | Path]) -> list[Path]:
                 raise SummaryError(f"{p}: no summary.json in this folder or below it; pass a run folder "
                                    f"(runs/<run_id>) or a folder of runs")
             alone = [h for h in hits if h.parent != p and not (h.parent / "config.toml").exists()]
+            if len(alone) == len(hits):
+                raise SummaryError(f"{p}: no summary.json below it has its config.toml beside it (e.g. {alone[0]}), "
+                                   f"which puts a run in its row; copy each run's config.toml along")
             if alone:
                 print(f"leaderboard: left out {len(alone)} of the {len(hits)} summary.json below {p} that have no "
                       f"config.toml beside them, which puts a run in its row (e.g. {alone[0]}); copy it along to "

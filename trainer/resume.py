@@ -72,8 +72,10 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
         raise ConfigError(f"{key}: {taken} is a file, so no folder can hold the checkpoint there; name another path")
     if target.is_file():
         with open(target, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":  # torch.save's zip archive
-                raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
+            head = f.read(4)
+        # torch.save's zip archive, its older pickle (protocol 2: \x80\x02), or an empty file put there to hold the name
+        if head and not head.startswith((b"PK\x03\x04", b"\x80\x02")):
+            raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
                                   f"would replace; name another path, or move the file away")
 
 

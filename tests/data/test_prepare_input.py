@@ -245,8 +245,11 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     kept = json.loads((out / "meta.json").read_text())
     assert not kept["complete"] and len(kept["shards"]) >= 3
     assert "cannot read a row" in message and message.endswith(
-        f"; what it wrote is kept ({len(kept['shards'])} shards): the same command, run again, continues after the "
-        f"last complete shard"), message
+        f"; kept {len(kept['shards'])} shards written so far: the same command, run again, continues after the "
+        f"last"), message
+    # an error before any reading (a setting that differs) says nothing of what an earlier run left
+    message, _ = prepare_cli(capsys, *common, "--shard-tokens", "6000")
+    assert "holds shards made with other settings" in message and "kept" not in message, message
     assert all((out / s["file"]).exists() for s in kept["shards"])
     (folder / "b.jsonl").write_text("".join(rows[300:]))  # the file mended, the same command continues
     assert prepare_cli(capsys, *common)[0] == ""
@@ -261,12 +264,19 @@ def test_parquet_files_without_rows_or_with_other_columns_are_named(tmp_path, ca
 
     folder = tmp_path / "p"
     folder.mkdir()
-    pq.write_table(pa.Table.from_pylist([{"text": "some text " * 20, "id": 1}]), folder / "a.parquet")
-    pq.write_table(pa.Table.from_pylist([{"text": "more text " * 20}]), folder / "b.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": "some text " * 20}]), folder / "a.parquet")
+    pq.write_table(pa.Table.from_pylist([{"text": "more text " * 20, "id": 1}]), folder / "b.parquet")
     message, _ = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / "o"), "--val-tokens", "10")
-    assert message == (f"prepare: error: {folder / 'b.parquet'}: columns ['text'], where {folder / 'a.parquet'} has "
-                       f"['id', 'text']; the files of one run need the same columns: convert them, or narrow --files "
-                       f"to one kind")
+    assert message == (f"prepare: error: {folder / 'b.parquet'}: column(s) ['id'] that {folder / 'a.parquet'} lacks "
+                       f"(its columns: ['text']); the files are read by the first one's columns: give them the same "
+                       f"ones, or narrow --files")
+    # a later file with fewer columns than the first is read as the first's: prepared
+    fewer = tmp_path / "q"
+    fewer.mkdir()
+    (folder / "b.parquet").rename(fewer / "a.parquet")
+    (folder / "a.parquet").rename(fewer / "b.parquet")
+    assert prepare_cli(capsys, "--files", str(fewer), "--out", str(tmp_path / "q_out"), "--val-tokens", "10")[0] == ""
+    pq.write_table(pa.Table.from_pylist([{"text": "some text " * 20, "id": 1}]), folder / "a.parquet")
     pq.write_table(pa.Table.from_pylist([], schema=pa.schema([("text", pa.string()), ("id", pa.int64())])),
                    folder / "b.parquet")
     message, _ = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / "o"), "--val-tokens", "10")

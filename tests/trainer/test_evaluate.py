@@ -134,6 +134,24 @@ def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, c
     assert f"step 0 | val loss {val:.4f}" in lines[-1]
 
 
+def test_an_eval_scores_its_loss_a_chunk_at_a_time_and_keeps_no_logits(tmp_path, monkeypatch):
+    """train.py's evals take GPT.scored_loss, never the whole [B, T, V] logits an evaluator of the checkpoint gets:
+    those of the speedrun's 262,144-token eval sequences would be 50 GB."""
+    from model.gpt import GPT
+
+    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048")
+    scored, whole = [], GPT.logits
+    monkeypatch.setattr(GPT, "scored_loss", lambda self, x, y: scored.append(y.numel()) or torch.tensor(1.0))
+    monkeypatch.setattr(GPT, "logits", lambda self, x, *a: whole(self, x, *a) if x.dim() == 2 else pytest.fail(
+        "the eval made the logits of whole rows"))
+    try:
+        trainer.evaluate.eval_and_record(run, on_clock=False)
+    finally:
+        run.loader.close()
+        run.log.close()
+    assert sum(scored) == 8 * 4 * 64  # every batch's targets, padding included
+
+
 class Scored(Hooks):
     """Evals that score the given losses in turn, without reading the model."""
 

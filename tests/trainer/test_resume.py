@@ -238,3 +238,7 @@ def test_a_log_dir_or_checkpoint_path_a_save_cannot_write_is_refused_before_trai
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert message in proc.stderr and "step 1 " not in proc.stdout, proc.stderr[-3000:]
     assert (tmp_path / "taken").read_text() == "mine" and shard.read_bytes() == before
+    (tmp_path / "held.pt").touch()  # an empty file that holds the name: written over
+    run([sys.executable, *tiny_args(data, tmp_path / "runs", "r", f"--train.checkpoint_path={tmp_path / 'held.pt'}",
+                                    "--train.max_steps=2")])
+    assert torch.load(tmp_path / "held.pt", weights_only=True)["step"] == 2

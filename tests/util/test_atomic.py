@@ -226,8 +226,8 @@ def test_prepare_on_a_full_filesystem_says_so_in_one_line_and_keeps_what_it_fini
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     said = re.fullmatch(disk_full_line(re.escape(str(disk / "demo" / "demo_train_000001.bin")), "prepare: error: ")
-                        + r"; what it wrote is kept \(1 shard\): the same command, run again, continues after "
-                          r"the last complete shard", last)
+                        + r"; kept 1 shard written so far: the same command, run again, continues after the "
+                          r"last", last)
     assert said and said.group(1) == f"{1024 + 2 * 50000:,}", last  # the header and 50,000 uint16 tokens
     out = tmp_path / "after" / "demo"
     assert sorted(p.name for p in out.iterdir()) == ["demo_val_000000.bin", "meta.json"]
