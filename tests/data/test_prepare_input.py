@@ -283,3 +283,15 @@ def test_parquet_files_without_rows_or_with_other_columns_are_named(tmp_path, ca
     assert message == (f"prepare: error: {folder / 'b.parquet'}: a .parquet file with no rows; remove it (or narrow "
                        f"--files)")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_resume_that_finds_no_document_left_finishes(tmp_path, capsys):
+    # killed after its last shard was listed but before meta.json said complete: the re-run reads no document
+    text_files(tmp_path / "c", {f"{i}.txt": b"12345678" for i in range(3)})  # 9 tokens each, with the BOS
+    common = ["--files", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--val-tokens", "9", "--shard-tokens",
+              "18", "--no-shuffle"]
+    assert prepare_cli(capsys, *common)[0] == ""
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+    (tmp_path / "o" / "meta.json").write_text(json.dumps({**meta, "complete": False}))
+    assert prepare_cli(capsys, *common)[0] == ""
+    assert json.loads((tmp_path / "o" / "meta.json").read_text()) == meta
