@@ -32,7 +32,7 @@ FRACTIONS = (0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m scripts.bench.budgets", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.budgets", description=__doc__.split("\n\n")[0])
     p.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
                    help="the budgets, as fractions of the baseline's training time")
     p.add_argument("--repeats", type=int, default=1, help="the whole set this many times; medians are reported")

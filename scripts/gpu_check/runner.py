@@ -77,7 +77,7 @@ FIT_MARGIN = 0.90  # the share of device memory a re-tuned batch may plan for
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="bash scripts/gpu_check.sh", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="bash scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--cpu", action="store_true", help="tiny sizes on CPU: rehearse every step without a GPU")
     p.add_argument("--work", type=Path, default=Path("runs/gpu_check"), help="data and run folders go here")

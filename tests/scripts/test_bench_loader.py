@@ -23,3 +23,21 @@ def test_bench_smoke(tmp_path):
         assert "1GB_shuffled_bos" in r["first_batch_ms"] and "main_thread_slowdown" in r
     assert result["reference"]["memcpy"] > 0
     assert not [p for p in tmp_path.iterdir() if p != out], "the generated shards must be removed"
+
+
+def test_the_loader_before_trains_under_todays_train_py(tmp_path, monkeypatch):
+    """The data-wait row runs train.py with the loader of BEFORE in place: it takes today's call and steps."""
+    import train
+    import trainer.data
+    from scripts.bench.loader import before_module
+    from tests.helpers import growing_window_run
+
+    before = before_module()
+    monkeypatch.setattr(trainer.data, "TokenLoader", before.TokenLoader)
+    run = growing_window_run(tmp_path, "--train.max_steps=3")
+    try:
+        assert type(run.loader) is before.TokenLoader and train.train(run) == "completed"
+    finally:
+        run.loader.close()
+        run.log.close()
+    assert run.progress.step == 3 and run.loader.wait_s >= 0
