@@ -59,7 +59,7 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
 def _check_writable(cfg: Config, run_dir: Path) -> None:
     """Refuse, before the first step, a run folder or checkpoint path that a save could not write, or would write
     over a file that is not a checkpoint (a data shard named by mistake)."""
-    if (taken := next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)):
+    if taken := _file_in_the_way(run_dir):
         raise ConfigError(f"log.dir = {cfg.log.dir!r}: {taken} is a file, so the run folder {run_dir} cannot be "
                           f"made there; set log.dir to a folder")
     if not (cfg.train.checkpoint_path and cfg.train.save_checkpoint):
@@ -68,7 +68,7 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
     key = f"train.checkpoint_path = {cfg.train.checkpoint_path!r}"
     if target.is_dir():
         raise ConfigError(f"{key} is a folder; name the file to write, e.g. {target / 'checkpoint.pt'}")
-    if (taken := next((p for p in target.parents if p.exists() and not p.is_dir()), None)):
+    if taken := _file_in_the_way(target.parent):
         raise ConfigError(f"{key}: {taken} is a file, so no folder can hold the checkpoint there; name another path")
     if target.is_file():
         with open(target, "rb") as f:
@@ -76,7 +76,12 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
         # torch.save's zip archive, its older pickle (protocol 2: \x80\x02), or an empty file put there to hold the name
         if head and not head.startswith((b"PK\x03\x04", b"\x80\x02")):
             raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
-                                  f"would replace; name another path, or move the file away")
+                              f"would replace; name another path, or move the file away")
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The file, if any, at `folder` or one of the folders above it: a save could not make the folder there."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
 
 
 def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: int,
