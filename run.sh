@@ -3,6 +3,7 @@
 #   bash run.sh            the main job for this machine (see `bash run.sh help`)
 #   bash run.sh test       the whole test suite
 set -euo pipefail
+CALLER=$PWD
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$(pwd)
 VENV=${SHARDRUN_VENV:-$ROOT/.venv}
@@ -224,9 +225,12 @@ if cfg.compiled_keys:
 PY
 }
 
-# The checkpoint the run runs/$1 saved, as its folder records it (trainer/runs.py `saved_checkpoint`).
+# The checkpoint the run runs/$1 saved, as its folder records it (trainer/runs.py `saved_checkpoint`), from here.
 checkpoint_of() {
-  "$PY" -c 'import sys, pathlib, trainer.runs as r; print(r.saved_checkpoint(pathlib.Path(sys.argv[1])))' "runs/$1"
+  local path
+  path=$("$PY" -c 'import sys, pathlib, trainer.runs as r; print(r.saved_checkpoint(pathlib.Path(sys.argv[1])))' \
+    "runs/$1")
+  echo "${path#"$ROOT/"}"
 }
 
 # Where a finished run's files are, and the command that samples from its checkpoint.
@@ -251,6 +255,14 @@ gpu_track() {
   run_id=$(basename "$config" .toml)-${RDZV_ID:-$(date +%Y%m%d-%H%M%S)}
   NPROC=${NPROC:-$ngpu} launch --config "$config" --log.run_id="$run_id"
   summary "$run_id" "The "
+}
+
+# Run module $1 of this checkout with the rest as arguments, from where run.sh was called: the paths a user names
+# are read from there (-P: that folder's own files are not imported).
+from_caller() {
+  local module=$1; shift
+  cd "$CALLER"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -P -m "$module" "$@"
 }
 
 # A benchmark name that is not scripts/bench/NAME.py: list the ones there are (before any install).
@@ -304,13 +316,13 @@ case "$cmd" in
     which=${1:-loader}; [ $# -gt 0 ] && shift
     exec "$PY" -m "scripts.bench.$which" "$@" ;;
   leaderboard)
-    if [ $# -eq 0 ]; then
-      for d in runs records; do [ -d "$d" ] && set -- "$@" "$d"; done
+    if [ $# -eq 0 ]; then  # this checkout's folders, named as seen from where run.sh was called
+      for d in runs records; do [ -d "$d" ] && set -- "$@" "$([ "$CALLER" = "$ROOT" ] || echo "$ROOT/")$d"; done
       [ $# -gt 0 ] || { echo "run.sh leaderboard: no runs/ or records/ folder yet; train first or name folders" >&2; exit 2; }
     fi
-    exec "$PY" -m scripts.leaderboard "$@" ;;
-  plot) exec "$PY" -m scripts.plot "$@" ;;
-  sample) exec "$PY" -m scripts.sample "$@" ;;
+    from_caller scripts.leaderboard "$@" ;;
+  plot) from_caller scripts.plot "$@" ;;
+  sample) from_caller scripts.sample "$@" ;;
   # The Python body plans its parts to end by its 525-s deadline, counted from its start; this bound covers the
   # rest (a hung import, NFS). After the TERM at 528 s the body stops the check in flight (SIGTERM, then SIGKILL 5 s
   # later) and exits; the KILL at 536 s comes after that, within the 540 s the check may take.

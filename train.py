@@ -328,17 +328,20 @@ def finish(run: Run, status: StopReason) -> None:
     """Save, then the final eval (after the clock stopped; skipped on SIGTERM to save the grace period) and under
     eval.target_time = "end" the time to target it decides, summary.
 
-    The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it."""
+    The checkpoint goes first: a final eval that fails or runs into a job's time limit must not cost it. It is
+    saved at the final eval's windows (eval.final_window), so that its evaluator scores what that eval did."""
     progress = run.progress
-    # else saved already: a periodic save on the last step, or a finished run relaunched
-    if run.saved_step != progress.step:
-        save(run)
+    final_eval = bool(run.val_files) and status not in STOPPED_BY_SIGNAL
+    final_window = run.cfg.eval.final_window if final_eval else 0  # never the last eval's loss
     final_val = None
-    if run.val_files and status not in STOPPED_BY_SIGNAL:
-        final_window = run.cfg.eval.final_window  # a wider window than the last eval's: never that eval's loss
-        evaluated_now = progress.last_val_step == progress.step and not final_window
-        with run.model.module.widened(final_window):
+    with run.model.module.widened(final_window):
+        # else saved already: a periodic save on the last step, or a finished run relaunched
+        if run.saved_step != progress.step or final_window:
+            save(run)
+        if final_eval:
+            evaluated_now = progress.last_val_step == progress.step and not final_window
             final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
+    if final_eval:
         target = run.cfg.eval.target_loss
         if run.cfg.eval.target_time == "end" and target and final_val <= target:
             progress.time_to_target = run.clock.run_time()  # summary.json's train_time_s

@@ -15,6 +15,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -75,13 +76,13 @@ class GPT(nn.Module):
         self.autocast_stream = False
         if cfg.untie_at:
             self.register_buffer("head_tied", torch.ones((), dtype=torch.long))
-            self.register_load_state_dict_post_hook(_read_tied)
         # The (long, short) window as a tensor the forward reads: a new size is a new value of a graph input,
-        # never a recompile. Not saved: it follows training progress (set_progress).
-        self.register_buffer("windows", torch.zeros(2, dtype=torch.long), persistent=False)
+        # never a recompile. It follows training progress (set_progress), and is saved: a checkpoint is scored at
+        # the windows of the eval it was saved for (train.py saves the last one inside `widened`).
+        self.register_buffer("windows", torch.zeros(2, dtype=torch.long))
         # YaRN's window, apart from the L layers' own: an eval may widen those alone (`widened`)
-        self.register_buffer("yarn_window", torch.zeros((), dtype=torch.long) if cfg.yarn else None,
-                             persistent=False)
+        self.register_buffer("yarn_window", torch.zeros((), dtype=torch.long) if cfg.yarn else None)
+        self.register_load_state_dict_post_hook(_after_load)
         # The training loss's weights (model/loss.py), likewise a tensor that follows the progress; None where the
         # loss is the next token's alone.
         terms = cfg.tokens_ahead + bool(cfg.prefix_weight)
@@ -269,12 +270,15 @@ class GPT(nn.Module):
         self._use_loss_weights(loss_weights_at(self.cfg, progress))
 
     def _use_window(self, window: int) -> None:
-        # fill_ passes the number as a kernel argument: no host-device sync
-        self.windows[0].fill_(window)
-        self.windows[1].fill_(short_window(window, self.cfg.window_block))
-        if self.yarn_window is not None:
-            self.yarn_window.fill_(window)
+        self._fill_windows(window, window)
         self.window = window
+
+    def _fill_windows(self, long: int, last: int) -> None:
+        # fill_ passes the number as a kernel argument: no host-device sync
+        self.windows[0].fill_(long)
+        self.windows[1].fill_(short_window(last, self.cfg.window_block))
+        if self.yarn_window is not None:
+            self.yarn_window.fill_(last)
 
     @contextlib.contextmanager
     def widened(self, long: int) -> Iterator[None]:
@@ -285,13 +289,13 @@ class GPT(nn.Module):
         if not long:
             yield
             return
-        now = self.window
-        self._use_window(window_at(self.cfg, 1.0))
-        self.windows[0].fill_(long)
+        before = [t.clone() for t in (self.windows, self.yarn_window) if t is not None]
+        self._fill_windows(long, window_at(self.cfg, 1.0))
         try:
             yield
         finally:
-            self._use_window(now)
+            for now, then in zip([t for t in (self.windows, self.yarn_window) if t is not None], before):
+                now.copy_(then)
 
     def _use_loss_weights(self, weights: list[float]) -> None:
         # only the entries that changed, one fill_ each (no host-device sync): one a step while a term fades
@@ -367,6 +371,12 @@ def draw(weight: Tensor, std: float, init: str) -> None:
         nn.init.normal_(weight, std=std)
 
 
-def _read_tied(model: GPT, _keys) -> None:
-    """After load_state_dict: the host's copy of the saved head_tied flag (one sync, at load only)."""
-    model.tied = bool(model.head_tied)
+def _after_load(model: GPT, keys: Any) -> None:
+    """After load_state_dict: a checkpoint saved before the windows were keeps the model's own (progress 1's); the
+    host's copy of the window is unknown until set_progress sets it again, and that of head_tied is read (one sync,
+    at load only)."""
+    for key in [k for k in keys.missing_keys if k.rpartition(".")[2] in ("windows", "yarn_window")]:
+        keys.missing_keys.remove(key)
+    model.window = None
+    if model.cfg.untie_at:
+        model.tied = bool(model.head_tied)

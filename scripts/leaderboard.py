@@ -67,27 +67,29 @@ class SummaryError(ValueError):
 def find_summaries(paths: list[str | Path]) -> list[Path]:
     """Every summary.json named by `paths` (a summary file, a run folder, or a folder searched recursively). Below
     a folder, one without a config.toml beside it (a summary kept alone, as some records keep a side run's) is left
-    out, and said so on stderr: a run named itself must have its config.toml (load_summary)."""
+    out, and so is a folder with none yet (its runs still training), each said on stderr; a SummaryError where
+    nothing is left. A run named itself must have its config.toml (load_summary)."""
     found: list[Path] = []
+    notes: list[str] = []
     for p in map(Path, paths):
         if p.is_file():
             found.append(p)
-        elif p.is_dir():
-            hits = sorted(p.rglob("summary.json"))
-            if not hits:
-                raise SummaryError(f"{p}: no summary.json in this folder or below it; pass a run folder "
-                                   f"(runs/<run_id>) or a folder of runs")
-            alone = [h for h in hits if h.parent != p and not (h.parent / "config.toml").exists()]
-            if len(alone) == len(hits):
-                raise SummaryError(f"{p}: no summary.json below it has its config.toml beside it (e.g. {alone[0]}), "
-                                   f"which puts a run in its row; copy each run's config.toml along")
-            if alone:
-                print(f"leaderboard: left out {len(alone)} of the {len(hits)} summary.json below {p} that have no "
-                      f"config.toml beside them, which puts a run in its row (e.g. {alone[0]}); copy it along to "
-                      f"rank them", file=sys.stderr)
-            found.extend(h for h in hits if h not in alone)
-        else:
+            continue
+        if not p.is_dir():
             raise SummaryError(f"{p}: no such file or folder; pass a run folder or a summary.json path")
+        hits = sorted(p.rglob("summary.json"))
+        alone = [h for h in hits if h.parent != p and not (h.parent / "config.toml").exists()]
+        if not hits:
+            notes.append(f"{p}: no summary.json in this folder or below it yet (a run writes it when it stops)")
+        elif alone:
+            notes.append(f"left out {len(alone)} of the {len(hits)} summary.json below {p} that have no config.toml "
+                         f"beside them, which puts a run in its row (e.g. {alone[0]}); copy it along to rank them")
+        found.extend(h for h in hits if h not in alone)
+    if not found:
+        raise SummaryError("; ".join(notes) + "; nothing to rank: pass a run folder (runs/<run_id>) or a folder of "
+                           "runs")
+    for note in notes:
+        print(f"leaderboard: {note}", file=sys.stderr)
     return list(dict.fromkeys(found))  # overlapping arguments (runs/ and runs/a) must not count a run twice
 
 

@@ -62,6 +62,15 @@ def run_checkpoint(folder: Path) -> Path:
     return path
 
 
+def usable(device: str) -> None:
+    """Raise SampleError where torch cannot place a tensor on `device` (no such device, or no backend for it)."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError) as e:  # a CPU build's cuda: AssertionError
+        why = str(e).splitlines()[0][:160]
+        raise SampleError(f"--device {device}: torch cannot use it here ({why}); pass --device cpu") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the prompt followed by the sampled continuation."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
         ap.error("--tokens and --temperature must be >= 0 and --top-k >= 1")
     try:
+        usable(args.device)
         checkpoint = run_checkpoint(args.checkpoint) if args.checkpoint.is_dir() else args.checkpoint
         model, config = load_checkpoint(checkpoint, args.device)
         enc = get_tokenizer(tokenizer_name(config, args.tokenizer))

@@ -95,10 +95,16 @@ def test_a_step_schedule_runs_its_extension_steps_at_the_end_window_and_a_budget
 
 def test_the_final_eval_widens_the_long_window_after_the_last_steps_own_eval(tmp_path, monkeypatch):
     """eval.final_window: the last step's eval scores at the training window (40), then the final eval at 64, its
-    loss the run's final one; the model's window is the training one again afterwards."""
+    loss the run's final one, and checkpoint.pt's too, loaded as the contract says; the model's window is the
+    training one again afterwards."""
     import json
 
+    import torch
+
     import train
+    from data.val import PAD_TARGET
+    from model import get_model
+    from trainer.data import val_loader
     ten_second_steps(monkeypatch)
     run = growing_window_run(tmp_path, "--train.max_steps=2", "--data.val=holdout", "--eval.tokens=2048",
                              "--eval.every_steps=2", "--eval.final_window=64")
@@ -109,6 +115,13 @@ def test_the_final_eval_widens_the_long_window_after_the_last_steps_own_eval(tmp
     assert [r["step"] for r in evals] == [2, 2] and evals[0]["val_loss"] != evals[1]["val_loss"]
     assert summary["final_val_loss"] == evals[1]["val_loss"]
     assert run.model.module.windows.tolist() == [run.model.module.window, run.model.module.window // 2]
+    ckpt = torch.load(run.checkpoint_path, weights_only=True)
+    model = get_model(ckpt["config"])
+    model.load_state_dict(ckpt["model"])
+    with torch.no_grad():
+        scored = [(float(model(x, y)[1]) * n, n) for x, y in val_loader(run.cfg, run.dist, run.val_files)
+                  if (n := int((y != PAD_TARGET).sum()))]
+    assert sum(s for s, _ in scored) / sum(n for _, n in scored) == pytest.approx(summary["final_val_loss"], abs=1e-6)
 
 
 def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_gradients(tmp_path, monkeypatch):

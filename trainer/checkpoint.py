@@ -16,6 +16,7 @@ reads the marker).
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterator
@@ -85,6 +86,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
         raise CheckpointError(f"{path}: no such checkpoint; pass runs/<run_id>/checkpoint.pt")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's text would advise weights_only=False: running the file's own code
+        raise CheckpointError(f"{path}: not a checkpoint (it holds more than tensors and plain values, or is no "
+                              f"file torch.save wrote); pass runs/<run_id>/checkpoint.pt") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
         raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({str(e)[:200]})") from None
     if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():

@@ -55,7 +55,7 @@ def summarize(run: Run, status: StopReason, final_val: float | None) -> Summary:
         budget_s=cfg.train.budget_s or None, mfu=mfu,
         peak_mem_gb=peak_mem_gb(dist), data_wait_frac=progress.data_wait / train_time if train_time > 0 else None,
         world_size=dist.world_size, hardware=hardware(dist), torch_version=torch.__version__,
-        git_commit=git_commit(), checkpoint_path=str(run.checkpoint_path), wall=progress.wall,
+        git_commit=git_commit(), checkpoint_path=str(run.checkpoint_path.absolute()), wall=progress.wall,
         resume_changes=progress.resume_changes)
 
 

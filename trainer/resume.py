@@ -2,8 +2,10 @@
 changes, and the command that resumes a stopped run. Refusals happen before anything in the folder changes."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -12,10 +14,12 @@ from pathlib import Path
 from data.loader import TokenLoader
 from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
+from trainer import distributed
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path
 from trainer.state import Progress, Run
+from util.atomic import reporting_full_disk
 
 
 class RunFinished(Exception):
@@ -51,9 +55,37 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           + (f"final val loss {val:.4f}" if val is not None else "no final eval")
                           + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
                             "trains it on)")
+    hold(run_dir, dist)
     if resume == "overwrite":
         remove_run(run_dir, dist)
     return marker, changes
+
+
+LOCK = ".lock"  # in the run folder: who trains it now (pid and host); the lock itself is the OS's, on the open file
+_held: list[int] = []  # its file descriptor, open until this process ends, however it ends: the OS then releases it
+
+
+def hold(run_dir: Path, dist: Dist) -> None:
+    """Rank 0 locks `run_dir` for as long as this process lives; every rank gets a ConfigError where another launch
+    holds it (the same log.run_id launched twice: both would append to one log and save over each other)."""
+    holder = None
+    if dist.master:
+        with reporting_full_disk(run_dir / LOCK):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+            else:
+                _held.append(fd)
+                os.ftruncate(fd, 0)
+                os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+    holder = distributed.broadcast(holder)
+    if holder:
+        raise ConfigError(f"{run_dir} is being trained by another launch ({holder}, {LOCK} says): wait for it to "
+                          f"end, or train this one under another log.run_id")
 
 
 def _check_writable(cfg: Config, run_dir: Path) -> None:

@@ -79,6 +79,9 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(prefix_weight=-0.25), "prefix_weight=-0.25 must be >= 0"),
     (dict(fp8_head=True, n_embd=40), "fp8_head = true multiplies through torch._scaled_mm, whose CUDA kernels need "
                                      r"n_embd=40 to be a multiple of 16: change n_embd \(768"),
+    (dict(fp8_head=True, untie_at=0.5), r"fp8_head = true casts the head's weights at a fixed scale, which a head "
+                                        r"tied to the token table outgrows as the table trains: set tie_embeddings "
+                                        r"= false \(record 46's head"),
     (dict(x0_mix_init=1.1), "x0_mix_init=1.1 starts the x0 mix, and x0_mix = false has none: set x0_mix = true"),
     (dict(embed_init_std=1.0), "embed_init_std=1.0 would also start the tied head at that std: set "
                                r"tie_embeddings = false \(record 46\)"),

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import model.masks
+from model import get_model
 from model.masks import layer_masks, window_at
 from tests.helpers import TINY_GPT as TINY
 from tests.model.tiny import RECORDS, batch, changed_positions, tiny, window_tensor
@@ -107,7 +108,8 @@ def test_window_stages_step_by_equal_stages_then_hold_the_final_window_past_the_
 def test_a_widened_eval_takes_the_last_window_widens_the_long_layers_and_gives_both_back():
     """eval.final_window's model side: inside the block the L layers attend 24 tokens, the S layers and YaRN take
     the run's last window (16, so 8 and 16) even before the schedule reached it (record 46's cut run), and leave
-    it after; with L layers only and no YaRN that is the model whose window is 24."""
+    it after (the host's copy of the window stays the schedule's); with L layers only and no YaRN that is the model
+    whose window is 24."""
     m = tiny(window=16, window_stages=[4, 8], window_pattern="LS", rotary=True, yarn=True)
     m.set_progress(1.0)
     with m.widened(24):
@@ -115,7 +117,7 @@ def test_a_widened_eval_takes_the_last_window_widens_the_long_layers_and_gives_b
     assert (m.windows.tolist(), m.yarn_window.item()) == ([16, 8], 16)
     m.set_progress(0.9)  # the last stage's window, 8: the extension's 16 not yet reached
     with m.widened(24):
-        assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 16)
+        assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([24, 8], 16, 8)
     assert (m.windows.tolist(), m.yarn_window.item(), m.window) == ([8, 4], 8, 8)
     with m.widened(0):
         assert m.windows.tolist() == [8, 4]
@@ -126,6 +128,23 @@ def test_a_widened_eval_takes_the_last_window_widens_the_long_layers_and_gives_b
         with narrow.widened(24):
             assert torch.equal(narrow(idx)[0], wide(idx)[0]) and not torch.equal(narrow(idx)[0], before)
         assert torch.equal(narrow(idx)[0], before)
+
+
+def test_a_model_saved_at_an_evals_windows_loads_with_them_and_trains_on_at_the_schedules():
+    """checkpoint.pt's evaluator scores what the run's final eval did: the windows are in the state dict (train.py
+    saves inside `widened`); the next training step sets the schedule's again."""
+    options = dict(window=16, window_stages=[4, 8], window_pattern="LS", rotary=True, yarn=True, block_size=64)
+    m, idx = tiny(**options), batch(B=2, T=40)
+    m.set_progress(0.5)
+    with m.widened(24), torch.no_grad():
+        state = {k: v.clone() for k, v in m.state_dict().items()}
+        want = m.eval()(idx)[0]
+    loaded = get_model({**TINY, **options})
+    loaded.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], want) and not torch.equal(get_model({**TINY, **options})(idx)[0], want)
+    loaded.set_progress(0.5)
+    assert torch.equal(loaded.windows, m.windows) and torch.equal(loaded.yarn_window, m.yarn_window)
 
 
 def test_one_long_document_masked_sequence_scores_each_document_as_if_alone():

@@ -293,6 +293,21 @@ def test_a_tree_leaves_out_a_summary_kept_without_its_config_and_says_so(tmp_pat
     assert find_summaries([tmp_path / "a" / "r2"]) == [tmp_path / "a" / "r2" / "summary.json"]  # named: refused
 
 
+def test_a_folder_whose_runs_are_still_training_is_left_out_and_said(tmp_path, capsys):
+    # run.sh's default: runs/ (a first run still training: config.toml and metrics.jsonl, no summary.json yet)
+    # beside records/
+    going = tmp_path / "runs" / "cpu-1"
+    going.mkdir(parents=True)
+    (going / "metrics.jsonl").write_text("")
+    write_runs(tmp_path / "records", [summary("r1", 3.3)])
+    assert main([str(tmp_path / "runs"), str(tmp_path / "records")]) == 0
+    out, err = capsys.readouterr()
+    assert "r1" in out and f"leaderboard: {tmp_path / 'runs'}: no summary.json in this folder or below it yet" in err
+    with pytest.raises(SummaryError, match=re.escape(f"{tmp_path / 'runs'}: no summary.json in this folder or below "
+                                                     f"it yet (a run writes it when it stops); nothing to rank")):
+        find_summaries([tmp_path / "runs"])
+
+
 def test_the_records_rank_as_the_readme_says(capsys):
     assert main([str(ROOT / "records"), "--markdown"]) == 0, capsys.readouterr().err
     assert "| cpu |" in capsys.readouterr().out

@@ -45,6 +45,19 @@ def test_several_runs_are_drawn_into_the_first_ones_folder(runs):
         (ROOT / "curves.png").unlink(missing_ok=True)
 
 
+def test_run_sh_reads_the_folders_named_from_where_it_was_called(runs, tmp_path):
+    # run.sh works in the checkout: the names are the caller's, and a scripts/ package of the caller's is not ours
+    here = tmp_path / "here"
+    shutil.copytree(runs, here)
+    (here / "scripts").mkdir()
+    (here / "scripts" / "__init__.py").write_text("raise SystemExit('the caller folder was imported')\n")
+    out = run(["bash", str(ROOT / "run.sh"), "plot", "a", "b", "-o", "ab.png"], cwd=here,
+              env={"SHARDRUN_VENV": sys.prefix})
+    assert out.stdout.strip() == "ab.png" and imread(here / "ab.png").size
+    out = run(["bash", str(ROOT / "run.sh"), "leaderboard", "a"], cwd=here, env={"SHARDRUN_VENV": sys.prefix})
+    assert out.stdout.splitlines()[1].split()[:2] == ["tiny", "tiny"]
+
+
 def test_out_and_axis_options_draw_where_they_are_told(runs, tmp_path, capsys):
     out, before = tmp_path / "ab.png", sorted(runs.rglob("*"))
     assert main([str(runs / "a"), str(runs / "b"), "-o", str(out), "--x", "tokens", "--logy"]) == 0

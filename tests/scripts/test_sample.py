@@ -86,6 +86,10 @@ def test_a_run_folder_samples_from_the_checkpoint_its_run_saved(checkpoint, tmp_
     want = capsys.readouterr().out
     folder = checkpoint.parent  # holds checkpoint.pt only, as a run killed before it wrote config.toml
     assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
+    # moved since (or trained from another folder): summary.json names a path that is not there now; its own is
+    (folder / "summary.json").write_text(json.dumps({"checkpoint_path": "runs/r0/checkpoint.pt"}))
+    assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
+    (folder / "summary.json").unlink()
     # elsewhere, as train.checkpoint_path puts it: config.toml names it, summary.json (once finished) too
     elsewhere = tmp_path / "out" / "named.pt"
     elsewhere.parent.mkdir()
@@ -113,6 +117,17 @@ def test_bad_checkpoints_are_named(checkpoint, tmp_path):
     torch.save(ckpt, tmp_path / "mismatch.pt")
     with pytest.raises(CheckpointError, match="mismatch.pt: its config and weights do not make a model"):
         load_checkpoint(tmp_path / "mismatch.pt")
+    # a run's summary.json named by mistake: torch's own text would advise weights_only=False, which runs a file's code
+    (tmp_path / "summary.json").write_text('{"run_id": "r"}')
+    with pytest.raises(CheckpointError, match=r"summary.json: not a checkpoint \(it holds more than") as e:
+        load_checkpoint(tmp_path / "summary.json")
+    assert "weights_only" not in str(e.value)
+
+
+def test_a_device_torch_cannot_use_is_named(checkpoint, capsys):
+    for device in ("bogus", *(() if torch.cuda.is_available() else ("cuda",))):
+        assert main([str(checkpoint), "--device", device]) == 2
+        assert capsys.readouterr().err.startswith(f"sample: --device {device}: torch cannot use it here (")
 
 
 def test_cli_without_a_tokenizer_says_what_to_pass(checkpoint, tmp_path):

@@ -47,6 +47,12 @@ def test_a_checkpoint_loads_as_the_contract_says_and_gives_the_same_logits(tmp_p
             logits, loss = loaded(x, y)
         torch.testing.assert_close(logits, loaded(x)[0], atol=0, rtol=0)
         torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)))
+    # the contract's own calls, with no .eval() among them: get_model's model answers as an evaluator needs
+    contract = get_model(raw["config"])
+    contract.load_state_dict(raw["model"])
+    with torch.no_grad():
+        logits, loss = contract(x, y)
+    torch.testing.assert_close(logits, loaded(x)[0], atol=0, rtol=0)
 
 
 BEFORE_SPLIT = Path(__file__).parents[1] / "model" / "before_split"
@@ -56,7 +62,8 @@ BEFORE_SPLIT = Path(__file__).parents[1] / "model" / "before_split"
 def test_checkpoints_written_before_the_model_was_split_into_files_load_and_give_their_logits(name):
     """tests/model/before_split/: checkpoint.pt files that ed639e4's model/gpt.py wrote (its state-dict keys, the
     users' contract), GPT-2's shape and one with every record piece on, their weights moved off the init, and
-    each one's logits on a fixed batch at 1/4 of training (the window follows the progress, and is not saved)."""
+    each one's logits on a fixed batch at 1/4 of training (the window follows the progress; they hold none, as
+    the model then saved none)."""
     want = torch.load(BEFORE_SPLIT / "logits.pt", weights_only=True)
     model, _ = load_checkpoint(BEFORE_SPLIT / f"{name}.pt")
     model.set_progress(0.25)

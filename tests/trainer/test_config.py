@@ -109,7 +109,7 @@ def test_file_and_overrides_in_both_spellings():
        "bf16"), "use train.parallel = 'ddp'", "train.grad_accum = 1 without train.batch_stages"]),
     (["--train.reduce_dtype=bfloat16", "--train.parallel=fsdp", "--train.grad_accum=1", "--train.batch_stages=[1, 3]"],
      ["would add up the 3 micro-steps of a step in bf16"]),
-    (["--model.fp8_head=true", "--train.batch_size=3", "--train.seq_len=30"],
+    (["--model.fp8_head=true", "--model.tie_embeddings=false", "--train.batch_size=3", "--train.seq_len=30"],
      ["model.fp8_head = true", "train.batch_size x train.seq_len = 90", "multiple of 16"]),
     (["--train.bf16_stream=true", "--train.dtype=float32"], [
         "train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 autocast, and "

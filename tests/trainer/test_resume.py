@@ -6,6 +6,8 @@ import json
 import os
 import shlex
 import shutil
+import socket
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -14,10 +16,10 @@ import pytest
 import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
-from tests.helpers import run, tiny_args, tiny_data
+from tests.helpers import ROOT, run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 from trainer.clock import Clock
-from trainer.resume import change_lines, default_run_id, resume_command
+from trainer.resume import LOCK, change_lines, default_run_id, resume_command
 from trainer.runs import unfinished_run
 
 
@@ -36,9 +38,9 @@ def relaunch(data: Path, run_dir: Path, *extra: str, check: bool = True):
 
 
 def snapshot(folder: Path) -> dict[str, str]:
-    """Every file and folder below `folder`: its sha256, or "dir"."""
+    """Every file and folder below `folder`: its sha256, or "dir"; not the lock, which says who last held it."""
     return {str(p.relative_to(folder)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*"))}
+            for p in sorted(folder.rglob("*")) if p.name != LOCK}
 
 
 def copy_of(run_dir: Path, tmp_path: Path) -> Path:
@@ -116,6 +118,36 @@ def test_resume_never_refuses_a_folder_with_a_run_and_overwrite_replaces_it(fini
     log = (run_dir / "log.txt").read_text()
     assert log.count(f"run {run_dir.name} |") == 1 and "resumed" not in log
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["config"]["model"]["n_layer"] == 1
+
+
+HOLD = """import sys, time
+from pathlib import Path
+from trainer.distributed import Dist
+from trainer.resume import hold
+hold(Path(sys.argv[1]), Dist())
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_launch_into_a_run_folder_another_launch_trains_is_refused_and_changes_nothing(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    # a process holding the folder as a launch training it does (the same log.run_id launched twice)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = snapshot(run_dir)
+        proc = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", check=False)
+        assert proc.returncode == 1 and proc.stderr.strip() == (
+            f"train.py: config error: {run_dir} is being trained by another launch (process {holder.pid} on "
+            f"{socket.gethostname()}, .lock says): wait for it to end, or train this one under another log.run_id")
+        assert snapshot(run_dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget")  # killed, the holder let go
 
 
 def test_keys_added_or_removed_since_the_save_are_not_differences():

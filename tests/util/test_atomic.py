@@ -176,7 +176,8 @@ def test_training_on_a_full_filesystem_warns_first_then_stops_and_leaves_no_part
     assert re.fullmatch(disk_full_line(re.escape(str(rank0)), "train.py: disk full: "), last), last
     # no half-written file, no empty resume/step0000001/; the checkpoint written before it is whole
     run_dir = tmp_path / "after" / "full"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.toml", "log.txt", "metrics.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoint.pt", "config.toml", "log.txt",
+                                                         "metrics.jsonl"]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     get_model(ckpt["config"]).load_state_dict(ckpt["model"])
     assert ckpt["step"] == 1
@@ -200,9 +201,9 @@ def test_a_run_that_saves_twice_is_warned_when_the_second_save_does_not_fit(tmp_
 @pytest.mark.skipif(NO_TMPFS is not None, reason=f"cannot mount a small filesystem: {NO_TMPFS}")
 def test_a_full_disk_under_the_run_log_names_the_file_and_the_bytes(tmp_path):
     data, disk = tiny_data(tmp_path / "data"), tmp_path / "disk"
-    # two 4 KiB pages free: config.toml takes one, log.txt's first lines the other, and metrics.jsonl's first
-    # record finds none
-    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "log")], size="256k", free=8192)
+    # three 4 KiB pages free: the run folder's lock takes one, config.toml one, log.txt's first lines the third, and
+    # metrics.jsonl's first record finds none
+    proc = on_small_disk(disk, [sys.executable, *tiny_args(data, disk, "log")], size="256k", free=12288)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     said = re.fullmatch(disk_full_line(re.escape(str(disk / "log" / "metrics.jsonl")), "train.py: disk full: "),
