@@ -7,6 +7,7 @@ CALLER=$PWD
 cd "$(dirname "${BASH_SOURCE[0]}")"
 ROOT=$(pwd)
 VENV=${SHARDRUN_VENV:-$ROOT/.venv}
+case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac  # a relative one is the checkout's, wherever a command runs
 PY=$VENV/bin/python
 WHEELS=${SHARDRUN_WHEELS:-$ROOT/wheels}
 

@@ -153,7 +153,7 @@ def train_step(run: Run, batches, seq_len: int = 0, norm_wanted: bool = True) ->
     for micro in range(accum):
         x, y = next(batches)
         with run.model.grad_sync(micro == accum - 1), autocast(dist, run.cfg.train.dtype):
-            _, loss = run.model(x, y)
+            _, loss = run.model(x, y, keep_logits=False)  # no [B, T, V] logits held through the backward
             (loss * (scale / accum)).backward()
         total += loss.detach()
 

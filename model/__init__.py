@@ -16,13 +16,11 @@ __all__ = ["GPT", "GPTConfig", "get_model"]
 
 
 def get_model(config: dict) -> GPT:
-    """Build the GPT from the full resolved run config (its "model" section) or the model section alone, in eval
-    mode: the checkpoint contract's evaluator gets (logits, loss) from forward(idx, targets) without calling
-    .eval() (train.py builds its GPT itself)."""
+    """Build the GPT from the full resolved run config (its "model" section) or the model section alone."""
     from model.gpt import GPT
 
     section = config["model"] if isinstance(config.get("model"), dict) else config
-    return GPT(config_from_dict(dict(section))).eval()
+    return GPT(config_from_dict(dict(section)))
 
 
 def __getattr__(name: str) -> Any:

@@ -144,11 +144,12 @@ class GPT(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None,
                 keep_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
-        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets in eval mode -> (logits, mean
-        cross-entropy over the targets that are not -100), the checkpoint contract's answer to an evaluator.
+        """idx [B, T] -> (logits [B, T, vocab_size] float, None); with targets -> (logits, loss), the checkpoint
+        contract's answer to an evaluator: in eval mode the mean cross-entropy over the targets that are not -100,
+        in training mode the training loss (its extra terms too, model/loss.py).
 
-        Training (and an eval with keep_logits=False, train.py's) returns (None, loss): no [B, T, V] float copy is
-        kept, and the eval's loss is computed a chunk of the tokens at a time (scored_loss).
+        With keep_logits=False (train.py's steps and evals) it returns (None, loss): no [B, T, V] copy is kept past
+        the call, and an eval without gradients computes its loss a chunk of the tokens at a time (scored_loss).
         """
         cfg, dtype = self.cfg, self.stream_dtype(idx.device)
         x = x0 = self.embed(idx, dtype)
@@ -219,14 +220,14 @@ class GPT(nn.Module):
         if keep_logits and not self.training:
             logits = self.logits(x)
             return logits, self.loss(logits, targets)
-        if not torch.is_grad_enabled():
+        if not keep_logits and not torch.is_grad_enabled():
             return None, self.scored_loss(x, targets)
         dtype = self.stream_dtype(x.device)
         logits = self.logits(x, dtype)
         # autocast would cast bf16 logits back to fp32 for the loss (log_softmax and cross_entropy are on its fp32
         # list): a [tokens x vocab] copy, the traffic they save
         with contextlib.nullcontext() if dtype is None else torch.autocast(x.device.type, enabled=False):
-            return None, self.loss(logits, targets)
+            return logits if keep_logits else None, self.loss(logits, targets)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """The training loss of logits [B, T, V]: the next token's mean cross-entropy, or its weighted terms."""
@@ -348,7 +349,9 @@ class GPT(nn.Module):
         window at `window` (default: the current one; S layers half of it; one more under model.window_past).
         Document boundaries are ignored: with doc_causal it is an upper bound, the FLOPs of the window alone."""
         cfg = self.cfg
-        long = self.window if window is None else window
+        long = window if window is not None else self.window
+        if long is None:  # loaded since the last set_progress: the window it was saved at (one sync)
+            long = int(self.windows[0])
         kinds = [cfg.layer_windows[i] for i in cfg.attention_layers]
         layers = [long if kind == "L" else short_window(long, cfg.window_block) for kind in kinds]
         return 12.0 * cfg.n_embd * sum(mean_keys(seq_len, w + int(cfg.window_past)) for w in layers)

@@ -26,18 +26,24 @@ from trainer.checkpoint import CheckpointError, load_checkpoint
 from trainer.runs import saved_checkpoint
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
 class SampleError(ValueError):
     """A tokenizer or run folder that cannot be used for sampling; the message says which and how to fix it."""
 
 
 def tokenizer_name(config: dict, override: str | None = None) -> str:
-    """--tokenizer if given, else the "tokenizer" of the meta.json next to the config's training shards."""
+    """--tokenizer if given, else the "tokenizer" of the meta.json next to the config's training shards (a relative
+    glob read from here, else from this checkout, where run.sh trains)."""
     if override:
         return override
     train = config.get("data", {}).get("train")
     if not isinstance(train, str) or not train:
         raise SampleError("the checkpoint's config has no data.train glob to find meta.json by; "
                           "pass --tokenizer NAME")
+    if not glob.glob(train) and glob.glob(str(CHECKOUT / train)):
+        train = str(CHECKOUT / train)
     folder = min({Path(f).parent for f in glob.glob(train)}, default=Path(train).parent)
     try:
         return read_meta(folder, missing_ok=False)["tokenizer"]

@@ -62,14 +62,17 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
 
 
 LOCK = ".lock"  # in the run folder: who trains it now (pid and host); the lock itself is the OS's, on the open file
-_held: list[int] = []  # its file descriptor, open until this process ends, however it ends: the OS then releases it
+# the run folders this process holds, each by its open file: held until the process ends, however it ends (the OS
+# then releases them); a second run of the same folder in this process (train.main called again) holds it already
+_held: dict[Path, int] = {}
 
 
 def hold(run_dir: Path, dist: Dist) -> None:
     """Rank 0 locks `run_dir` for as long as this process lives; every rank gets a ConfigError where another launch
-    holds it (the same log.run_id launched twice: both would append to one log and save over each other)."""
+    holds it (the same log.run_id launched twice: both would append to one log and save over each other). A
+    filesystem that gives no locks is said, and the run goes on without one."""
     holder = None
-    if dist.master:
+    if dist.master and run_dir.resolve() not in _held:
         with reporting_full_disk(run_dir / LOCK):
             run_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -78,8 +81,12 @@ def hold(run_dir: Path, dist: Dist) -> None:
             except BlockingIOError:
                 holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
                 os.close(fd)
+            except OSError as e:  # ENOLCK, EOPNOTSUPP: NFS without its lock daemon, a Lustre mount without flock
+                print(f"train.py: {run_dir / LOCK}: this filesystem gives no lock ({e.strerror}): a second launch "
+                      f"of this run id would not be refused", file=sys.stderr)
+                os.close(fd)
             else:
-                _held.append(fd)
+                _held[run_dir.resolve()] = fd
                 os.ftruncate(fd, 0)
                 os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
     holder = distributed.broadcast(holder)

@@ -30,16 +30,15 @@ def checkpoint_path(run_dir: Path, configured: str) -> Path:
 
 
 def saved_checkpoint(run_dir: Path) -> Path:
-    """Where the run in `run_dir` saved its checkpoint: the folder's own checkpoint.pt where it holds one (a folder
-    moved or copied keeps it), else summary.json's checkpoint_path; for a run that has not finished, where its
-    config.toml (if written yet) says it saves. OSError or ValueError where a file is unreadable."""
-    own = checkpoint_path(run_dir, "")
-    if own.is_file():
-        return own
+    """Where the run in `run_dir` saved its checkpoint: summary.json's checkpoint_path, but the folder's own
+    checkpoint.pt where the run saved into its run folder (wherever that stood: it has been moved or copied since);
+    for a run that has not finished, where its config.toml (if written yet) says it saves. OSError or ValueError
+    where a file is unreadable."""
     summary, config = run_dir / "summary.json", run_dir / "config.toml"
     recorded = json.loads(summary.read_text()).get("checkpoint_path") if summary.is_file() else None
     if recorded:
-        return Path(recorded)
+        own = checkpoint_path(run_dir, "")
+        return own if Path(recorded).parts[-2:] == own.parts[-2:] and own.is_file() else Path(recorded)
     saved = tomllib.loads(config.read_text()) if config.is_file() else {}
     return checkpoint_path(run_dir, saved.get("train", {}).get("checkpoint_path", ""))
 

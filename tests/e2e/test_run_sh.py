@@ -50,6 +50,11 @@ def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
                                  f"--tokens 300"]
     assert imread(run_dir / "loss.png").shape[:2] == (600, 1000) and (run_dir / "checkpoint.pt").is_file()
     assert json.loads((repo / "shards" / "demo" / "meta.json").read_text())["complete"]
+    # from another folder, the run named as seen from there; its config's data glob is relative to the checkout
+    (tmp_path / "elsewhere").mkdir()
+    out = run(["bash", str(repo / "run.sh"), "sample", f"../repo/runs/{run_dir.name}", "--prompt", "def ", "--tokens",
+               "5"], cwd=tmp_path / "elsewhere", env=env).stdout
+    assert out.startswith("def ") and len(out) > len("def \n"), out
 
 
 @pytest.mark.slow

@@ -87,10 +87,13 @@ def test_shapes_and_padded_ids_never_predicted(tie):
     logits, loss = m(x)
     assert logits.shape == (4, 17, 257) and logits.dtype == torch.float32 and loss is None
     assert head_out[0].shape[-1] == 384 and (head_out[0].argmax(-1) >= 257).float().mean() > 0.5
-    none, loss = m(x[:, :-1], x[:, 1:])
+    none, loss = m(x[:, :-1], x[:, 1:], keep_logits=False)  # train.py's step: no logits kept past the call
     assert none is None and loss.ndim == 0
     by_hand = F.cross_entropy(logits[:, :-1].reshape(-1, 257), x[:, 1:].reshape(-1))
     torch.testing.assert_close(loss, by_hand)
+    # an evaluator of the checkpoint contract gets the logits with the loss, in training mode too
+    kept, same = m(x[:, :-1], x[:, 1:])
+    assert torch.equal(kept, logits[:, :-1]) and torch.equal(same, loss)
 
 
 def test_a_vocabulary_past_the_tokenizers_spans_the_softmax_as_the_records_padded_one():

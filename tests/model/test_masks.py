@@ -143,6 +143,7 @@ def test_a_model_saved_at_an_evals_windows_loads_with_them_and_trains_on_at_the_
     loaded.load_state_dict(state)
     with torch.no_grad():
         assert torch.equal(loaded(idx)[0], want) and not torch.equal(get_model({**TINY, **options})(idx)[0], want)
+    assert loaded.flops_per_token(40) == m.flops_per_token(40, window=24)  # counted at the window it holds
     loaded.set_progress(0.5)
     assert torch.equal(loaded.windows, m.windows) and torch.equal(loaded.yarn_window, m.yarn_window)
 

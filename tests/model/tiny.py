@@ -13,9 +13,8 @@ from tests.helpers import TINY_GPT as TINY
 RECORDS = dict(MODERN, attn_scale=0.12, norm_gain=False, embed_norm=True, x0_mix=True, rope_truncate=True,
                rope_base=1024.0, window=8, window_start=2, window_pattern="LSSL", doc_causal=True, bos_id=0)
 def tiny(**overrides):
-    """The tiny GPT with `overrides`, in training mode (get_model's is an evaluator's)."""
     torch.manual_seed(0)
-    return get_model({**TINY, **overrides}).train()
+    return get_model({**TINY, **overrides})
 
 
 def batch(B=4, T=17, vocab=257, seed=1):

@@ -87,7 +87,7 @@ def test_a_run_folder_samples_from_the_checkpoint_its_run_saved(checkpoint, tmp_
     folder = checkpoint.parent  # holds checkpoint.pt only, as a run killed before it wrote config.toml
     assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
     # moved since (or trained from another folder): summary.json names a path that is not there now; its own is
-    (folder / "summary.json").write_text(json.dumps({"checkpoint_path": "runs/r0/checkpoint.pt"}))
+    (folder / "summary.json").write_text(json.dumps({"checkpoint_path": f"runs/{folder.name}/checkpoint.pt"}))
     assert main([str(folder), *map(str, args)]) == 0 and capsys.readouterr().out == want
     (folder / "summary.json").unlink()
     # elsewhere, as train.checkpoint_path puts it: config.toml names it, summary.json (once finished) too

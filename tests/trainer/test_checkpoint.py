@@ -47,7 +47,7 @@ def test_a_checkpoint_loads_as_the_contract_says_and_gives_the_same_logits(tmp_p
             logits, loss = loaded(x, y)
         torch.testing.assert_close(logits, loaded(x)[0], atol=0, rtol=0)
         torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)))
-    # the contract's own calls, with no .eval() among them: get_model's model answers as an evaluator needs
+    # the contract's own calls, with no .eval() among them: in training mode too the model gives its logits
     contract = get_model(raw["config"])
     contract.load_state_dict(raw["model"])
     with torch.no_grad():

@@ -19,7 +19,8 @@ from scripts.leaderboard import find_summaries, group_rows, load_summary
 from tests.helpers import ROOT, run, tiny_args, tiny_data
 from trainer.config import ConfigError, check_resume, parse_args
 from trainer.clock import Clock
-from trainer.resume import LOCK, change_lines, default_run_id, resume_command
+from trainer.distributed import Dist
+from trainer.resume import LOCK, change_lines, default_run_id, hold, resume_command
 from trainer.runs import unfinished_run
 
 
@@ -148,6 +149,11 @@ def test_a_launch_into_a_run_folder_another_launch_trains_is_refused_and_changes
         holder.kill()
         holder.wait()
     relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget")  # killed, the holder let go
+
+
+def test_a_process_that_holds_a_run_folder_may_run_it_again(tmp_path):
+    hold(tmp_path / "r", Dist())  # train.main called twice in one process: a harness, a notebook
+    hold(tmp_path / "r", Dist())
 
 
 def test_keys_added_or_removed_since_the_save_are_not_differences():

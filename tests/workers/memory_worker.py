@@ -24,7 +24,7 @@ def steps(cfg: Config) -> None:
     optimizers = build_optimizers(model, cfg.optim)
     shape, vocab = (cfg.train.batch_size, cfg.train.seq_len), cfg.model.vocab_size
     for _ in range(2):
-        _, loss = model(torch.randint(0, vocab, shape), torch.randint(0, vocab, shape))
+        _, loss = model(torch.randint(0, vocab, shape), torch.randint(0, vocab, shape), keep_logits=False)
         loss.backward()
         for opt in optimizers:
             opt.step()
