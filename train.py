@@ -42,6 +42,7 @@ if __name__ == "__main__":
 import copy  # noqa: E402  (the imports after the early parse above)
 import gc  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -128,8 +129,8 @@ def setup(cfg: Config, dist: Dist) -> Run:
     return run
 
 
-def train_step(run: Run, batches, seq_len: int = 0, norm_wanted: bool = True) -> tuple[torch.Tensor,
-                                                                                       torch.Tensor | None, float]:
+def train_step(run: Run, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], seq_len: int = 0,
+               norm_wanted: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, float]:
     """One optimizer step over the micro-batches of its batch stage (grad_accum without train.batch_stages), of
     its rows (`seq_len` > 0: rows that long instead, for a warm-up): (mean loss, gradient norm before clipping,
     seconds waiting for data: what the loader counted in its wait_s). The two tensors stay on the device: nothing
@@ -254,7 +255,7 @@ def train(run: Run) -> StopReason:
     return status
 
 
-def timed_step(run: Run, loop: Loop, batches) -> StopReason | None:
+def timed_step(run: Run, loop: Loop, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StopReason | None:
     """One step of the loop: train, log, exchange the Flags, and act on them when they call for it; why the run
     stops after this step, or None."""
     cfg, progress = run.cfg, run.progress

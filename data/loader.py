@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from util.plural import plural
@@ -31,9 +32,9 @@ class TokenLoader:
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], batch_size: int, seq_len: int, *,
                  rank: int = 0, world_size: int = 1, seed: int | None = 0, bos_id: int | None = None,
-                 device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, vocab_size: int | None = None,
-                 holdout_tokens: int = 0, prefetch: int = 4, shuffle: bool = True, shuffle_shards: int = 0,
-                 doc_cut: int = 0, max_seq_len: int = 0):
+                 device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype: npt.DTypeLike = None,
+                 vocab_size: int | None = None, holdout_tokens: int = 0, prefetch: int = 4, shuffle: bool = True,
+                 shuffle_shards: int = 0, doc_cut: int = 0, max_seq_len: int = 0):
         if min(batch_size, seq_len, world_size, prefetch) < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size, seq_len, world_size, prefetch >= 1 and 0 <= rank < world_size; got "
                              f"{batch_size=}, {seq_len=}, {world_size=}, {prefetch=}, {rank=}")

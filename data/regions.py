@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from data.meta import META, MetaError, listed, read_meta, vouches
 from data.shards import ShardError, open_shard
@@ -90,7 +91,7 @@ class Region:
             self._mmap.madvise(mmap.MADV_WILLNEED, begin, end - begin)
 
 
-def open_regions(paths: list[Path], fmt: str, raw_dtype) -> list[Region]:
+def open_regions(paths: list[Path], fmt: str, raw_dtype: npt.DTypeLike) -> list[Region]:
     """Every file whole, opened (and its header checked) by data.shards; one that the meta.json beside it lists
     must read as the tokens listed there."""
     regions = [Region(p, open_shard(p, raw_dtype=raw_dtype, fmt=fmt)) for p in paths]

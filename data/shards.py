@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from util.atomic import atomic_path
 
@@ -32,7 +33,8 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
 
 
-def write_shard(path: str | os.PathLike, tokens, *, dtype=None, header: bool = True) -> None:
+def write_shard(path: str | os.PathLike, tokens: npt.ArrayLike, *, dtype: npt.DTypeLike = None,
+                header: bool = True) -> None:
     """Write `tokens` as one shard (llm.c header unless `header=False`), atomically.
 
     `dtype` defaults to uint16 when every id fits, else uint32.
@@ -59,7 +61,7 @@ def write_shard(path: str | os.PathLike, tokens, *, dtype=None, header: bool = T
         f.write(arr.astype(dtype, copy=False).tobytes())
 
 
-def open_shard(path: str | os.PathLike, *, raw_dtype=None, fmt: str = "auto") -> np.memmap:
+def open_shard(path: str | os.PathLike, *, raw_dtype: npt.DTypeLike = None, fmt: str = "auto") -> np.memmap:
     """Open a shard as a read-only memory map of its tokens (no copy), validating it first.
 
     fmt="auto": an llm.c header if the file starts with a known magic, else a raw file of

@@ -78,7 +78,7 @@ def prefix_tokens(enc: tiktoken.Encoding, vocab_size: int) -> list[int]:
     return table
 
 
-def load_tiktoken_file(path: str | Path, pattern: str = GPT2_PATTERN) -> tiktoken.Encoding:
+def load_tiktoken_file(path: str | Path) -> tiktoken.Encoding:
     """An Encoding from a local rank file (a base64 token and its rank per line) with GPT-2's split pattern;
     <|endoftext|> = max rank + 1."""
     path = Path(path)
@@ -109,7 +109,7 @@ def load_tiktoken_file(path: str | Path, pattern: str = GPT2_PATTERN) -> tiktoke
         what = f"{len(missing)} of the 256 single bytes have no rank" if missing else "ranks repeat"
         raise TokenizerError(f"{path}: not a usable .tiktoken rank file: {what}; "
                              f"every byte needs a token and every token a distinct rank")
-    return tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=ranks,
+    return tiktoken.Encoding(path.stem, pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                              special_tokens={EOT: max(ranks.values()) + 1})
 
 

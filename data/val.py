@@ -2,9 +2,11 @@
 size."""
 from __future__ import annotations
 
-from typing import Iterator
+import os
+from typing import Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from util.plural import plural
@@ -27,9 +29,9 @@ class ValBatches(Iterator):
         return self._count
 
 
-def val_batches(files, batch_size: int, seq_len: int, num_tokens: int, *, rank: int = 0, world_size: int = 1,
-                device: str | torch.device = "cpu", fmt: str = "auto", raw_dtype=None, tail_tokens: int = 0,
-                vocab_size: int | None = None) -> ValBatches:
+def val_batches(files: str | Sequence[str | os.PathLike], batch_size: int, seq_len: int, num_tokens: int, *,
+                rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu", fmt: str = "auto",
+                raw_dtype: npt.DTypeLike = None, tail_tokens: int = 0, vocab_size: int | None = None) -> ValBatches:
     """This rank's fixed validation batches: `num_tokens` targets of the files' first tokens, each scored once
     (docs/DESIGN.md). Every rank yields as many [B, T] batches, as FSDP and a compiled model's one shape need:
     targets past num_tokens are PAD_TARGET. Ids >= vocab_size are refused here, before any batch, unless a

@@ -24,7 +24,7 @@ def get_model(config: dict) -> GPT:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "GPT":  # `from model import GPT`, as before
+    if name == "GPT":  # `from model import GPT` without importing torch with the package
         from model.gpt import GPT
 
         return GPT

@@ -4,6 +4,8 @@ their gate, record 55: model.ve_gate; the values' scale without them, record 46:
 (record 82: model.xsa) and the output gate (record 28: model.attn_gate)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -13,6 +15,9 @@ from model.config import GPTConfig
 from model.layers import GATE_CHANNELS, Gate
 from model.masks import flex_attention
 from model.rotary import rotary, rotary_frequencies, yarn, yarn_jumps
+
+if TYPE_CHECKING:
+    from model.masks import Mask
 
 
 def exclude_self(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
@@ -54,7 +59,7 @@ class Attention(nn.Module):
         if self.xsa_alpha is not None:
             nn.init.zeros_(self.xsa_alpha)
 
-    def forward(self, x: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None,
+    def forward(self, x: Tensor, ve: Tensor | None, mask: Mask, yarn_window: Tensor | None = None,
                 value: Tensor | None = None) -> Tensor:
         """x [B, T, C] -> [B, T, C]; `yarn_window` is the long window now (a tensor) under model.yarn, else None;
         `value` [B, T, C], a MUDD connection's, is added to the values (after the value embedding)."""

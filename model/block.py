@@ -3,6 +3,8 @@ inputs (x0_mix's embedding, bigram_hash's table output, a MUDD connection's valu
 (model.no_attention, model.no_mlp)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -10,6 +12,9 @@ from torch import Tensor
 from model.attention import Attention
 from model.config import GPTConfig
 from model.layers import MLP, Norm
+
+if TYPE_CHECKING:
+    from model.masks import Mask
 
 
 class Block(nn.Module):
@@ -34,7 +39,7 @@ class Block(nn.Module):
         if self.bigram_lambda is not None:
             nn.init.constant_(self.bigram_lambda, 0.1)
 
-    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask, yarn_window: Tensor | None = None,
+    def forward(self, x: Tensor, x0: Tensor, ve: Tensor | None, mask: Mask, yarn_window: Tensor | None = None,
                 bigram: Tensor | None = None, value: Tensor | None = None) -> Tensor:
         if self.x0_lambda is not None:
             x = self.x0_lambda[0] * x + self.x0_lambda[1] * x0

@@ -107,7 +107,7 @@ class GPT(nn.Module):
         """
         cfg = self.cfg
         tables = {id(self.wte), *map(id, self.value_embeds)}
-        for m in self.modules():  # in this order: the draws of N(0, init_std) come as they always have
+        for m in self.modules():  # module order: the default model's draws keep their order as options add modules
             if isinstance(m, (nn.Linear, nn.Embedding)) and not isinstance(m, BigramHash):
                 # a head that starts as the token table (tied, or until untie_at) is drawn as a table: normal
                 table = isinstance(m, nn.Embedding) or (m is self.lm_head and cfg.tie_embeddings)

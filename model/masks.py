@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 from torch import Tensor
@@ -16,6 +17,9 @@ try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # torch builds without FlexAttention fall back to SDPA
     flex_attention = None
+
+if TYPE_CHECKING:
+    Mask: TypeAlias = Tensor | BlockMask | None  # a layer's: plain causal, an explicit boolean mask, or a BlockMask
 
 
 def short_window(window: int, block: int = 0) -> int:
@@ -125,7 +129,7 @@ def window_at(cfg: GPTConfig, progress: float) -> int:
     return round(cfg.window_start + (cfg.window - cfg.window_start) * min(max(progress, 0.0), 1.0))
 
 
-def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list:
+def layer_masks(cfg: GPTConfig, idx: Tensor, windows: Tensor) -> list[Mask]:
     """Per layer: None (plain causal, or no attention), an explicit boolean mask, or a FlexAttention BlockMask;
     `windows` holds the (long, short) window now, in keys a query may see, unless model.window_past adds its own."""
     pattern, attending = cfg.layer_windows, cfg.attention_layers

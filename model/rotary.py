@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 
-def rotary_frequencies(head_dim: int, base: float, truncate: bool, device=None) -> Tensor:
+def rotary_frequencies(head_dim: int, base: float, truncate: bool, device: torch.device | str | None = None) -> Tensor:
     """Angle per position of each (first half, second half) pair of a head: head_dim/2 frequencies."""
     if truncate:
         # The records' half-truncated rotary: head_dim/4 frequencies from 1 down to 1/base (both ends

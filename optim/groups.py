@@ -204,7 +204,7 @@ def momentum_at(group: dict, step: int, steps: int) -> float:
     over the last `momentum_cooldown_steps` (the records: 0.85 -> 0.95 over 300 steps; record 46 back to 0.85
     over its last 50). The warm-up holds while it lasts, as record 46's: a run cut shorter keeps its warm-up."""
     warmup = group["momentum_warmup_steps"]
-    cooldown = group.get("momentum_cooldown_steps", 0)  # absent from groups an older resume state restores
+    cooldown = group["momentum_cooldown_steps"]
     if step < warmup:
         frac = step / warmup
     else:

@@ -34,7 +34,7 @@ With `compile` (optim.muon_compile) the math between the collectives runs under 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,9 @@ from optim.compiled import chosen
 from optim.normuon import moment_size, normalize
 from optim.symmetric import saves, unavailable
 from optim.views import Split, blocks, view_rows
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
 # Polar Express (Amsel, Persson, Musco, Gower, 2025): one quintic per step, each the minimax-optimal one for the
@@ -393,7 +396,7 @@ class Muon(torch.optim.Optimizer):
     `compile` (for all groups): the math between the collectives under torch.compile (optim/compiled.py);
     `symmetric` (for all groups): Newton-Schulz's symmetric products by optim/symmetric.py's Triton kernel."""
 
-    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
+    def __init__(self, params: ParamsT, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0,
                  ns_steps: int = 5, adjust_lr: str = "original", split: Split = 1,
                  ns_dtype: torch.dtype | None = None, ns_coefficients: str = "newton_schulz",
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
@@ -421,7 +424,7 @@ class Muon(torch.optim.Optimizer):
                 view_rows(p.shape, group["split"])  # a split that does not fit the rows fails here
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One update of every matrix that has a gradient (all groups planned and batched together)."""
         loss = None
         if closure is not None:

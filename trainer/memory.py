@@ -105,13 +105,14 @@ def estimate(cfg: Config, world_size: int, cuda: bool, batch_size: int | None = 
     return parts
 
 
-def meminfo(field: str) -> int | None:
-    """Bytes of one /proc/meminfo field ("MemAvailable", "MemTotal"), or None where there is none."""
-    path = Path("/proc/meminfo")
+def kb_fields(path: str | Path) -> dict[str, int]:
+    """The `Key: N kB` lines of a /proc file (meminfo, a process's status or smaps_rollup), in bytes; {} where there
+    is no such file."""
+    path = Path(path)
     if not path.exists():
-        return None
-    return next((int(line.split()[1]) * 1024 for line in path.read_text().splitlines()
-                 if line.startswith(f"{field}:")), None)
+        return {}
+    return {parts[0].rstrip(":"): int(parts[1]) * 1024 for parts in map(str.split, path.read_text().splitlines())
+            if len(parts) == 3 and parts[2] == "kB"}
 
 
 def available(dist: Dist) -> tuple[float, str] | None:
@@ -119,7 +120,7 @@ def available(dist: Dist) -> tuple[float, str] | None:
     if dist.cuda:
         free, _ = torch.cuda.mem_get_info(dist.device)
         return free, source_of(dist, free)
-    node = meminfo("MemAvailable")
+    node = kb_fields("/proc/meminfo").get("MemAvailable")
     if node is None:
         return None
     limit = node / int(os.environ.get("LOCAL_WORLD_SIZE", 1))

@@ -13,10 +13,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from util.atomic import atomic_path
 from util.optional import import_optional
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 X_AXES = {"time": "training time (s)", "tokens": "tokens", "steps": "step"}
 SIZE_IN, DPI = (10.0, 6.0), 100  # 1000 x 600 pixels per panel row: readable in a README at full width
@@ -147,7 +150,7 @@ def _scale(ax, low: float, high: float, logy: bool) -> None:
         set_formatter(ScalarFormatter())  # 3.2, not 3.2 x 10^0: losses span less than a decade
 
 
-def draw_curves(ax, runs: list[Run], x: str, logy: bool) -> None:
+def draw_curves(ax: Axes, runs: list[Run], x: str, logy: bool) -> None:
     """Each run's val loss (points and line) and smoothed train loss on `ax`, the targets dashed."""
     tops, bottoms = [], []
     for i, run in enumerate(runs):

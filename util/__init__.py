@@ -1,1 +1,2 @@
-"""Helpers that data/ and trainer/ both stand on: atomic file writes, optional imports, counts in messages."""
+"""Helpers with no home of their own: atomic file writes, optional imports, counts in messages, the exceptions
+behind an exception, a command in a process group of its own."""

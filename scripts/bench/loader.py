@@ -43,6 +43,7 @@ import data.loader
 from data.regions import resolve_files
 from data.shards import open_shard, write_shard
 from trainer import ROOT
+from trainer.memory import kb_fields
 from util.atomic import write_json
 
 BEFORE = "f4d8184"  # the last commit of the two-thread loader
@@ -58,8 +59,8 @@ COMPARE = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
 
 
 def before_module() -> types.ModuleType:
-    """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.;
-    plural.py has moved into data/ since)."""
+    """data/loader.py of commit BEFORE, as a module of its own (its imports are this tree's data.shards etc.; its
+    `plural` import is read from util/, where plural.py lives in this tree)."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BEFORE}:data/loader.py"], capture_output=True,
                             text=True, check=True).stdout.replace("from plural import", "from util.plural import")
     path = Path(tempfile.mkdtemp(prefix="shardrun-bench-")) / "loader_before.py"
@@ -176,10 +177,7 @@ def memcpy_loader(arrays: list[np.ndarray]) -> Callable[[], None]:
 
 def rss_anon_mb() -> float:
     """Anonymous resident memory of this process (file pages of the memory maps are not counted)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return kb_fields("/proc/self/status").get("RssAnon", float("nan")) / 2**20
 
 
 def evict(paths: list[Path]) -> None:

@@ -28,20 +28,11 @@ from util.atomic import write_json
 from data.loader import TokenLoader
 from data.shards import open_shard
 from scripts.bench.loader import B, T, evict, make_data, rss_anon_mb
+from trainer.memory import kb_fields
 
 GB = 1e9
 BIG_MIN_GB = 30.0
 SAMPLES = 100  # rate and RssAnon samples per stream, whatever its length
-
-
-def kb_fields(path: str) -> dict[str, int]:
-    """The `Key: N kB` lines of a /proc file, in bytes."""
-    fields = {}
-    for line in Path(path).read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[2] == "kB":
-            fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    return fields
 
 
 def mapped(pid: int, folder: Path) -> dict[str, int]:

@@ -1,2 +1,3 @@
-"""The one-shot GPU check: `python -m scripts.gpu_check` (runner.py), its probe of train.py (probe.py) and the
-kernel check (kernels.py)."""
+"""The one-shot GPU check: `python -m scripts.gpu_check` (runner.py), its probe of train.py (probe.py), the
+kernel check (kernels.py), each check's size and time (sizes.py) and the verdicts on what they measured
+(verdicts.py)."""

@@ -65,6 +65,7 @@ from util.atomic import atomic_path, write_json
 from trainer.config import parse_args as parse_train_args
 from trainer.data import GPT2_VOCAB
 from trainer.mfu import gpu_peak_flops
+from trainer.plots import PlotError, read_run
 
 GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50256, 32000, 256
 MEAN_DOC_TOKENS = 1000  # FineWeb documents average about this many GPT-2 tokens
@@ -95,8 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --- data ---------------------------------------------------------------------------------------------------
-def random_documents(n: int, vocab: int, eot: int, rng: np.random.Generator) -> np.ndarray:
-    """n random ids below `vocab` (never `eot`), with `eot` opening documents of ~MEAN_DOC_TOKENS tokens."""
+def random_documents(n: int, eot: int, rng: np.random.Generator) -> np.ndarray:
+    """n random ids below `eot` (GPT-2's last id), with `eot` opening documents of ~MEAN_DOC_TOKENS tokens."""
     tokens = rng.integers(0, eot, size=n)
     tokens[np.flatnonzero(rng.random(n) < 1 / MEAN_DOC_TOKENS)] = eot
     tokens[0] = eot
@@ -108,10 +109,10 @@ def build_data(work: Path, sizes: Sizes) -> dict[str, str]:
     that failed."""
     rng = np.random.default_rng(0)
     rand, raw = work / "data" / "random", work / "data" / "raw"
-    write_shard(rand / "random_val_000000.bin", random_documents(sizes.val_tokens, GPT2_VOCAB, GPT2_EOT, rng))
+    write_shard(rand / "random_val_000000.bin", random_documents(sizes.val_tokens, GPT2_EOT, rng))
     for i in (1, 2):
         write_shard(rand / f"random_train_{i:06d}.bin",
-                    random_documents(sizes.train_tokens, GPT2_VOCAB, GPT2_EOT, rng))
+                    random_documents(sizes.train_tokens, GPT2_EOT, rng))
         write_shard(raw / f"chunk_{i:04d}.bin", rng.integers(0, HACKATHON_VOCAB, size=sizes.train_tokens),
                     dtype=np.uint16, header=False)
     prepared = work / "data" / "demo_bytes"
@@ -216,16 +217,12 @@ def read_json(path: Path) -> dict:
 
 
 def steady(run_dir: Path) -> tuple[float | None, float | None]:
-    """Median tokens/s and MFU over the second half of the logged training steps (lines cut short skipped)."""
-    records = []
-    path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("type") == "train":
-            records.append(record)
+    """Median tokens/s and MFU over the second half of the logged training steps (a last line cut short by a kill
+    skipped); (None, None) where none were logged."""
+    try:
+        records = read_run(run_dir).train
+    except PlotError:  # no metrics.jsonl: the check ended before its first step
+        return None, None
     late = records[len(records) // 2:]
     if not late:
         return None, None

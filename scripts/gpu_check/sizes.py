@@ -68,7 +68,6 @@ GPU = Sizes(train_tokens=16_000_000, val_tokens=1_100_000,
                 # fwd+bwd (~5 s), its float64 reference (~12 TFLOP) and 3 x 20 timed calls (~1 s); the symmetric
                 # kernel's Triton compiles (2 forms at 768 rows, a few s), the spectral norms of 62 matrices, float64
                 # references (~1.5 TFLOP) and 2 x 20 Polar Expresses of Muon's stacks (~3 ms each); ~5 s margin
-                # (25.6 s measured before fp8 and symmetric)
                 "kernels": 45,
                 # cold compile of the 12-layer SDPA model fwd+bwd at 32 x 1,024 (~35 s after the speedrun's
                 # kernels are cached, ~45 s alone) and of its eval graph (~20 s); setup ~15 s; 3 warm-up steps +

@@ -38,11 +38,11 @@ def loss_verdict(name: str, val: float | None, init: float, text_max: float) -> 
     return line(name, what, "PASS" if ok else "FAIL", "no val loss" if val is None else f"{val:.3f}", threshold)
 
 
-def at_most(value: float | None, limit: float, over: str, cpu: bool) -> str:
-    """PASS when value <= limit, else `over` (SLOW); n/a when there is no value or on CPU."""
+def at_most(value: float | None, limit: float, cpu: bool) -> str:
+    """PASS when value <= limit, else SLOW; n/a when there is no value or on CPU."""
     if value is None:
         return "n/a"
-    verdict = "PASS" if value <= limit else over
+    verdict = "PASS" if value <= limit else "SLOW"
     return f"n/a on CPU ({verdict} there)" if cpu else verdict
 
 
@@ -94,7 +94,7 @@ def compile_verdicts(row: dict, probe: dict, cpu: bool) -> list[dict]:
     seconds = first_given(row.get("compile_s"), row.get("compile_s_min"))
     if seconds is not None:
         on_clock = name == "hackathon"  # compile counts on the hackathon's clock; the speedrun excludes it
-        verdict = off or (at_most(seconds, HACKATHON_COMPILE_MAX_S, "SLOW", cpu) if on_clock else "info")
+        verdict = off or (at_most(seconds, HACKATHON_COMPILE_MAX_S, cpu) if on_clock else "info")
         out.append(line(name, "compile seconds (training; eval)", verdict,
                         f"{compile_cell(row, 'compile_s')}; {compile_cell(row, 'eval_compile_s')}",
                         f"<= {HACKATHON_COMPILE_MAX_S:.0f} s (on the clock)" if on_clock else "off the clock"))
@@ -142,12 +142,12 @@ def speed_verdicts(row: dict, probe: dict, cpu: bool) -> list[dict]:
     for key, what, limit in (("data_wait_frac", "data wait, share of a step", DATA_WAIT_MAX),
                              ("idle_frac", "GPU idle between steps, share of a step", IDLE_MAX)):
         if row.get(key) is not None:
-            out.append(line(name, what, at_most(row[key], limit, "SLOW", cpu), f"{row[key]:.2%}", f"<= {limit:.0%}"))
+            out.append(line(name, what, at_most(row[key], limit, cpu), f"{row[key]:.2%}", f"<= {limit:.0%}"))
     total = (probe.get("device") or {}).get("total_gb")
     stages = (probe.get("warm_up"), probe.get("phases"), (probe.get("eval") or {}).get("first"))
     reserved = max((s or {}).get("peak_reserved_gb", 0) for s in stages)
     if total:
-        out.append(line(name, "peak memory (reserved)", at_most(reserved / total, MEMORY_MAX, "SLOW", cpu),
+        out.append(line(name, "peak memory (reserved)", at_most(reserved / total, MEMORY_MAX, cpu),
                         f"{reserved:.1f} of {total:.0f} GB", f"<= {MEMORY_MAX:.0%}"))
     return out
 

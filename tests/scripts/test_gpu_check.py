@@ -533,7 +533,7 @@ def test_the_demo_corpus_is_renumbered_to_the_speedruns_vocabulary(tmp_path):
 
 
 def test_random_documents_look_like_fineweb_shards():
-    tokens = gpu_check.random_documents(2_000_000, 50257, 50256, np.random.default_rng(0))
+    tokens = gpu_check.random_documents(2_000_000, 50256, np.random.default_rng(0))
     starts = np.flatnonzero(tokens == 50256)
     assert starts[0] == 0 and tokens.max() <= 50256 and tokens.min() >= 0
     assert len(tokens) / len(starts) == pytest.approx(gpu_check.MEAN_DOC_TOKENS, rel=0.1)

@@ -10,7 +10,7 @@ from model import GPTConfig, get_model
 from tests.helpers import ROOT, TINY_GPT, TRAIN, make_shards, run, torchrun
 from trainer.config import ConfigError, parse_args
 from trainer.distributed import Dist
-from trainer.memory import COMPILED, NEAR, activation_bytes, check_memory, estimate, meminfo, verdict
+from trainer.memory import COMPILED, NEAR, activation_bytes, check_memory, estimate, kb_fields, verdict
 
 GB = 1e9
 # The organizers' flags, exactly as their submit.sh passes them (the config's shape wins: 32 x 1024 per rank).
@@ -257,7 +257,7 @@ def too_big(processes: int) -> list[str]:
     """The hackathon shape (208M parameters, 32 x 1024 tokens a rank, which a 24-GiB machine cannot hold in two
     processes), its micro-batch doubled until it needs more than this machine's MemTotal per process: the check
     reads MemAvailable later, and however much memory other work frees meanwhile, it cannot fit."""
-    total = meminfo("MemTotal")
+    total = kb_fields("/proc/meminfo").get("MemTotal")
     assert total is not None, "/proc/meminfo has no MemTotal"
     batch = hackathon().train.batch_size
     while sum(estimate(hackathon(f"--train.batch_size={batch}"), processes, cuda=False).values()) <= total / processes:
