@@ -58,6 +58,12 @@ def test_a_finished_run_is_read_from_its_summary_an_unfinished_one_from_its_conf
     assert saved_checkpoint(tmp_path) == Path("out/named.pt")
     (tmp_path / "summary.json").write_text(json.dumps({"checkpoint_path": "elsewhere/final.pt"}))
     assert saved_checkpoint(tmp_path) == Path("elsewhere/final.pt")  # the record wins over the config
+    # an older save in the folder (train.checkpoint_path changed on resume) does not stand for the record's
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert saved_checkpoint(tmp_path) == Path("elsewhere/final.pt")
+    # the run saved into its folder, which stood elsewhere then (moved or copied since): this folder's own file
+    (tmp_path / "summary.json").write_text(json.dumps({"checkpoint_path": f"/old/runs/{tmp_path.name}/checkpoint.pt"}))
+    assert saved_checkpoint(tmp_path) == tmp_path / "checkpoint.pt"
     (tmp_path / "summary.json").write_text("{")
     with pytest.raises(ValueError):
         saved_checkpoint(tmp_path)
