@@ -333,7 +333,7 @@ def finish(run: Run, status: StopReason) -> None:
     saved at the final eval's windows (eval.final_window), so that its evaluator scores what that eval did."""
     progress = run.progress
     final_eval = bool(run.val_files) and status not in STOPPED_BY_SIGNAL
-    final_window = run.cfg.eval.final_window if final_eval else 0  # never the last eval's loss
+    final_window = run.cfg.eval.final_window if final_eval else 0  # wider than the last eval's: a loss of its own
     final_val = None
     with run.model.module.widened(final_window):
         # else saved already: a periodic save on the last step, or a finished run relaunched

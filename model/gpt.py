@@ -290,13 +290,14 @@ class GPT(nn.Module):
         if not long:
             yield
             return
-        before = [t.clone() for t in (self.windows, self.yarn_window) if t is not None]
+        held = [t for t in (self.windows, self.yarn_window) if t is not None]
+        before = [t.clone() for t in held]
         self._fill_windows(long, window_at(self.cfg, 1.0))
         try:
             yield
         finally:
-            for now, then in zip([t for t in (self.windows, self.yarn_window) if t is not None], before):
-                now.copy_(then)
+            for t, then in zip(held, before):
+                t.copy_(then)
 
     def _use_loss_weights(self, weights: list[float]) -> None:
         # only the entries that changed, one fill_ each (no host-device sync): one a step while a term fades

@@ -22,11 +22,9 @@ from data.meta import META, MetaError, read_meta
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from model.config import padded
 from model.generate import generate
+from trainer import ROOT
 from trainer.checkpoint import CheckpointError, load_checkpoint
 from trainer.runs import saved_checkpoint
-
-
-CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class SampleError(ValueError):
@@ -42,8 +40,8 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
     if not isinstance(train, str) or not train:
         raise SampleError("the checkpoint's config has no data.train glob to find meta.json by; "
                           "pass --tokenizer NAME")
-    if not glob.glob(train) and glob.glob(str(CHECKOUT / train)):
-        train = str(CHECKOUT / train)
+    if not glob.glob(train) and glob.glob(str(ROOT / train)):
+        train = str(ROOT / train)
     folder = min({Path(f).parent for f in glob.glob(train)}, default=Path(train).parent)
     try:
         return read_meta(folder, missing_ok=False)["tokenizer"]

@@ -3,10 +3,10 @@
 Stop rule: a rank wants to stop once elapsed >= budget, checked after every step. The wish is all-reduced (MAX)
 with the step's other flags (trainer/flags.py); on GPU it is read one step later, so that no step waits for the GPU:
 all ranks stop after the same step, the one after the step that saw the budget spent (the hackathon counts "from the
-first forward pass to the last"; a step in flight may finish). On CPU it is read at once: the run stops on the step that saw it. The time LR schedule
-follows the elapsed time all ranks agreed on (`sync`), not each rank's own stopwatch: DDP replicas stay identical
-only if every rank uses the same LR. The batch schedule (train.batch_stages) follows the same progress, so every
-rank runs the same micro-steps of the same rows.
+first forward pass to the last"; a step in flight may finish). On CPU it is read at once: the run stops on the step
+that saw it. The time LR schedule follows the elapsed time all ranks agreed on (`sync`), not each rank's own
+stopwatch: DDP replicas stay identical only if every rank uses the same LR. The batch schedule (train.batch_stages)
+follows the same progress, so every rank runs the same micro-steps of the same rows.
 """
 from __future__ import annotations
 

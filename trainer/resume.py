@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from data.loader import TokenLoader
+from trainer import distributed
 from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
-from trainer import distributed
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path
@@ -71,8 +71,8 @@ def hold(run_dir: Path, dist: Dist) -> None:
     """Rank 0 locks `run_dir` for as long as this process lives; every rank gets a ConfigError where another launch
     holds it (the same log.run_id launched twice: both would append to one log and save over each other). A
     filesystem that gives no locks is said, and the run goes on without one."""
-    holder = None
-    if dist.master and run_dir.resolve() not in _held:
+    holder, key = None, run_dir.resolve()
+    if dist.master and key not in _held:
         with reporting_full_disk(run_dir / LOCK):
             run_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -86,7 +86,7 @@ def hold(run_dir: Path, dist: Dist) -> None:
                       f"of this run id would not be refused", file=sys.stderr)
                 os.close(fd)
             else:
-                _held[run_dir.resolve()] = fd
+                _held[key] = fd
                 os.ftruncate(fd, 0)
                 os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
     holder = distributed.broadcast(holder)
