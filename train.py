@@ -99,16 +99,17 @@ def setup(cfg: Config, dist: Dist) -> Run:
     prefixes = prefix_targets(cfg, meta) if cfg.model.prefix_weight else None  # the tokenizer's, before the folder
     if val_files:
         val_loader(cfg, dist, val_files)  # a val set too small for eval.tokens fails now, not after training
+    loader = train_loader(cfg, dist, files, meta)  # shards it cannot read are refused before the run folder is made
     if not cfg.log.run_id:
         cfg.log.run_id = distributed.broadcast(default_run_id(cfg.name))
     run_dir = Path(cfg.log.dir) / cfg.log.run_id
     marker, changes = open_run_folder(cfg, dist, run_dir)
     resumed = load_resume(run_dir, dist, marker) if marker else None
-    loader = train_loader(cfg, dist, files, meta)
     if resumed:
         seek_loader(loader, resumed, run_dir)  # data changed since the save is refused here, before the log opens
-    # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
-    log = open_log(cfg, dist, run_dir, resumed["metrics_bytes"] if resumed else 0)
+    # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step, but a
+    # finished one (--extend-budget) keeps its final eval, which came after the save and is not done again
+    log = open_log(cfg, dist, run_dir, 0 if not resumed else None if marker["finished"] else resumed["metrics_bytes"])
 
     torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     gpt = GPT(cfg.model)

@@ -122,10 +122,10 @@ def training_state(module: nn.Module, optimizers: list[torch.optim.Optimizer], l
             "own_grads": own_grads, "loader": loader.state_dict(), "rng": rng_state()}
 
 
-def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader,
+def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: TokenLoader | None,
             state: dict[str, Any]) -> None:
-    """Put the module, optimizers, held gradients (none for the others), loader and RNG back to a saved
-    training_state."""
+    """Put the module, optimizers, held gradients (none for the others), loader (None: left where it is) and RNG
+    back to a saved training_state."""
     module.load_state_dict(state["model"])
     # a state saved before gradients were held across steps holds none, one saved before own_grads no own ones
     grads = {**state.get("grads", {}), **state.get("own_grads", {})}
@@ -141,7 +141,8 @@ def restore(module: nn.Module, optimizers: list[torch.optim.Optimizer], loader: 
         for group, settings in zip(opt.param_groups, built):
             for key, value in settings.items():
                 group.setdefault(key, value)
-    loader.load_state_dict(state["loader"])
+    if loader is not None:
+        loader.load_state_dict(state["loader"])
     torch.set_rng_state(state["rng"]["cpu"].cpu())
     if state["rng"]["cuda"] is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())

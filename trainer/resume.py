@@ -171,9 +171,11 @@ def seek_loader(loader: TokenLoader, resumed: dict, run_dir: Path) -> None:
 def restore_run(run: Run, resumed: dict, marker: dict, changes: list[Change]) -> None:
     """Put load_resume's state `resumed` into the freshly built `run` (weights, optimizers, loader, clock, counters)
     and log what this launch changed of the saved config (`marker`'s), as open_run_folder found it."""
-    restore(run.model.module, run.optimizers, run.loader, resumed)
+    restore(run.model.module, run.optimizers, None, resumed)  # the loader: seek_loader placed it
     run.clock.load_state_dict(resumed["clock"])
     run.progress = Progress(**resumed["progress"])
+    if (ended := marker["finished"]) and (final := ended["final_val_loss"]) is not None:  # evaluated after the save
+        run.progress.best_val = min(final, run.progress.best_val or final)
     run.saved_step = run.progress.step
     run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
     for line in change_lines(run.cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):

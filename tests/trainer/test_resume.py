@@ -83,7 +83,11 @@ def test_safe_keys_are_taken_and_said_and_a_budget_only_extends_on_purpose(finis
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["type"] == "train"]
     assert steps == list(range(1, 41))
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 40
+    evals = {r["step"]: r["val_loss"] for r in lines if r["type"] == "eval"}
+    first = json.loads((finished[1] / "summary.json").read_text())["final_val_loss"]
+    assert list(evals) == [30, 35, 40] and evals[30] == first  # the finished run's final eval, after its save, kept
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["best_val_loss"] == min(evals.values())
     # the state is now saved under the extended budget: the next resume compares with that
     assert json.loads((run_dir / "resume" / "done.json").read_text())["config"]["train"]["max_steps"] == 40
 
