@@ -12,8 +12,8 @@ and modded-nanogpt do): the first --val-tokens tokens go to DIR/<name>_val_00000
 documents (without --val-tokens, a tenth of a corpus smaller than its default), the rest to
 DIR/<name>_train_000001.bin, ... of --shard-tokens tokens each (the last one shorter).
 DIR/meta.json describes them: tokenizer, vocab_size, eot_token, dtype, shards (file and token count),
-documents, empty_documents (skipped), tokens, text_bytes (the source's bytes), binary_bytes, bytes_per_token,
-and "settings" (what determines the output).
+documents, empty_documents (skipped: no text, or a null), tokens, text_bytes (the source's bytes), binary_bytes,
+bytes_per_token, and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
 uninterrupted run. Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
@@ -27,6 +27,7 @@ import contextlib
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 from collections import deque
@@ -45,6 +46,10 @@ from data.tokenizer import TokenizerError, eot_token, get_tokenizer
 from util.plural import plural
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
+# A document is tokenized a piece at a time: a token list of the whole would take ~36 bytes a character
+# (a 60 MB text file took 2.3 GB)
+PIECE_CHARS = 2**20
+CUT = re.compile(r"[^\W_]\n")
 # More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data
 # 43%, /bin/ls 53%, UTF-16 text 50%, latin-1 French prose 7%); a few bad bytes are a typo's worth.
 BINARY_SHARE = 0.01
@@ -120,7 +125,7 @@ def open_source(args: argparse.Namespace) -> tuple[dict, sources.Corpus]:
                 sources.text_corpus(files, seed))
     if args.files:
         pattern = args.files
-        if os.path.isdir(pattern):
+        if os.path.isdir(os.path.expanduser(pattern)):
             pattern = sources.folder_glob(pattern, skip=args.out / META)
         files = sources.local_files(pattern, skip=args.out / META)
         if pattern != args.files:
@@ -148,8 +153,9 @@ def _file_stats(files: list[Path]) -> dict:
 def _slug(args: argparse.Namespace) -> str:
     if args.source:
         return "demo"
+    folder = args.files and os.path.isdir(os.path.expanduser(args.files))
     base = (args.dataset.rsplit("/", 1)[-1] if args.dataset else
-            Path(args.files).name if os.path.isdir(args.files) else Path(args.files).parent.name)
+            Path(args.files).name if folder else Path(args.files).parent.name)
     return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "corpus"
 
 
@@ -225,6 +231,9 @@ _ENC = None  # each worker process builds its tokenizer once, in _init_worker
 
 def _init_worker(tokenizer: str, dtype: str) -> None:
     global _ENC
+    # a terminal's Ctrl-C reaches every process of its group: the parent alone stops, after the tasks in flight
+    # (a worker stopped while it sends a result would leave the pool's reader waiting for the rest)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     enc = get_tokenizer(tokenizer)
     _ENC = enc, eot_token(enc), np.dtype(dtype)
 
@@ -238,11 +247,24 @@ def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
             nbytes = len(doc)
         else:
             text, binary, nbytes = doc, 0, len(doc.encode("utf-8", errors="replace"))
-        ids = enc.encode_ordinary(text)  # ordinary: a literal "<|endoftext|>" in a document is just text
-        arr = np.empty(len(ids) + 1, dtype=dtype)
-        arr[0], arr[1:] = eot, ids
-        out.append((arr, nbytes, binary))
+        # ordinary: a literal "<|endoftext|>" in a document is just text
+        ids = [np.array(enc.encode_ordinary(piece), dtype=dtype) for piece in pieces(text)]
+        out.append((np.concatenate([np.array([eot], dtype=dtype), *ids]), nbytes, binary))
     return out
+
+
+def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
+    """`text` in pieces of about `size` characters or more, cut only where a letter or digit meets a newline:
+    every tokenizer here (GPT-2's, tiktoken's, bytes) starts a piece of its own pattern there, so the pieces'
+    tokens are the whole text's."""
+    start = 0
+    while len(text) - start > size:
+        cut = CUT.search(text, start + size)
+        if cut is None:
+            break
+        yield text[start:cut.end() - 1]
+        start = cut.end() - 1
+    yield text[start:]
 
 
 def encode_documents(docs: Iterable[str | bytes], tokenizer: str, dtype: np.dtype,
@@ -323,9 +345,10 @@ def prepare(args: argparse.Namespace) -> dict:
 
 def _remove(out: Path, meta: dict, made: list[Path]) -> None:
     """Delete meta.json, the shards it lists and the folders `made` for them (deepest first)."""
-    (out / META).unlink(missing_ok=True)  # first: it must never list shards that are gone
-    for shard in meta["shards"]:
-        (out / shard["file"]).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # an --out that could not be made: nothing there, and its error stands
+        (out / META).unlink(missing_ok=True)  # first: it must never list shards that are gone
+        for shard in meta["shards"]:
+            (out / shard["file"]).unlink(missing_ok=True)
     for folder in made:
         with contextlib.suppress(OSError):  # not empty: someone else's files, keep them
             folder.rmdir()
@@ -396,7 +419,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
             break
     bar.close()
     if args.fit_val and not meta["shards"] and 2 <= buffered <= args.val_tokens:
-        val = max(1, buffered // 10)
+        val = max(2, buffered // 10)  # a target and the token before it
         print(f"prepare: the corpus gave {plural(buffered, 'token')}, fewer than the default val split "
               f"(--val-tokens {args.val_tokens:,}): its first {val:,} form the val shard, the rest the train data",
               file=sys.stderr)
@@ -466,6 +489,12 @@ def main(argv: list[str] | None = None) -> None:
         prepare(args)
     except (PrepareError, TokenizerError, sources.SourceError, DiskFullError) as e:
         sys.exit(f"prepare: error: {e}{_kept(e)}")
+    except OSError as e:  # a file it cannot read, or an --out it cannot make or write (a file in the way)
+        where = Path(e.filename or "")
+        if where == args.out or args.out in where.parents:
+            sys.exit(f"prepare: error: --out {args.out}: cannot write there ({e.strerror}); choose another "
+                     f"--out{_kept(e)}")
+        sys.exit(f"prepare: error: {e.filename}: {e.strerror}{_kept(e)}")
     except KeyboardInterrupt as e:
         sys.exit(f"prepare: interrupted{_kept(e)}")
 
@@ -474,8 +503,11 @@ def _kept(error: BaseException) -> str:
     """The end of a failed run's last line: the shards it kept for a re-run to continue from (prepare's `kept`),
     where it kept some."""
     kept = getattr(error, "kept", 0)
-    return (f"; kept {plural(kept, 'shard')} written so far: the same command, run again, continues after the last"
-            if kept else "")
+    # a dataset's row it refused stops a re-run at the same place, until the dataset is mended
+    when = " once the input is mended" if isinstance(error, sources.SourceError) and not isinstance(
+        error, sources.ReadError) else ""
+    return (f"; kept {plural(kept, 'shard')} written so far: the same command, run again, continues after the "
+            f"last{when}" if kept else "")
 
 
 if __name__ == "__main__":

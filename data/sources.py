@@ -91,16 +91,23 @@ def _matches(pattern: str, skip: Path | None) -> list[Path]:
 
 def folder_glob(folder: str, skip: Path | None = None) -> str:
     """The glob of the one known kind of file under `folder` (recursive; hidden files left out, as a shell's
-    glob would; not the file `skip`); an error when it holds none or several kinds."""
-    found = {p.suffix for p in _matches(os.path.join(folder, "**", "*"), skip)}
+    glob would; not the file `skip`, nor the meta.json of shards an earlier prepare wrote there); an error when
+    it holds none or several kinds."""
+    inside = os.path.join(glob.escape(os.path.expanduser(folder)), "**")  # a folder named "corpus[v2]" is no glob
+    found = {p.suffix for p in _matches(os.path.join(inside, "*"), skip) if not _shards_meta(p)}
     kinds = sorted(found & BUILDERS.keys())
     if not kinds:
         raise SourceError(f"--files {folder!r} is a folder with no {_listed(sorted(BUILDERS), 'or')} file; "
                           f"pass a folder or a glob of those (quote the glob for the shell)")
     if len(kinds) > 1:
         raise SourceError(f"--files {folder!r} is a folder holding {_listed(kinds, 'and')} files; pass one kind, "
-                          f"e.g. --files '{os.path.join(folder, '**', '*' + kinds[0])}'")
-    return os.path.join(folder, "**", f"*{kinds[0]}")
+                          f"e.g. --files '{os.path.join(inside, '*' + kinds[0])}'")
+    return os.path.join(inside, f"*{kinds[0]}")
+
+
+def _shards_meta(path: Path) -> bool:
+    """Whether `path` is the meta.json of token shards (prepare's output), not a document."""
+    return path.name == "meta.json" and any(path.parent.glob("*.bin"))
 
 
 def _listed(words: list[str], last: str) -> str:
@@ -108,8 +115,9 @@ def _listed(words: list[str], last: str) -> str:
 
 
 def local_files(pattern: str, skip: Path | None = None) -> list[Path]:
-    """The files a glob matches (`**` allowed), sorted, not the file `skip`; all must share one supported suffix."""
-    files = _matches(pattern, skip)
+    """The files a glob matches (`**` allowed), sorted, not the file `skip` nor the meta.json of shards; all must
+    share one supported suffix."""
+    files = [p for p in _matches(pattern, skip) if not _shards_meta(p)]
     if not files:
         raise SourceError(f"--files {pattern!r} matches no file; check the path (quote the glob for the shell)")
     suffixes = sorted({p.suffix for p in files})
@@ -131,7 +139,7 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     named = f"--files {given!r}" if given else f"{files[0].parent}/*{files[0].suffix}"
     where = f"{named} ({plural(len(files), 'file')})"
     if files[0].suffix == ".parquet":
-        _check_parquet(files)
+        _check_parquet(files, text_field)
 
     def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME
         try:
@@ -143,9 +151,11 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     return _row_corpus(load, text_field, where, seed, streaming, buffer, malformed="fix or remove the bad file")
 
 
-def _check_parquet(files: list[Path]) -> None:
-    """Refuse, naming the file, a .parquet file with no rows or with a column the first file lacks: datasets reads
-    the files by the first one's columns, and answers either with an error that names no file."""
+def _check_parquet(files: list[Path], field: str) -> None:
+    """Refuse, naming the file, a .parquet file with no rows, with a column the first file lacks, or whose `field`
+    is missing or not text: datasets reads the files by the first one's columns and types (a column of numbers
+    would become their digits), and answers the others with an error that names no file."""
+    pa = import_optional("pyarrow", READERS_NEED, SourceError)
     parquet = import_optional("pyarrow.parquet", READERS_NEED, SourceError)
     first = None
     for path in files:
@@ -153,13 +163,20 @@ def _check_parquet(files: list[Path]) -> None:
             meta = parquet.read_metadata(path)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise SourceError(f"{path}: not a readable .parquet file ({str(e)[:200]}); fix or remove it") from None
-        columns = sorted(meta.schema.names)
+        schema = meta.schema.to_arrow_schema()
+        columns = sorted(schema.names)
         if meta.num_rows == 0:
             raise SourceError(f"{path}: a .parquet file with no rows; remove it (or narrow --files)")
         first = first or (path, columns)
         if extra := sorted(set(columns) - set(first[1])):
             raise SourceError(f"{path}: column(s) {extra} that {first[0]} lacks (its columns: {first[1]}); the files "
                               f"are read by the first one's columns: give them the same ones, or narrow --files")
+        if field not in columns:
+            raise _no_text(str(path), field, columns)
+        kind = schema.field(field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise SourceError(f"{path}: column {field!r} holds {kind}, not text; pass the text column with "
+                              f"--text-field (its columns: {columns}), or narrow --files")
 
 
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",
@@ -221,13 +238,18 @@ def text_column(rows: Iterable[dict], field: str, where: str, malformed: str | N
             if isinstance(e, OSError):
                 raise ReadError(failed) from None
             raise SourceError(failed + (f"; {malformed}" if malformed else "")) from None
-        text = row.get(field)
-        if not isinstance(text, str):
-            raise _no_text(where, field, columns or sorted(row), text)
-        yield text
+        if field not in row:
+            raise _no_text(where, field, columns or sorted(row))
+        text = row[field]
+        if text is None:  # a null: a row with no text, as an empty string is (datasets hold both)
+            yield ""
+        elif not isinstance(text, str):
+            raise SourceError(f"{where}: a row's {field!r} is {str(text)[:60]!r} ({type(text).__name__}), not text; "
+                              f"fix or remove that row, or pass the text column with --text-field")
+        else:
+            yield text
 
 
-def _no_text(where: str, field: str, columns: list[str], value: object = None) -> SourceError:
-    problem = "has no column" if field not in columns else f"has a non-text value ({type(value).__name__}) in"
-    return SourceError(f"{where} {problem} {field!r}; available columns: {sorted(columns)}. "
+def _no_text(where: str, field: str, columns: list[str]) -> SourceError:
+    return SourceError(f"{where} has no column {field!r}; available columns: {sorted(columns)}. "
                        f"Pass the right one with --text-field")

@@ -148,6 +148,44 @@ def test_killed_runs_resume_to_the_same_output(tmp_path):
     assert whole["empty_documents"] > 0  # the stdlib's empty __init__.py files, skipped
 
 
+@pytest.mark.parametrize("tokenizer", ["gpt2", "bytes"])
+def test_a_long_document_tokenized_in_pieces_gives_the_whole_texts_tokens(tokenizer):
+    from data.prepare import pieces
+    from data.tokenizer import get_tokenizer
+    from tests.helpers import gpt2_bpe
+
+    enc = get_tokenizer(str(gpt2_bpe()) if tokenizer == "gpt2" else "bytes")
+    text = "".join(p.read_text(errors="replace") for p in sources.stdlib_files()[:60])
+    text += "ünï 123\n\n  x.\n\n中文\n٣٤٥\nabc'\ns\nABC\r\nDé\n\u0301x\n1234567\n\n\n½\n"
+    whole = enc.encode_ordinary(text)
+    for size in (1, 50, 10_000):  # 1: a piece at every letter or digit before a newline
+        parts = list(pieces(text, size))
+        assert "".join(parts) == text and len(parts) > len(text) // (size + 10_000)
+        assert [t for part in parts for t in enc.encode_ordinary(part)] == whole
+
+
+def test_ctrl_c_stops_two_workers_at_once_and_keeps_the_shards(tmp_path):
+    # a terminal's Ctrl-C: SIGINT to the whole process group, the workers included
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "data.prepare", "--demo", "--workers", "2", "--val-tokens",
+                             "10000", "--shard-tokens", "20000", "--out", str(out)], cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (out / "meta.json").exists() or len(json.loads((out / "meta.json").read_text())["shards"]) < 3:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    kept = json.loads((out / "meta.json").read_text())
+    assert time.monotonic() - sent < 10 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (f"prepare: interrupted; kept {len(kept['shards'])} shards written so far: "
+                                            f"the same command, run again, continues after the last"), err
+    assert not kept["complete"] and proc.returncode == 1
+
+
 class Killed(BaseException):
     """Stands for a kill between two writes (a BaseException: like a real kill, it skips prepare's clean-up)."""
 

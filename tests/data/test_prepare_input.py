@@ -246,7 +246,7 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     assert not kept["complete"] and len(kept["shards"]) >= 3
     assert "cannot read a row" in message and message.endswith(
         f"; kept {len(kept['shards'])} shards written so far: the same command, run again, continues after the "
-        f"last"), message
+        f"last once the input is mended"), message
     # an error before any reading (a setting that differs) says nothing of what an earlier run left
     message, _ = prepare_cli(capsys, *common, "--shard-tokens", "6000")
     assert "holds shards made with other settings" in message and "kept" not in message, message
@@ -295,3 +295,63 @@ def test_a_resume_that_finds_no_document_left_finishes(tmp_path, capsys):
     (tmp_path / "o" / "meta.json").write_text(json.dumps({**meta, "complete": False}))
     assert prepare_cli(capsys, *common)[0] == ""
     assert json.loads((tmp_path / "o" / "meta.json").read_text()) == meta
+
+
+def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "j"
+    corpus.mkdir()
+    rows = [{"text": "first row " * 10}, {"text": None}, {"id": 3}, {"text": "last row " * 10}]
+    (corpus / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for streaming in ([], ["--streaming"]):  # datasets' Arrow copy fills the missing field with a null too
+        out = tmp_path / f"j_out{len(streaming)}"
+        message, err = prepare_cli(capsys, "--files", str(corpus), "--out", str(out), "--val-tokens", "0",
+                                   "--no-shuffle", *streaming)
+        assert message == "" and "prepare: 2 documents (2 empty, skipped)" in err, err
+        assert documents_of(token_stream(out)) == ["first row " * 10, "last row " * 10]
+    (corpus / "a.jsonl").write_text(json.dumps({"text": "a row " * 10}) + "\n" + json.dumps({"text": 12345}) + "\n")
+    message, _ = prepare_cli(capsys, "--files", str(corpus / "a.jsonl"), "--out", str(tmp_path / "bad"))
+    assert message == (f"prepare: error: --files {str(corpus / 'a.jsonl')!r} (1 file): a row's 'text' is '12345' "
+                       f"(int), not text; fix or remove that row, or pass the text column with --text-field"), message
+    # parquet: datasets would read a later file's numbers as the first file's strings (their digits), or a file
+    # without the column as nulls
+    folder = tmp_path / "p"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": ["some text " * 20], "id": [1]}), folder / "a.parquet")
+    for table, why in [(pa.table({"text": [7]}), "column 'text' holds int64, not text"),
+                       (pa.table({"id": [2]}), "has no column 'text'; available columns: ['id']")]:
+        pq.write_table(table, folder / "b.parquet")
+        message, _ = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / "p_out"))
+        assert message.startswith(f"prepare: error: {folder / 'b.parquet'}") and why in message, message
+        assert not (tmp_path / "p_out").exists()
+
+
+def test_folders_are_found_by_name_and_an_earlier_prepares_output_in_them_is_no_corpus(tmp_path, capsys, monkeypatch):
+    corpus = tmp_path / "corpus[v2]"  # a name that is also a glob
+    text_files(corpus, {"a.txt": b"one " * 30, "b.txt": b"two " * 30})
+    message, _ = prepare_cli(capsys, "--files", str(corpus), "--out", str(corpus / "shards"), "--val-tokens", "10")
+    assert message == "" and sorted(documents_of(token_stream(corpus / "shards"))) == ["one " * 30, "two " * 30]
+    # a second prepare of it beside the first: the first's meta.json is not a .json document
+    message, err = prepare_cli(capsys, "--files", str(corpus), "--out", str(corpus / "again"), "--val-tokens", "10")
+    assert message == "" and "reading its 2 .txt files" in err, err
+    monkeypatch.setenv("HOME", str(tmp_path))
+    message, _ = prepare_cli(capsys, "--files", "~/corpus[v2]", "--out", str(tmp_path / "home"), "--val-tokens", "10")
+    assert message == "" and json.loads((tmp_path / "home" / "meta.json").read_text())["documents"] == 2
+
+
+def test_an_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"some text\n" * 100})
+    (tmp_path / "file").write_text("mine")
+    out = tmp_path / "file" / "shards"
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(out), "--val-tokens", "10")
+    assert message == f"prepare: error: --out {out}: cannot write there (Not a directory); choose another --out"
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_corpus_of_a_few_tokens_gets_a_val_shard_of_two(tmp_path, capsys):
+    text_files(tmp_path / "c", {"a.txt": b"abcd"})  # 5 tokens with the BOS
+    message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o"))
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+    assert message == "" and [s["tokens"] for s in meta["shards"]] == [2, 3]
