@@ -52,7 +52,7 @@ from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from optim.groups import adamw_params, build_optimizers, set_lr, step_optimizers, untie_when_due  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (load_resume, restore, save_checkpoint, save_resume, training_state,  # noqa: E402
+from trainer.checkpoint import (load_resume, record_end, restore, save_checkpoint, save_resume, training_state,  # noqa: E402
                                 warn_if_the_saves_do_not_fit)
 from trainer.clock import Clock, next_multiple  # noqa: E402
 from trainer.data import prefix_targets, resolve_data, train_loader, val_loader  # noqa: E402
@@ -107,9 +107,8 @@ def setup(cfg: Config, dist: Dist) -> Run:
     resumed = load_resume(run_dir, dist, marker) if marker else None
     if resumed:
         seek_loader(loader, resumed, run_dir)  # data changed since the save is refused here, before the log opens
-    # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step, but a
-    # finished one (--extend-budget) keeps its final eval, which came after the save and is not done again
-    log = open_log(cfg, dist, run_dir, 0 if not resumed else None if marker["finished"] else resumed["metrics_bytes"])
+    # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
+    log = open_log(cfg, dist, run_dir, resumed["metrics_bytes"] if resumed else 0)
 
     torch.manual_seed(cfg.train.seed)  # the same on every rank: FSDP2 shards whatever each rank initialised
     gpt = GPT(cfg.model)
@@ -347,6 +346,9 @@ def finish(run: Run, status: StopReason) -> None:
         target = run.cfg.eval.target_loss
         if run.cfg.eval.target_time == "end" and target and final_val <= target:
             progress.time_to_target = run.clock.run_time()  # summary.json's train_time_s
+        # the state was saved before this eval: a budget extended later goes on from the counters after it
+        record_end(run.run_dir, run.dist, progress.step, {"progress": asdict(progress),
+                                                          "metrics_bytes": run.log.metrics_bytes()})
     run.loader.close()
     summary = summarize(run, status, final_val)
     run.log.summary(summary)

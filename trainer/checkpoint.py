@@ -168,6 +168,15 @@ def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], con
     distributed.barrier()
 
 
+def record_end(run_dir: Path, dist: Dist, step: int, ended: dict[str, Any]) -> None:
+    """Rank 0 adds `ended` to done.json where its state is the run's last, at `step`: the progress and metrics.jsonl's
+    length after the final eval, which came after the save; a resume of the finished run (--extend-budget) takes
+    them for the state's."""
+    done = done_path(run_dir)
+    if dist.master and done.exists() and (marker := json.loads(done.read_text()))["step"] == step:
+        write_json(done, {**marker, "ended": ended})
+
+
 def _remove_steps(root: Path, keep: set[str]) -> None:
     """Delete the step folders under resume/ but those named in `keep`."""
     for old in root.glob("step*"):
@@ -225,26 +234,39 @@ def resume_marker(run_dir: Path, dist: Dist) -> dict[str, Any] | None:
     there (else None); every rank gets the same."""
     # rank 0's view, so all ranks resume from the same step or none does (a stale or node-local copy elsewhere
     # would put the ranks' collectives out of step)
-    marker = distributed.broadcast(read_marker(run_dir) if dist.master else None)
-    done = done_path(run_dir)
-    if marker is not None and marker["world_size"] != dist.world_size:
-        raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
-                          f"world size {dist.world_size}; resume with the same world size or start a new log.run_id")
-    return marker
+    try:
+        return distributed.broadcast(read_marker(run_dir) if dist.master else None)
+    except ValueError as e:  # done.json or summary.json written over by hand, or damaged on disk
+        raise ConfigError(f"{run_dir}: its resume marker cannot be read ({str(e)[:200]}); start a new log.run_id, "
+                          f"or train this one from the start with --overwrite") from None
 
 
 def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, Any]:
-    """This rank's part of the resume state that `marker` (resume_marker's answer) names."""
-    folder = done_path(run_dir).parent / marker["dir"]
+    """This rank's part of the resume state that `marker` (resume_marker's answer) names; a ConfigError where the
+    state was saved by another number of ranks, or cannot be read."""
+    done = done_path(run_dir)
+    if marker["world_size"] != dist.world_size:  # checked here, not before: a finished run says it finished
+        raise ConfigError(f"{done}: the run was saved with world size {marker['world_size']}, this one has "
+                          f"world size {dist.world_size}; resume with the same world size or start a new log.run_id")
+    folder = done.parent / marker["dir"]
     if not (folder / f"rank{dist.rank}.pt").exists():
         raise ConfigError(f"{folder / f'rank{dist.rank}.pt'} is missing, though rank 0 resumes from "
                           f"{done_path(run_dir)}: every node must see the same log.dir (a shared "
                           f"filesystem); or start a new log.run_id")
-    state = torch.load(folder / f"rank{dist.rank}.pt", weights_only=True, map_location=dist.device)
+    state = _load_state(folder / f"rank{dist.rank}.pt", dist)
     if dist.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
-        shared = torch.load(folder / "rank0.pt", weights_only=True, map_location=dist.device)
-        state.update({k: v for k, v in shared.items() if k in REPLICATED})
+        state.update({k: v for k, v in _load_state(folder / "rank0.pt", dist).items() if k in REPLICATED})
+    if marker["finished"] and "ended" in marker:  # its final eval's row and counters, after the save
+        state.update(marker["ended"])
     return state
+
+
+def _load_state(path: Path, dist: Dist) -> dict[str, Any]:
+    try:
+        return torch.load(path, weights_only=True, map_location=dist.device)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:  # cut short or damaged since done.json named it
+        raise ConfigError(f"{path}: this resume state cannot be read ({str(e).splitlines()[0][:200]}); start a new "
+                          f"log.run_id, or train this one from the start with --overwrite") from None
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:

@@ -2,7 +2,7 @@
 
 Only rank 0 writes. log.txt and metrics.jsonl are append-only streams (one line per event, flushed);
 a resumed run first cuts metrics.jsonl back to its length at the saved state, so no step appears twice
-(a fresh run cuts it to nothing; a finished run trained on keeps its final eval, done after its last save).
+(a fresh run cuts it to nothing; a finished run trained on keeps its final eval, which done.json records).
 """
 from __future__ import annotations
 
@@ -94,14 +94,14 @@ def _append(file: TextIO, line: str) -> None:
 class RunLog:
     """Rank 0's console + log.txt + metrics.jsonl (+ wandb); every method is a no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, dist: Dist, *, metrics_bytes: int | None = 0, wandb_cfg: dict | None = None):
+    def __init__(self, run_dir: Path, dist: Dist, *, metrics_bytes: int = 0, wandb_cfg: dict | None = None):
         self.run_dir, self.master = run_dir, dist.master
         self.wandb = None
         if not self.master:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics = run_dir / "metrics.jsonl"
-        if metrics.exists() and metrics_bytes is not None:  # None: keep it whole
+        if metrics.exists():
             os.truncate(metrics, min(metrics_bytes, metrics.stat().st_size))  # never pad a shorter file
         self.log_file = open(run_dir / "log.txt", "a")
         self.metrics_file = open(metrics, "a")
@@ -149,8 +149,8 @@ class RunLog:
                 self.wandb.finish()
 
 
-def open_log(cfg: Config, dist: Dist, run_dir: Path, metrics_bytes: int | None) -> RunLog:
-    """The run's RunLog (metrics.jsonl cut to `metrics_bytes`, None: kept whole; wandb if asked), its config.toml written, and the
+def open_log(cfg: Config, dist: Dist, run_dir: Path, metrics_bytes: int) -> RunLog:
+    """The run's RunLog (metrics.jsonl cut to `metrics_bytes`, wandb if asked), its config.toml written, and the
     log's first lines: the environment, which starter flags were applied and the budget's plan."""
     config = cfg.to_dict()
     wandb_cfg = dict(project=cfg.log.wandb_project, name=cfg.log.wandb_run or cfg.log.run_id, config=config,

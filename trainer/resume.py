@@ -19,7 +19,7 @@ from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConf
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path
 from trainer.state import Progress, Run
-from util.atomic import reporting_full_disk
+from util.atomic import existing_folder, reporting_full_disk
 
 
 class RunFinished(Exception):
@@ -49,12 +49,13 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           f"start a new run in another folder (another log.run_id), or replace this one with "
                           f"--train.resume=overwrite (--overwrite)")
     changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
-    if marker and (ended := marker["finished"]) and not any(c.key in RESUME_BUDGET for c in changes):
+    if marker and (ended := marker["finished"]) and not any(map(_extends, changes)):
         val = ended["final_val_loss"]
         raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
                           + (f"final val loss {val:.4f}" if val is not None else "no final eval")
                           + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
                             "trains it on)")
+    _check_access(cfg, run_dir)
     hold(run_dir, dist)
     if resume == "overwrite":
         remove_run(run_dir, dist)
@@ -95,6 +96,11 @@ def hold(run_dir: Path, dist: Dist) -> None:
                           f"end, or train this one under another log.run_id")
 
 
+def _extends(change: Change) -> bool:
+    """Whether `change` gives a finished run more to train: a budget key raised, or its limit lifted (0)."""
+    return change.key in RESUME_BUDGET and (change.now == 0 or 0 < change.saved < change.now)
+
+
 def _check_writable(cfg: Config, run_dir: Path) -> None:
     """Refuse, before the first step, a run folder or checkpoint path that a save could not write, or would write
     over a file that is not a checkpoint (a data shard named by mistake)."""
@@ -116,6 +122,19 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
         if head and not head.startswith((b"PK\x03\x04", b"\x80\x02")):
             raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
                               f"would replace; name another path, or move the file away")
+
+
+def _check_access(cfg: Config, run_dir: Path) -> None:
+    """Refuse a run folder, or a checkpoint path, in a folder this process cannot write (a read-only mount, another
+    user's folder): the first save would fail there, after the training it was to keep."""
+    paths = {f"log.dir = {cfg.log.dir!r}": run_dir / LOCK}
+    if cfg.train.checkpoint_path and cfg.train.save_checkpoint:
+        paths[f"train.checkpoint_path = {cfg.train.checkpoint_path!r}"] = checkpoint_path(run_dir,
+                                                                                        cfg.train.checkpoint_path)
+    for key, path in paths.items():
+        if not os.access(folder := existing_folder(path), os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: {folder} cannot be written by this process (read-only, or another user's); "
+                              f"name a folder it can write")
 
 
 def _file_in_the_way(folder: Path) -> Path | None:
@@ -144,7 +163,9 @@ def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: 
 
 
 def resume_command(cfg: Config) -> str:
-    """The command that resumes this run: this one, with its run id fixed and train.resume back to "auto"."""
+    """The command that resumes this run: this one, with its run id fixed and train.resume back to "auto", run
+    from this folder (its paths are relative to it; run.sh works from the checkout) by this Python (torchrun as
+    its module: the venv's torchrun need not be on PATH)."""
     args = [a for a in sys.argv[1:] if a != "--overwrite"]
     if not any(a == "--log.run_id" or a.startswith("--log.run_id=") for a in args):
         args.append(f"--log.run_id={cfg.log.run_id}")  # the default id is new each launch
@@ -152,10 +173,11 @@ def resume_command(cfg: Config) -> str:
         args.append("--train.resume=auto")
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     command = shlex.join([sys.argv[0], *args])
+    here, python = f"cd {shlex.quote(os.getcwd())} && ", shlex.quote(sys.executable)
     if world == 1:
-        return f"{shlex.quote(sys.executable)} {command}"
+        return f"{here}{python} {command}"
     if world == local:
-        return f"torchrun --standalone --nproc_per_node={local} {command}"
+        return f"{here}{python} -m torch.distributed.run --standalone --nproc_per_node={local} {command}"
     return f"the same torchrun command on each node, launching {command}"
 
 
@@ -174,8 +196,6 @@ def restore_run(run: Run, resumed: dict, marker: dict, changes: list[Change]) ->
     restore(run.model.module, run.optimizers, None, resumed)  # the loader: seek_loader placed it
     run.clock.load_state_dict(resumed["clock"])
     run.progress = Progress(**resumed["progress"])
-    if (ended := marker["finished"]) and (final := ended["final_val_loss"]) is not None:  # evaluated after the save
-        run.progress.best_val = min(final, run.progress.best_val or final)
     run.saved_step = run.progress.step
     run.progress.resume_changes += [{"step": run.progress.step, **c._asdict()} for c in changes]
     for line in change_lines(run.cfg.train, marker["config"]["train"], run.clock, run.progress.step, changes):

@@ -22,7 +22,7 @@ import torch
 from data.shards import open_shard, write_shard
 from model import get_model
 from tests.workers.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
-from tests.helpers import ROOT, TRAIN, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
+from tests.helpers import ROOT, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
 STEPS = 12
@@ -233,15 +233,16 @@ def ctrl_c_at_step_4(*where: str) -> tuple[list, dict]:
                  **({"DIE_TARGET": where[0]} if where else {})}
 
 
-def assert_interrupted_and_resumable(run_dir: Path, out: str) -> list[str]:
-    """Check what a first Ctrl-C leaves (one notice, a save, a summary) and return the resume command it printed."""
+def assert_interrupted_and_resumable(run_dir: Path, out: str) -> str:
+    """Check what a first Ctrl-C leaves (one notice, a save, a summary) and return the resume command it printed:
+    a shell line that works from any folder."""
     assert out.count("train.py: Ctrl-C: stopping after this step to save the run") == 1, out[-5000:]
     assert "KeyboardInterrupt" not in out and "done: interrupted | step " in out, out[-5000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 4 <= summary["steps"] < 30
     assert json.loads((run_dir / "resume" / "done.json").read_text())["step"] == summary["steps"]
     [command] = [line.removeprefix("resume: ") for line in out.splitlines() if line.startswith("resume: ")]
-    return shlex.split(command)
+    return command
 
 
 def test_ctrl_c_under_torchrun_saves_every_rank_and_resumes_to_the_uninterrupted_losses(shards, tmp_path, start):
@@ -251,10 +252,11 @@ def test_ctrl_c_under_torchrun_saves_every_rank_and_resumes_to_the_uninterrupted
     job = start(torchrun_cmd([*die, *tiny_args(shards, tmp_path, "ctrl_c", *every)]), env=env)
     out = finish(job)
     command = assert_interrupted_and_resumable(tmp_path / "ctrl_c", out)
-    assert command[:4] == ["torchrun", "--standalone", "--nproc_per_node=2", TRAIN], command
+    assert shlex.split(command)[:8] == ["cd", str(ROOT), "&&", sys.executable, "-m", "torch.distributed.run",
+                                        "--standalone", "--nproc_per_node=2"], command
     states = final_states(tmp_path / "ctrl_c")
     assert states[0]["progress"]["step"] == states[1]["progress"]["step"]
-    resumed = start(torchrun_cmd(command[3:]))  # the printed command, as torchrun_cmd runs it
+    resumed = start(["bash", "-c", f"cd / && {command}"])  # pasted into a shell, wherever it stands
     assert finish(resumed) and resumed.returncode == 0
     assert finish(whole) and whole.returncode == 0
     assert losses(tmp_path / "ctrl_c") == losses(tmp_path / "whole") and len(losses(tmp_path / "whole")) == 30
@@ -271,8 +273,8 @@ def test_ctrl_c_in_one_process_saves_and_the_printed_command_resumes_it(shards, 
     assert proc.returncode == 130, proc.stderr[-5000:]  # saved, and a script that ran it stops there
     [run_dir] = [p for p in tmp_path.iterdir() if p.name.startswith("tiny-")]
     command = assert_interrupted_and_resumable(run_dir, proc.stdout + proc.stderr)
-    assert command[0] == sys.executable and f"--log.run_id={run_dir.name}" in command
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=240)
+    assert shlex.split(command)[3] == sys.executable and f"--log.run_id={run_dir.name}" in command
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True, capture_output=True, timeout=240)
     assert losses(run_dir) == losses(tmp_path / "whole")
 
 

@@ -151,7 +151,7 @@ def test_a_new_resume_state_replaces_the_old_one_and_names_its_world_size(tmp_pa
     assert sorted(p.name for p in resume.iterdir()) == ["done.json", "step0000002"]
     assert json.loads(done_path(tmp_path).read_text())["step"] == 2
     with pytest.raises(ConfigError, match="saved with world size 1, this one has world size 2"):
-        resume_marker(tmp_path, Dist(world_size=2))
+        load_resume(tmp_path, Dist(world_size=2), resume_marker(tmp_path, Dist(world_size=2)))
     assert resume_marker(tmp_path / "elsewhere", Dist()) is None
 
 

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
-from tests.helpers import ROOT, run, tiny_args, tiny_data
+from tests.helpers import ROOT, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, check_resume, parse_args
 from trainer.clock import Clock
 from trainer.distributed import Dist
@@ -101,6 +102,81 @@ def test_a_finished_run_relaunched_says_so_and_touches_nothing(finished, tmp_pat
         assert out.strip() == (f"{run_dir}: this run finished (completed, step 30, final val loss {val:.4f}); nothing "
                                f"to do (a larger train.budget_s or train.max_steps with --extend-budget trains it on)")
         assert snapshot(run_dir) == before  # no eval, no new summary, log line or checkpoint
+
+
+def test_a_finished_run_trained_on_keeps_what_its_final_eval_gave(tmp_path):
+    # its state is saved before the final eval: done.json records the counters and metrics.jsonl after it
+    data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
+    run([sys.executable, *tiny_args(data, runs, "t", "--eval.target_loss=20")])  # its final eval reaches it
+    first = json.loads((runs / "t" / "summary.json").read_text())
+    assert first["time_to_target_s"] is not None
+    relaunch(data, runs / "t", "--eval.target_loss=20", "--train.max_steps=40", "--extend-budget")
+    rows = [json.loads(line) for line in (runs / "t" / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["val_loss"] for r in rows if r["type"] == "eval"}
+    assert list(evals) == [30, 40] and evals[30] == first["final_val_loss"]
+    assert [r["step"] for r in rows if r["type"] == "train"] == list(range(1, 41))
+    summary = json.loads((runs / "t" / "summary.json").read_text())
+    assert summary["best_val_loss"] == min(evals.values()) and summary["time_to_target_s"] == first["time_to_target_s"]
+    assert summary["wall"]["eval_s"] > first["wall"]["eval_s"]  # both final evals
+
+
+def test_a_finished_run_is_said_so_to_a_smaller_budget_and_another_world_size(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    before = snapshot(run_dir)
+    said = relaunch(data, run_dir, "--train.max_steps=20", "--extend-budget").stdout
+    proc = torchrun(tiny_args(data, run_dir.parent, run_dir.name), nproc=2)
+    for out in (said, proc.stdout):
+        assert out.strip().startswith(f"{run_dir}: this run finished (completed, step 30"), out
+    assert snapshot(run_dir) == before
+    proc = torchrun(tiny_args(data, run_dir.parent, run_dir.name, "--train.max_steps=40", "--extend-budget"),
+                    nproc=2, check=False)
+    assert proc.returncode == 1 and "saved with world size 1, this one has world size 2" in proc.stderr
+
+
+def test_a_resume_state_that_cannot_be_read_is_one_line(finished, tmp_path):
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    done = run_dir / "resume" / "done.json"
+    [state] = done.parent.glob("step*/rank0.pt")
+    state.write_bytes(state.read_bytes()[:1000])  # cut short
+    proc = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+        f"train.py: config error: {state}: this resume state cannot be read ("), proc.stderr[-3000:]
+    assert proc.stderr.strip().endswith("start a new log.run_id, or train this one from the start with --overwrite")
+    done.write_text("{not json")
+    proc = relaunch(data, run_dir, check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+        f"train.py: config error: {run_dir}: its resume marker cannot be read ("), proc.stderr[-3000:]
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Iterator[Path]:
+    """A folder this process cannot write: a read-only tmpfs for root (whom permissions do not stop), else one
+    without write permission."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                      capture_output=True).returncode:
+        pytest.skip("root without mount (a container without CAP_SYS_ADMIN): no read-only folder to try")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_folder_the_saves_cannot_write_is_refused_before_the_first_step(read_only, tmp_path):
+    data = tiny_data(tmp_path / "data")
+    for extra, key in [((f"--train.checkpoint_path={read_only}/ck/checkpoint.pt",), "train.checkpoint_path"),
+                       ((), "log.dir")]:
+        runs = read_only / "runs" if key == "log.dir" else tmp_path / "runs"
+        proc = run([sys.executable, *tiny_args(data, runs, "r", *extra)], check=False)
+        assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
+            f"train.py: config error: {key} = "), proc.stderr[-3000:]
+        assert f": {read_only} cannot be written by this process" in proc.stderr and "step 1 |" not in proc.stdout
 
 
 def test_resume_never_refuses_a_folder_with_a_run_and_overwrite_replaces_it(finished, tmp_path):
@@ -220,11 +296,12 @@ def test_a_run_id_is_torchruns_so_a_restart_finds_its_folder_else_new_each_launc
 
 
 @pytest.mark.parametrize("argv, resume, env, want", [
-    (["train.py", "--config", "c.toml"], "auto", {}, "{py} train.py --config c.toml --log.run_id=r1"),
+    (["train.py", "--config", "c.toml"], "auto", {}, "cd {here} && {py} train.py --config c.toml --log.run_id=r1"),
     (["train.py", "--config", "c.toml", "--overwrite"], "overwrite", {},
-     "{py} train.py --config c.toml --log.run_id=r1 --train.resume=auto"),
+     "cd {here} && {py} train.py --config c.toml --log.run_id=r1 --train.resume=auto"),
     (["train.py", "--log.run_id=r1", "--train.resume=never"], "never", {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
-     "torchrun --standalone --nproc_per_node=2 train.py --log.run_id=r1 --train.resume=never --train.resume=auto"),
+     "cd {here} && {py} -m torch.distributed.run --standalone --nproc_per_node=2 train.py --log.run_id=r1 "
+     "--train.resume=never --train.resume=auto"),
     (["train.py", "--data_dir", "my data"], "auto", {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"},
      "the same torchrun command on each node, launching train.py --data_dir 'my data' --log.run_id=r1"),
 ])
@@ -236,7 +313,7 @@ def test_the_resume_command_fixes_the_run_id_and_resumes_whatever_the_first_laun
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     cfg = parse_args(["--data.train=x", "--train.budget_s=1", "--log.run_id=r1", f"--train.resume={resume}"])
-    assert resume_command(cfg) == want.format(py=shlex.quote(sys.executable))
+    assert resume_command(cfg) == want.format(py=shlex.quote(sys.executable), here=shlex.quote(os.getcwd()))
 
 
 def test_an_extended_budget_says_what_it_does_to_the_next_steps_lr():
