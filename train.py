@@ -52,8 +52,8 @@ from data.shards import ShardError  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from optim.groups import adamw_params, build_optimizers, set_lr, step_optimizers, untie_when_due  # noqa: E402
 from trainer import distributed  # noqa: E402
-from trainer.checkpoint import (load_resume, record_end, restore, save_checkpoint, save_resume, training_state,  # noqa: E402
-                                warn_if_the_saves_do_not_fit)
+from trainer.checkpoint import (load_resume, record_end, restore, save_checkpoint, save_resume,  # noqa: E402
+                                training_state, warn_if_the_saves_do_not_fit)
 from trainer.clock import Clock, next_multiple  # noqa: E402
 from trainer.data import prefix_targets, resolve_data, train_loader, val_loader  # noqa: E402
 from trainer.distributed import Dist  # noqa: E402
