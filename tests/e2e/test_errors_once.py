@@ -4,6 +4,8 @@ and after; real torchrun runs on gloo."""
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import TRAIN, run, tiny_args, tiny_data, torchrun
 
 
@@ -52,8 +54,13 @@ import os, signal, sys, time
 rank = os.environ["RANK"]
 # one write: print() writes the text and its newline apart, so two ranks' lines could interleave
 signal.signal(signal.SIGTERM, lambda *_: (os.write(1, f"rank {rank} stopped\\n".encode()), sys.exit(0)))
-if rank == "1" and sys.argv[1] == "die":
+if rank == "1" and sys.argv[1].startswith("die"):
+    open(os.path.join(os.path.dirname(sys.argv[0]), "dying"), "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
+if rank == "0" and sys.argv[1] == "die-with-peer":  # its collective fails as its peer dies: exit 1, at once
+    while not os.path.exists(os.path.join(os.path.dirname(sys.argv[0]), "dying")):
+        time.sleep(0.001)
+    sys.exit(1)
 open(os.path.join(os.path.dirname(sys.argv[0]), "ready" + rank), "w").close()
 time.sleep(120)
 """
@@ -64,10 +71,11 @@ def launcher(script: Path, how: str) -> list[str]:
     return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script), how]
 
 
-def test_a_rank_killed_by_a_signal_gets_one_line_naming_it_and_the_report(tmp_path):
+@pytest.mark.parametrize("how", ["die", "die-with-peer"])
+def test_a_rank_killed_by_a_signal_gets_one_line_naming_it_and_the_report(tmp_path, how):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    proc = run(launcher(script, "die"), check=False)
+    proc = run(launcher(script, how), check=False)
     assert proc.returncode == 1
     message, = proc.stderr.splitlines()
     assert message.startswith("torchrun: rank 1 was killed by SIGKILL (out of memory? see trainer/memory.py); "
