@@ -17,7 +17,7 @@ from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
 from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
-from trainer.runs import checkpoint_path
+from trainer.runs import checkpoint_path, ended_summary
 from trainer.state import Progress, Run
 from util.atomic import existing_folder, reporting_full_disk
 
@@ -50,11 +50,13 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           f"--train.resume=overwrite (--overwrite)")
     changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
     if marker and (ended := marker["finished"]) and not any(map(_extends, changes)):
-        val = ended["final_val_loss"]
-        raise RunFinished(f"{run_dir}: this run finished ({ended['status']}, step {ended['steps']}, "
-                          + (f"final val loss {val:.4f}" if val is not None else "no final eval")
-                          + "); nothing to do (a larger train.budget_s or train.max_steps with --extend-budget "
-                            "trains it on)")
+        raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}); nothing to do (a larger "
+                          f"train.budget_s or train.max_steps with --extend-budget trains it on)")
+    if not marker and resume == "auto" and (ended := distributed.broadcast(
+            ended_summary(run_dir) if dist.master else None)):  # it saved nothing to go on from
+        raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}) and saved no state to train on from "
+                          f"(train.save_checkpoint = false); nothing to do (--overwrite trains it again from the "
+                          f"start)")
     _check_access(cfg, run_dir)
     hold(run_dir, dist)
     if resume == "overwrite":
@@ -94,6 +96,13 @@ def hold(run_dir: Path, dist: Dist) -> None:
     if holder:
         raise ConfigError(f"{run_dir} is being trained by another launch ({holder}, {LOCK} says): wait for it to "
                           f"end, or train this one under another log.run_id")
+
+
+def _said(ended: dict) -> str:
+    """How a finished run's summary.json ended, in a few words."""
+    val = ended["final_val_loss"]
+    return (f"{ended['status']}, step {ended['steps']}, "
+            + (f"final val loss {val:.4f}" if val is not None else "no final eval"))
 
 
 def _extends(change: Change) -> bool:

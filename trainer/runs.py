@@ -50,12 +50,17 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
     if not done.exists():
         return None
     marker = json.loads(done.read_text())
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    # a summary of an earlier stretch (a crash after a resume saved later steps) is not this state's end
-    ended = summary and summary["steps"] == marker["step"] and summary["status"] not in STOPPED_BY_SIGNAL
-    marker["finished"] = summary if ended else None
+    marker["finished"] = ended_summary(run_dir, marker["step"])
     return marker
+
+
+def ended_summary(run_dir: Path, step: int | None = None) -> dict[str, Any] | None:
+    """summary.json of `run_dir` where it says the run ended (not stopped by a signal), at `step` if given (a
+    summary of an earlier stretch, a crash after a resume saved later steps, is not that state's end)."""
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else None
+    ended = summary and summary["status"] not in STOPPED_BY_SIGNAL and step in (None, summary["steps"])
+    return summary if ended else None
 
 
 def unfinished_run(log_dir: Path, pattern: str, cfg: Config, world_size: int) -> tuple[Path, int, list[str]] | None:

@@ -134,6 +134,18 @@ def test_a_finished_run_is_said_so_to_a_smaller_budget_and_another_world_size(fi
     assert proc.returncode == 1 and "saved with world size 1, this one has world size 2" in proc.stderr
 
 
+def test_a_finished_run_that_saved_nothing_is_said_so_and_not_trained_over(tmp_path):
+    data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
+    run([sys.executable, *tiny_args(data, runs, "n", "--train.save_checkpoint=false")])
+    before, val = snapshot(runs / "n"), json.loads((runs / "n" / "summary.json").read_text())["final_val_loss"]
+    out = relaunch(data, runs / "n", "--train.save_checkpoint=false").stdout
+    assert out.strip() == (f"{runs / 'n'}: this run finished (completed, step 30, final val loss {val:.4f}) and saved "
+                           f"no state to train on from (train.save_checkpoint = false); nothing to do (--overwrite "
+                           f"trains it again from the start)")
+    assert snapshot(runs / "n") == before
+    relaunch(data, runs / "n", "--train.save_checkpoint=false", "--overwrite")
+
+
 def test_a_resume_state_that_cannot_be_read_is_one_line(finished, tmp_path):
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
