@@ -49,7 +49,7 @@ BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling,
 # A document is tokenized a piece at a time: a token list of the whole would take ~36 bytes a character
 # (a 60 MB text file took 2.3 GB)
 PIECE_CHARS = 2**20
-CUT = re.compile(r"[^\W_]\n")
+CUT = re.compile(r"[^\W_][\r\n]")
 # More than 1% of a file's bytes not UTF-8 text is not a UTF-8 text file (measured: random or compressed data
 # 43%, /bin/ls 53%, UTF-16 text 50%, latin-1 French prose 7%); a few bad bytes are a typo's worth.
 BINARY_SHARE = 0.01
@@ -231,11 +231,15 @@ _ENC = None  # each worker process builds its tokenizer once, in _init_worker
 
 def _init_worker(tokenizer: str, dtype: str) -> None:
     global _ENC
+    enc = get_tokenizer(tokenizer)
+    _ENC = enc, eot_token(enc), np.dtype(dtype)
+
+
+def _init_pool_worker(tokenizer: str, dtype: str) -> None:
     # a terminal's Ctrl-C reaches every process of its group: the parent alone stops, after the tasks in flight
     # (a worker stopped while it sends a result would leave the pool's reader waiting for the rest)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    enc = get_tokenizer(tokenizer)
-    _ENC = enc, eot_token(enc), np.dtype(dtype)
+    _init_worker(tokenizer, dtype)
 
 
 def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
@@ -254,7 +258,7 @@ def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
-    """`text` in pieces of about `size` characters or more, cut only where a letter or digit meets a newline:
+    """`text` in pieces of about `size` characters or more, cut only where a letter or digit meets a line end:
     every tokenizer here (GPT-2's, tiktoken's, bytes) starts a piece of its own pattern there, so the pieces'
     tokens are the whole text's."""
     start = 0
@@ -279,7 +283,7 @@ def encode_documents(docs: Iterable[str | bytes], tokenizer: str, dtype: np.dtyp
             yield from _encode(batch)
         return
     # A bounded queue of tasks instead of Pool.imap: imap's feeder thread would read the whole corpus ahead.
-    pool, pending = multiprocessing.Pool(workers, _init_worker, (tokenizer, dtype.str)), deque()
+    pool, pending = multiprocessing.Pool(workers, _init_pool_worker, (tokenizer, dtype.str)), deque()
     try:
         for batch in batches:
             pending.append(pool.apply_async(_encode, (batch,)))
@@ -339,7 +343,9 @@ def prepare(args: argparse.Namespace) -> dict:
         if refused and source["kind"] != "huggingface" or not meta["shards"]:
             _remove(args.out, meta, made)
         else:
-            e.kept = len(meta["shards"])  # for main's last line: what a re-run continues from
+            # for main's last line: what a re-run continues after, the shards meta.json lists (a stop that came
+            # as a shard was written finds it not listed yet)
+            e.kept = len(_read_meta(args.out)["shards"])
         raise
 
 
@@ -418,8 +424,8 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
-    if args.fit_val and not meta["shards"] and 2 <= buffered <= args.val_tokens:
-        val = max(2, buffered // 10)  # a target and the token before it
+    if args.fit_val and not meta["shards"] and 3 <= buffered <= args.val_tokens:
+        val = max(2, buffered // 10)  # a target and the token before it, and at least one token to train on
         print(f"prepare: the corpus gave {plural(buffered, 'token')}, fewer than the default val split "
               f"(--val-tokens {args.val_tokens:,}): its first {val:,} form the val shard, the rest the train data",
               file=sys.stderr)
@@ -494,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         if where == args.out or args.out in where.parents:
             sys.exit(f"prepare: error: --out {args.out}: cannot write there ({e.strerror}); choose another "
                      f"--out{_kept(e)}")
-        sys.exit(f"prepare: error: {e.filename}: {e.strerror}{_kept(e)}")
+        sys.exit(f"prepare: error: {e.filename or 'a read'}: {e.strerror or e}{_kept(e)}")
     except KeyboardInterrupt as e:
         sys.exit(f"prepare: interrupted{_kept(e)}")
 

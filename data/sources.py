@@ -24,6 +24,7 @@ from util.plural import plural
 BUILDERS = {".txt": None, ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 THIRD_PARTY = {"site-packages", "dist-packages"}
 SHUFFLE_BUFFER = 10_000  # rows a streamed dataset is shuffled within, held in memory (datasets' default: 1,000)
+TEXT_TYPES = {"string", "large_string", "string_view"}  # the Arrow types of a text column
 BATCH_ROWS = 1000  # rows of a Dataset read per take: one at a time was 6x slower (50k shuffled 2-KB rows)
 # surrogateescape decodes each byte that is not UTF-8 to one of these stand-ins, so they can be counted
 ESCAPED = re.compile("[\udc80-\udcff]")
@@ -174,7 +175,8 @@ def _check_parquet(files: list[Path], field: str) -> None:
         if field not in columns:
             raise _no_text(str(path), field, columns)
         kind = schema.field(field).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind  # a categorical column's values
+        if not (pa.types.is_null(kind) or str(kind) in TEXT_TYPES):  # null: every row empty
             raise SourceError(f"{path}: column {field!r} holds {kind}, not text; pass the text column with "
                               f"--text-field (its columns: {columns}), or narrow --files")
 

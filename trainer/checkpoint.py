@@ -265,8 +265,9 @@ def _load_state(path: Path, dist: Dist) -> dict[str, Any]:
     try:
         return torch.load(path, weights_only=True, map_location=dist.device)
     except (RuntimeError, pickle.UnpicklingError, EOFError) as e:  # cut short or damaged since done.json named it
-        raise ConfigError(f"{path}: this resume state cannot be read ({str(e).splitlines()[0][:200]}); start a new "
-                          f"log.run_id, or train this one from the start with --overwrite") from None
+        why = (str(e).splitlines() or [type(e).__name__])[0][:200]  # an empty file's EOFError has no text
+        raise ConfigError(f"{path}: this resume state cannot be read ({why}); start a new log.run_id, or train this "
+                          f"one from the start with --overwrite") from None
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:

@@ -15,7 +15,7 @@ from data.loader import TokenLoader
 from trainer import distributed
 from trainer.checkpoint import remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
-from trainer.config import RESUME_BUDGET, Change, Config, ConfigError, TrainConfig, check_resume
+from trainer.config import Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path, ended_summary
 from trainer.state import Progress, Run
@@ -49,15 +49,16 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           f"start a new run in another folder (another log.run_id), or replace this one with "
                           f"--train.resume=overwrite (--overwrite)")
     changes = check_resume(marker["config"], cfg, str(run_dir)) if marker else []
-    if marker and (ended := marker["finished"]) and not any(map(_extends, changes)):
-        raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}); nothing to do (a larger "
-                          f"train.budget_s or train.max_steps with --extend-budget trains it on)")
+    if marker and (ended := marker["finished"]) and not any(_extends(c, ended) for c in changes):
+        limit = LIMIT.get(ended["status"])
+        raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}); nothing to do"
+                          + (f" (a larger {limit} with --extend-budget trains it on)" if limit else ""))
     if not marker and resume == "auto" and (ended := distributed.broadcast(
             ended_summary(run_dir) if dist.master else None)):  # it saved nothing to go on from
         raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}) and saved no state to train on from "
                           f"(train.save_checkpoint = false); nothing to do (--overwrite trains it again from the "
                           f"start)")
-    _check_access(cfg, run_dir)
+    _check_access(cfg, dist, run_dir)
     hold(run_dir, dist)
     if resume == "overwrite":
         remove_run(run_dir, dist)
@@ -105,9 +106,14 @@ def _said(ended: dict) -> str:
             + (f"final val loss {val:.4f}" if val is not None else "no final eval"))
 
 
-def _extends(change: Change) -> bool:
-    """Whether `change` gives a finished run more to train: a budget key raised, or its limit lifted (0)."""
-    return change.key in RESUME_BUDGET and (change.now == 0 or 0 < change.saved < change.now)
+# the key whose limit stopped a run, by summary.json's status; a run stopped at its target has none to raise
+LIMIT = {"budget": "train.budget_s", "completed": "train.max_steps", "max_steps": "train.max_steps"}
+
+
+def _extends(change: Change, ended: dict) -> bool:
+    """Whether `change` gives the finished run `ended` (its summary) more to train: the limit that stopped it
+    raised, or lifted (0)."""
+    return change.key == LIMIT.get(ended["status"]) and (change.now == 0 or 0 < change.saved < change.now)
 
 
 def _check_writable(cfg: Config, run_dir: Path) -> None:
@@ -133,11 +139,11 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
                               f"would replace; name another path, or move the file away")
 
 
-def _check_access(cfg: Config, run_dir: Path) -> None:
+def _check_access(cfg: Config, dist: Dist, run_dir: Path) -> None:
     """Refuse a run folder, or a checkpoint path, in a folder this process cannot write (a read-only mount, another
     user's folder): the first save would fail there, after the training it was to keep."""
     paths = {f"log.dir = {cfg.log.dir!r}": run_dir / LOCK}
-    if cfg.train.checkpoint_path and cfg.train.save_checkpoint:
+    if cfg.train.checkpoint_path and cfg.train.save_checkpoint and dist.master:  # rank 0 writes it
         paths[f"train.checkpoint_path = {cfg.train.checkpoint_path!r}"] = checkpoint_path(run_dir,
                                                                                         cfg.train.checkpoint_path)
     for key, path in paths.items():
@@ -148,7 +154,8 @@ def _check_access(cfg: Config, run_dir: Path) -> None:
 
 def _file_in_the_way(folder: Path) -> Path | None:
     """The file, if any, at `folder` or one of the folders above it: a save could not make the folder there."""
-    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    # os.path's: a folder this process may not look into is no file (the access check names it)
+    return next((p for p in (folder, *folder.parents) if os.path.exists(p) and not os.path.isdir(p)), None)
 
 
 def change_lines(train_cfg: TrainConfig, saved_train: dict, clock: Clock, step: int,

@@ -46,9 +46,11 @@ def main(argv: list[str]) -> int:
         status = 1
         text.write(traceback.format_exc())
         # a rank killed by a signal printed nothing (train.py's own errors exit 1 after saying why): name it, also
-        # where a rank that lost it as a peer failed in the same moment
-        if killed := [(rank, failure) for rank, failure in sorted(e.failures.items()) if failure.exitcode < 0]:
-            rank, failure = killed[0]
+        # where a rank that lost it as a peer failed in the same moment; not the ranks torchrun itself then stopped
+        killed = [(rank, failure) for rank, failure in sorted(e.failures.items())
+                  if failure.exitcode < 0 and failure.signal_name() != "SIGTERM"]
+        rank, failure = killed[0] if killed else e.get_first_failure()
+        if failure.exitcode < 0:
             oom = " (out of memory? see trainer/memory.py)" if failure.signal_name() == "SIGKILL" else ""
             note = f"rank {rank} was killed by {failure.signal_name()}{oom}"
     except SignalException:  # torchrun was stopped and passed the signal on: the ranks say what they did

@@ -80,8 +80,9 @@ def _disk_full(path: Path, size: int | None, code: int) -> DiskFullError:
 
 
 def existing_folder(path: str | os.PathLike) -> Path:
-    """The nearest folder above `path` that exists: where a write of `path` will take its space from."""
-    return next(p for p in Path(path).absolute().parents if p.exists())
+    """The nearest folder above `path` that exists (that this process can see exists): where a write of `path`
+    will take its space from."""
+    return next(p for p in Path(path).absolute().parents if os.path.exists(p))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

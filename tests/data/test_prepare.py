@@ -162,12 +162,16 @@ def test_a_long_document_tokenized_in_pieces_gives_the_whole_texts_tokens(tokeni
         parts = list(pieces(text, size))
         assert "".join(parts) == text and len(parts) > len(text) // (size + 10_000)
         assert [t for part in parts for t in enc.encode_ordinary(part)] == whole
+    assert len(list(pieces("a line\r\n" * 100, 50))) > 1  # Windows line ends cut too
 
 
-def test_ctrl_c_stops_two_workers_at_once_and_keeps_the_shards(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_stops_prepare_at_once_and_keeps_the_shards(tmp_path, workers):
     # a terminal's Ctrl-C: SIGINT to the whole process group, the workers included
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "data.prepare", "--demo", "--workers", "2", "--val-tokens",
+    run_prepare("--demo", "--max-docs", "3", "--val-tokens", "10", "--out", str(tmp_path / "inline"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as a caller in this process had it
+    proc = subprocess.Popen([sys.executable, "-m", "data.prepare", "--demo", "--workers", workers, "--val-tokens",
                              "10000", "--shard-tokens", "20000", "--out", str(out)], cwd=ROOT, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     try:

@@ -320,6 +320,11 @@ def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, cap
     folder = tmp_path / "p"
     folder.mkdir()
     pq.write_table(pa.table({"text": ["some text " * 20], "id": [1]}), folder / "a.parquet")
+    for text in (pa.array(["more text " * 20]).dictionary_encode(), pa.array([None], pa.null())):  # read as text
+        pq.write_table(pa.table({"text": text}), folder / "b.parquet")
+        message, err = prepare_cli(capsys, "--files", str(folder), "--out", str(tmp_path / f"{text.type}"),
+                                   "--val-tokens", "10")
+        assert message == "", message
     for table, why in [(pa.table({"text": [7]}), "column 'text' holds int64, not text"),
                        (pa.table({"id": [2]}), "has no column 'text'; available columns: ['id']")]:
         pq.write_table(table, folder / "b.parquet")
@@ -355,3 +360,6 @@ def test_a_corpus_of_a_few_tokens_gets_a_val_shard_of_two(tmp_path, capsys):
     message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c"), "--out", str(tmp_path / "o"))
     meta = json.loads((tmp_path / "o" / "meta.json").read_text())
     assert message == "" and [s["tokens"] for s in meta["shards"]] == [2, 3]
+    text_files(tmp_path / "d", {"a.txt": b"a"})  # 2 tokens: a val shard leaves none to train on
+    message, err = prepare_cli(capsys, "--files", str(tmp_path / "d"), "--out", str(tmp_path / "o2"))
+    assert "the corpus gave only 2 tokens, none left for training" in message and "val shard" not in err
