@@ -64,8 +64,8 @@ from trainer.metrics import open_log  # noqa: E402
 from trainer.parallel import autocast, check_kernels, parallelize  # noqa: E402
 from trainer.plots import plot_or_warn  # noqa: E402
 from trainer.report import done_line, log_step, summarize  # noqa: E402
-from trainer.resume import (RunFinished, default_run_id, open_run_folder, restore_run, resume_command,  # noqa: E402
-                            seek_loader)
+from trainer.resume import (RunFinished, default_run_id, open_run_folder, reopen, restore_run,  # noqa: E402
+                            resume_command, seek_loader)
 from trainer.state import Diverged, Hooks, Run, StopReason, diverged, refuse_nonfinite_state  # noqa: E402
 from trainer.runs import STOPPED_BY_SIGNAL  # noqa: E402
 from util.atomic import DiskFullError  # noqa: E402
@@ -107,6 +107,7 @@ def setup(cfg: Config, dist: Dist) -> Run:
     resumed = load_resume(run_dir, dist, marker) if marker else None
     if resumed:
         seek_loader(loader, resumed, run_dir)  # data changed since the save is refused here, before the log opens
+        reopen(run_dir, dist, marker)
     # a fresh run in an existing folder starts metrics.jsonl over; a resumed one cuts it back to the saved step
     log = open_log(cfg, dist, run_dir, resumed["metrics_bytes"] if resumed else 0)
 
@@ -340,8 +341,11 @@ def finish(run: Run, status: StopReason) -> None:
         if run.saved_step != progress.step or final_window:
             save(run)
         if final_eval:
-            evaluated_now = progress.last_val_step == progress.step and not final_window
+            # a final eval done already (a run resumed from its end), or an eval at this step at the same windows
+            evaluated_now = progress.final_val_step == progress.step or (
+                progress.last_val_step == progress.step and not final_window)
             final_val = progress.last_val if evaluated_now else eval_and_record(run, on_clock=False)
+            progress.final_val_step = progress.step
     if final_eval:
         target = run.cfg.eval.target_loss
         if run.cfg.eval.target_time == "end" and target and final_val <= target:

@@ -170,8 +170,7 @@ def save_resume(run_dir: Path, dist: Dist, step: int, state: dict[str, Any], con
 
 def record_end(run_dir: Path, dist: Dist, step: int, ended: dict[str, Any]) -> None:
     """Rank 0 adds `ended` to done.json where its state is the run's last, at `step`: the progress and metrics.jsonl's
-    length after the final eval, which came after the save; a resume of the finished run (--extend-budget) takes
-    them for the state's."""
+    length after the final eval, which came after the save; a resume from that state takes them for the state's."""
     done = done_path(run_dir)
     if dist.master and done.exists() and (marker := json.loads(done.read_text()))["step"] == step:
         write_json(done, {**marker, "ended": ended})
@@ -256,8 +255,9 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
     state = _load_state(folder / f"rank{dist.rank}.pt", dist)
     if dist.rank and not {"model", "optim"} <= state.keys():  # a replica: save_resume left them to rank 0
         state.update({k: v for k, v in _load_state(folder / "rank0.pt", dist).items() if k in REPLICATED})
-    if marker["finished"] and "ended" in marker:  # its final eval's row and counters, after the save
-        state.update(marker["ended"])
+    # the state is the run's end, and its final eval, after the save, was done: its row and counters (a run
+    # trained on; or one killed before it wrote summary.json, whose finish then takes that eval as done)
+    state.update(marker.get("ended", {}))
     return state
 
 

@@ -2,10 +2,10 @@
 
 Precedence, lowest first:
     dataclass defaults
-    < the starter's shape flags  (--seq_len, --batch_size, --grad_accum_steps)
+    < the starter's recipe flags (--seq_len, --batch_size, --grad_accum_steps, --max_steps)
     < the config file            (--config configs/X.toml, after the files its `base` chain names)
     < its [[plan]] row for the run's budget (trainer/plans.py)
-    < the starter's run flags    (--data_dir, --checkpoint_path, --max_steps, --time_limit_min)
+    < the starter's run flags    (--data_dir, --checkpoint_path, --time_limit_min)
     < --section.key=value overrides
 
 trainer/starter.py says what each starter flag sets, and which config it picks when no --config is given.
@@ -454,11 +454,11 @@ def parse_args(argv: list[str]) -> Config:
     flags = starter.given(args)
     path = args.config or starter.default_config(flags)
     cfg, from_file = Config(), set()
-    _apply_starter(cfg, flags, shape=True)  # the starter's generic shape, below the file
+    _apply_starter(cfg, flags, recipe=True)  # the starter's generic recipe, below the file
     if path is not None:
         from_file = apply_file(cfg, path)
         cfg.name = Path(path).stem
-    _apply_starter(cfg, flags, shape=False)  # its run flags, above the file
+    _apply_starter(cfg, flags, recipe=False)  # its run flags, above the file
     if args.resume and args.overwrite:
         raise ConfigError("command line: --resume continues the run in log.run_id, --overwrite replaces it; pass one")
     if args.resume or args.overwrite:
@@ -466,7 +466,7 @@ def parse_args(argv: list[str]) -> Config:
     cfg.extend_budget = args.extend_budget
     for key, value in overrides:
         apply_override(cfg, key, value)
-    run_flags = {key for flag, keys in flags.items() if flag not in starter.SHAPE for key in keys}
+    run_flags = {key for flag, keys in flags.items() if flag not in starter.RECIPE for key in keys}
     command_line = {key for key, _ in overrides} | run_flags
     rows = file_plans(path) if path is not None and cfg.train.plan else []
     plan = plans.pick(rows, cfg.train.budget_s)
@@ -487,10 +487,10 @@ def parse_args(argv: list[str]) -> Config:
     return cfg
 
 
-def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, shape: bool) -> None:
-    """Apply the keys of the starter `flags` that are its shape flags (`shape`) or its run flags (not `shape`)."""
+def _apply_starter(cfg: Config, flags: dict[str, dict[str, Any]], *, recipe: bool) -> None:
+    """Apply the keys of the starter `flags` that are its recipe flags (`recipe`) or its run flags (not `recipe`)."""
     for flag, keys in flags.items():
-        if (flag in starter.SHAPE) == shape:
+        if (flag in starter.RECIPE) == recipe:
             for dotted, value in keys.items():
                 _apply(cfg, *dotted.split("."), value, f"--{flag}")
 

@@ -65,6 +65,14 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
     return marker, changes
 
 
+def reopen(run_dir: Path, dist: Dist, marker: dict) -> None:
+    """A finished run about to be trained on (every refusal passed) is unfinished until its new end: a launch
+    killed before that leaves a run to resume, not a finished one beside the longer run's config.toml and steps
+    (done.json keeps what its end gave)."""
+    if marker["finished"] and dist.master:
+        (run_dir / "summary.json").unlink()
+
+
 LOCK = ".lock"  # in the run folder: who trains it now (pid and host); the lock itself is the OS's, on the open file
 # the run folders this process holds, each by its open file: held until the process ends, however it ends (the OS
 # then releases them); a second run of the same folder in this process (train.main called again) holds it already

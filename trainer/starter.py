@@ -5,12 +5,10 @@ Any of them selects the hackathon setup: base config configs/hackathon_32gpu.tom
     --data_dir D          data.train = "D/chunk_*.bin", data.format = "raw", data.val = "holdout"
     --checkpoint_path P   train.checkpoint_path = P
     --time_limit_min M    train.budget_s = 60 * M, train.schedule = "time": the LR decays on that clock
-    --max_steps N         train.max_steps = N, an upper bound: the time schedule decays towards whichever
-                          ends first, the budget or N steps, so an unreachable N changes nothing and a
-                          reachable one still ends on a decayed LR
-    --seq_len/--batch_size/--grad_accum_steps
+    --seq_len/--batch_size/--grad_accum_steps/--max_steps
                           honoured only where the config file does not set them: the file holds
-                          the tuned recipe, the starter's shape is generic.
+                          the tuned recipe, the starter's is generic (configs/hackathon_32gpu.toml sets
+                          max_steps = 0: 5,000 of its steps would end a fast run before its 600 s)
 trainer/config.py applies the keys (its docstring gives the precedence); `report` is the line train.py prints.
 """
 from __future__ import annotations
@@ -35,7 +33,7 @@ FLAGS: dict[str, tuple[type, Callable[[Any], dict[str, Any]]]] = {
     "max_steps": (int, lambda n: {"train.max_steps": n}),
     "time_limit_min": (float, lambda m: {"train.budget_s": 60.0 * m, "train.schedule": "time"}),
 }
-SHAPE = ("seq_len", "batch_size", "grad_accum_steps")  # below the config file in precedence; the rest above
+RECIPE = ("seq_len", "batch_size", "grad_accum_steps", "max_steps")  # below the config file; the rest above
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -64,14 +62,14 @@ def report(cfg: Any, args: argparse.Namespace, flags: dict[str, dict[str, Any]],
         said = f"--{flag} {getattr(args, flag)} ({values})"
         if from_command_line & set(keys):
             by_command_line.append(said)
-        elif flag in SHAPE and set(keys) <= from_file:
+        elif flag in RECIPE and set(keys) <= from_file:
             by_file.append(said)
         else:
             applied.append(said)
     parts = [f"applied {', '.join(applied)}"] if applied else []
     if by_file:
         shown = Path(path).relative_to(ROOT) if Path(path).is_relative_to(ROOT) else path
-        parts.append(f"overridden by {shown}, whose tuned shape wins over the starter's generic one: "
+        parts.append(f"overridden by {shown}, whose tuned recipe wins over the starter's generic one: "
                      f"{', '.join(by_file)}")
     if by_command_line:
         parts.append(f"overridden by a --section.key=value on the command line: {', '.join(by_command_line)}")

@@ -31,6 +31,7 @@ class Progress:
     best_val: float | None = None
     last_val: float | None = None
     last_val_step: int = -1
+    final_val_step: int = -1     # the step of the last final eval (finish's): done.json's "ended" counters hold it
     time_to_target: float | None = None
     # a stop signal came at a step whose eval was due: the training progress that step ran at (its window), where
     # the resumed run holds that eval before its first step; None: no eval due

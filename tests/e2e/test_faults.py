@@ -274,7 +274,7 @@ def test_ctrl_c_in_one_process_saves_and_the_printed_command_resumes_it(shards, 
     [run_dir] = [p for p in tmp_path.iterdir() if p.name.startswith("tiny-")]
     command = assert_interrupted_and_resumable(run_dir, proc.stdout + proc.stderr)
     assert shlex.split(command)[3] == sys.executable and f"--log.run_id={run_dir.name}" in command
-    subprocess.run(command, shell=True, cwd=tmp_path, check=True, capture_output=True, timeout=240)
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, capture_output=True, timeout=240)
     assert losses(run_dir) == losses(tmp_path / "whole")
 
 

@@ -187,7 +187,8 @@ def test_starter_flags_run_end_to_end_on_raw_chunks(tmp_path):
     ckpt = tmp_path / "checkpoint.pt"
     torchrun([TRAIN, "--config", "configs/tiny.toml", "--model.vocab_size=512", f"--log.dir={tmp_path / 'runs'}",
               "--data_dir", str(data), "--checkpoint_path", str(ckpt), "--seq_len", "64", "--batch_size", "2",
-              "--grad_accum_steps", "2", "--max_steps", "5000", "--time_limit_min", "0.1"])
+              "--grad_accum_steps", "2", "--max_steps", "5000", "--time_limit_min", "0.1",
+              "--train.max_steps=0"])  # as configs/hackathon_32gpu.toml: the clock alone ends it (tiny.toml: 30)
     [run_dir] = (tmp_path / "runs").iterdir()
     s = summary(run_dir)
     assert s["status"] == "budget" and s["budget_s"] == pytest.approx(6.0) and s["final_val_loss"] > 0
@@ -226,8 +227,8 @@ def test_relaunching_a_finished_budget_run_says_so_and_touches_nothing(demo, tmp
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "again").rglob("*") if p.is_file()}
     out = run(cmd).stdout  # the same run id: its last save is where it ended
     assert out.strip() == (f"{tmp_path / 'again'}: this run finished (budget, step {first['steps']}, final val loss "
-                           f"{first['final_val_loss']:.4f}); nothing to do (a larger train.budget_s or "
-                           f"train.max_steps with --extend-budget trains it on)")
+                           f"{first['final_val_loss']:.4f}); nothing to do (a larger train.budget_s with "
+                           f"--extend-budget trains it on)")
     # no eval again, summary.json's wall times kept, nothing saved
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "again").rglob("*") if p.is_file()} == files
 

@@ -205,16 +205,16 @@ def test_starter_flags_map_onto_the_config(tmp_path):
     cfg = parse_args(["--config", TINY, *argv])
     assert cfg.data.train == str(tmp_path / "chunk_*.bin")
     assert (cfg.data.format, cfg.data.val) == ("raw", "holdout")
-    assert cfg.train.checkpoint_path == "ck.pt" and cfg.train.budget_s == 30.0 and cfg.train.max_steps == 5000
+    assert cfg.train.checkpoint_path == "ck.pt" and cfg.train.budget_s == 30.0
     # the time limit is what binds: the LR decays on the clock, whatever tiny.toml's step schedule says
     assert cfg.train.schedule == "time"
-    # tiny.toml sets batch_size, seq_len and grad_accum: the tuned file wins over the generic starter shape
-    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum) == (4, 64, 2)
-    # ... but the starter's shape fills keys the file leaves unset
+    # tiny.toml sets batch_size, seq_len, grad_accum and max_steps: the tuned file wins over the generic starter's
+    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum, cfg.train.max_steps) == (4, 64, 2, 30)
+    # ... but the starter's recipe fills keys the file leaves unset
     other = tmp_path / "other.toml"
     other.write_text('[eval]\ntokens = 4096\n')
     cfg = parse_args(["--config", str(other), *argv])
-    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum) == (3, 32, 5)
+    assert (cfg.train.batch_size, cfg.train.seq_len, cfg.train.grad_accum, cfg.train.max_steps) == (3, 32, 5, 5000)
     # and explicit --section.key overrides beat the starter's flags
     cfg = parse_args(["--config", str(other), *argv, "--train.budget_s=7"])
     assert cfg.train.budget_s == 7.0

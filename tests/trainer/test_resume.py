@@ -120,6 +120,23 @@ def test_a_finished_run_trained_on_keeps_what_its_final_eval_gave(tmp_path):
     assert summary["wall"]["eval_s"] > first["wall"]["eval_s"]  # both final evals
 
 
+def test_a_launch_training_a_finished_run_on_that_is_killed_leaves_a_run_to_resume(finished, tmp_path):
+    data, run_dir = finished
+    original = json.loads((run_dir / "summary.json").read_text())
+    for extra, steps in [((), 30), (("--train.max_steps=40", "--extend-budget"), 40)]:  # relaunched as it was, or on
+        folder = copy_of(run_dir, tmp_path / str(steps))
+        die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.report:log_step", "5"]  # at step 35, before a save
+        killed = run([sys.executable, *die, *tiny_args(data, folder.parent, folder.name, "--train.max_steps=40",
+                                                       "--extend-budget")], check=False)
+        assert killed.returncode == -9 and not (folder / "summary.json").exists()  # unfinished: not the 30 steps'
+        relaunch(data, folder, *extra)
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows if r["type"] == "train"] == list(range(1, steps + 1))
+        assert [r["step"] for r in rows if r["type"] == "eval"] == sorted({30, steps})  # the first end's eval once
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["steps"] == steps and (steps == 40 or summary["final_val_loss"] == original["final_val_loss"])
+
+
 def test_a_finished_run_is_said_so_to_a_smaller_budget_and_another_world_size(finished, tmp_path):
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
