@@ -35,6 +35,9 @@ usage: bash run.sh [COMMAND] [ARGS...]
   gpu-check [ARGS]       bash scripts/gpu_check.sh: the one-shot check of the GPU recipes on one GPU
   help                   this text
 
+  prepare, train, bench and the main job work in the checkout (their paths are relative to it, as the configs'
+  data globs are); leaderboard, plot and sample read the paths given from where run.sh was called.
+
 environment:
   BUDGET                 training budget in seconds (overrides train.budget_s)
   CONFIG                 config of the main job (default configs/cpu.toml, or the speedrun config on GPUs)
@@ -148,8 +151,8 @@ cpu_track() {
   [ -n "${FRESH:-}" ] || read -r id step differ <<< "$(unfinished "cpu-*" "$procs" "${args[@]}")"
   if [ -n "$id" ] && [ -z "$differ" ]; then
     run_id=$id
-    echo "[run.sh] continuing the unfinished run runs/$run_id (saved at step $step);" \
-      "FRESH=1 bash run.sh starts a new one"
+    echo "[run.sh] continuing the unfinished run $(as_called "runs/$run_id") (saved at step $step);" \
+      "FRESH=1 bash $(as_called run.sh) starts a new one"
   else
     run_id=cpu-$(date +%Y%m%d-%H%M%S)
     [ -z "$id" ] || echo "[run.sh] runs/$id is unfinished (saved at step $step) but had other settings" \
@@ -170,7 +173,8 @@ cpu_track() {
   trap - INT TERM
   if [ "$status" != 0 ]; then
     read -r id step differ <<< "$(unfinished "$run_id" "$procs" "${args[@]}")"
-    [ -z "$id" ] || echo "[run.sh] stopped: runs/$run_id is saved at step $step; $(main_command) continues it"
+    [ -z "$id" ] || echo "[run.sh] stopped: $(as_called "runs/$run_id") is saved at step $step; $(main_command)" \
+      "continues it"
     exit "$status"
   fi
   checkpoint=$(checkpoint_of "$run_id")
@@ -184,7 +188,15 @@ cpu_track() {
 main_command() {
   local v
   for v in NPROC CONFIG BUDGET; do [ -z "${!v:-}" ] || printf '%s=%q ' "$v" "${!v}"; done
-  echo "bash run.sh"
+  echo "bash $(as_called run.sh)"
+}
+
+# A path of the checkout ($1: relative to it, or absolute) as the caller of run.sh names it, for the lines it prints.
+as_called() {
+  case $1 in
+    /*) printf '%s' "$1" ;;
+    *) if [ "$CALLER" = "$ROOT" ]; then printf '%s' "$1"; else printf '%q' "$ROOT/$1"; fi ;;
+  esac
 }
 
 # The newest unfinished run in runs/ whose name matches the glob $1 (one stopped by a signal, or killed):
@@ -238,11 +250,11 @@ checkpoint_of() {
 summary() {
   local run_id=$1 prompt=$2 checkpoint
   checkpoint=$(checkpoint_of "$run_id")
-  echo "[run.sh] done: the run is in runs/$run_id/"
-  if [ -f "runs/$run_id/loss.png" ]; then echo "  curves      runs/$run_id/loss.png"
+  echo "[run.sh] done: the run is in $(as_called "runs/$run_id/")"
+  if [ -f "runs/$run_id/loss.png" ]; then echo "  curves      $(as_called "runs/$run_id/loss.png")"
   else echo "  curves      not drawn (train.py said why above)"; fi
-  echo "  checkpoint  $checkpoint"
-  echo "  sample      bash run.sh sample $checkpoint --prompt \"$prompt\" --tokens 300"
+  echo "  checkpoint  $(as_called "$checkpoint")"
+  echo "  sample      bash $(as_called run.sh) sample $(as_called "$checkpoint") --prompt \"$prompt\" --tokens 300"
 }
 
 gpu_track() {

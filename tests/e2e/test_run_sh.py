@@ -91,8 +91,10 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
     assert out.splitlines()[-1] == (f"[run.sh] stopped: runs/{run_dir.name} is saved at step {step}; "
                                     f"CONFIG=configs/short.toml BUDGET=600 bash run.sh continues it"), out[-3000:]
 
-    out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
-    assert (f"[run.sh] continuing the unfinished run runs/{run_dir.name} (saved at step {step}); FRESH=1 bash run.sh "
+    # continued from another folder: the lines it prints name the checkout's files as seen from there
+    (tmp_path / "elsewhere").mkdir()
+    out = run(["bash", str(repo / "run.sh")], cwd=tmp_path / "elsewhere", env=env, timeout=900).stdout
+    assert (f"[run.sh] continuing the unfinished run {run_dir} (saved at step {step}); FRESH=1 bash {repo}/run.sh "
             f"starts a new one") in out, out[-3000:]
     assert list((repo / "runs").iterdir()) == [run_dir] and f"resumed at step {step}" in out
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -100,7 +102,10 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
     assert "a sample from out/cpu.pt:" in out, out[-3000:]
     assert torch.load(repo / "out" / "cpu.pt", weights_only=True)["step"] == 20  # the final save, where the config says
     assert out.rsplit("[run.sh] done: ", 1)[1].splitlines()[2:] == [
-        "  checkpoint  out/cpu.pt", '  sample      bash run.sh sample out/cpu.pt --prompt "def " --tokens 300']
+        f"  checkpoint  {repo}/out/cpu.pt", f'  sample      bash {repo}/run.sh sample {repo}/out/cpu.pt --prompt "def " '
+                                            f'--tokens 300']
+    sample = out.rsplit("  sample      ", 1)[1].splitlines()[0].replace("300", "5")
+    assert run(["bash", "-c", sample], cwd=tmp_path / "elsewhere", env=env).stdout.startswith("def ")  # as pasted
 
 
 @pytest.fixture
