@@ -206,3 +206,23 @@ def test_help_shows_every_default(capsys):
     for default in ["(default: start a new document)", "(default: 200)", "(default: 0.8)", "(default: all)",
                     "(default: a fresh one each run)", "(default: from meta.json)", "(default: cuda where there is"]:
         assert default in text, default
+
+
+def test_ctrl_c_while_sampling_ends_quietly(checkpoint):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.sample", str(checkpoint), "--tokens", "10000000"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(10)  # torch imported, sampling
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == "", err[-2000:]
