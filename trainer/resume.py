@@ -18,7 +18,7 @@ from trainer.clock import Clock
 from trainer.config import Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path, ended_summary
-from trainer.state import Progress, Run
+from trainer.state import Progress, Run, StopReason
 from util.atomic import existing_folder, reporting_full_disk
 
 
@@ -115,7 +115,8 @@ def _said(ended: dict) -> str:
 
 
 # the key whose limit stopped a run, by summary.json's status; a run stopped at its target has none to raise
-LIMIT = {"budget": "train.budget_s", "completed": "train.max_steps", "max_steps": "train.max_steps"}
+LIMIT = {StopReason.BUDGET: "train.budget_s", StopReason.COMPLETED: "train.max_steps",
+         StopReason.MAX_STEPS: "train.max_steps"}
 
 
 def _extends(change: Change, ended: dict) -> bool:
