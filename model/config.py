@@ -1,7 +1,7 @@
 """The model's config section as a dataclass, free of torch.
 
 trainer/config.py builds the run config from them, and train.py parses it before it imports torch, so a
-config error is answered at once. optim/config.py uses its `choices` helpers.
+config error is answered at once. optim/config.py uses its `choices` and `grouped` helpers.
 
 A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
 dataclasses' own checks here and for trainer/config.py's check of files and overrides. `field_value` is the one
@@ -14,6 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 VOCAB_MULTIPLE = 128  # matmul-friendly padding of the embedding/head rows
+
+# What a key is to a resume and to a run's result, declared on its field (`grouped`); a key with no group decides
+# the model, the data stream, the optimizer state or the schedule, so a resume refuses to change it:
+#   "run"      where a run writes, how it is watched, checkpointed or resumed: no part of the experiment
+#   "neutral"  a check of the data, a label, the eval's grouping into batches (the same windows): moves no result
+#   "eval"     when evals happen: they read the model without changing it, but on the training clock
+#              (train.timing = "from_first_forward") they take time from training
+#   "speed"    how fast the same arithmetic runs, hence the steps a time budget buys and the time to target
+#   "budget"   how long the run trains: a resume changes it only with --extend-budget
+Group = Literal["run", "neutral", "eval", "speed", "budget"]
+
+
+def grouped(default: Any, group: Group) -> Any:
+    """A dataclass field with `default` whose key is in `group` (see Group)."""
+    return field(default=default, metadata={"group": group})
 
 
 def choices(hint: Any) -> tuple[Any, ...]:
@@ -104,7 +119,7 @@ class GPTConfig:
     # per position; the weighted sums join the residual stream and the next layer's values; [] = off
     mudd: list[int] = field(default_factory=list)
     mudd_sources: list[int] = field(default_factory=list)  # the layers whose outputs the MUDD connections read
-    attention: Literal["sdpa", "flex"] = "sdpa"  # "flex": CUDA only; elsewhere SDPA with the same mask
+    attention: Literal["sdpa", "flex"] = grouped("sdpa", "speed")  # "flex": CUDA only; elsewhere SDPA, same mask
     window: int = 0  # > 0: a token attends to at most `window` tokens (itself included), at the end of training
     window_start: int = 0  # > 0: the window grows linearly with training progress from window_start to window
     # the window in each of len(list) equal stages of training, then `window` past the schedule's end (train.

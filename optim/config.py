@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from model.config import check_choices
+from model.config import check_choices, grouped
 
 
 @dataclass
@@ -44,8 +44,8 @@ class OptimConfig:
     normuon_attn_columns: bool = False  # muon: NorMuon's neurons of the attention matrices are their input columns
     muon_gates: bool = False  # muon: the attention and smear gates' weights are Muon's matrices, not AdamW's scalars
     muon_qk_pairs: bool = False  # muon: orthogonalise each pair of adjacent heads of Q and of K apart (V whole)
-    muon_compile: bool = False  # muon: its math between the collectives under torch.compile (optim/compiled.py)
-    muon_symmetric: bool = False  # muon: Newton-Schulz's symmetric products by a Triton kernel (optim/symmetric.py)
+    muon_compile: bool = grouped(False, "speed")  # muon: its math between the collectives compiled (optim/compiled.py)
+    muon_symmetric: bool = grouped(False, "speed")  # muon: Newton-Schulz's symmetric products by a Triton kernel
     adam_every: int = 1  # AdamW steps every N steps, on the sum of their gradients (records: 2); Muon every step
     # record 46's bf16 storage: the tables', head's and gates' weights and gradients, and AdamW's moments, rounded
     # to bf16 around each step (optim/bf16_storage.py)

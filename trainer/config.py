@@ -25,26 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from model.config import GPTConfig, choices, field_value, value_type
+from model.config import GPTConfig, Group, choices, field_value, grouped, value_type
 from optim.config import OptimConfig
 from trainer import ROOT, plans, starter
 from util.optional import import_optional
-
-# What a key is to a resume and to a run's result, declared on its field (`grouped`); a key with no group decides
-# the model, the data stream, the optimizer state or the schedule, so a resume refuses to change it:
-#   "run"      where a run writes, how it is watched, checkpointed or resumed: no part of the experiment
-#   "neutral"  a check of the data, a label, the eval's grouping into batches (the same windows): moves no result
-#   "eval"     when evals happen: they read the model without changing it, but on the training clock
-#              (train.timing = "from_first_forward") they take time from training
-#   "speed"    how fast the same arithmetic runs, hence the steps a time budget buys and the time to target
-#   "budget"   how long the run trains: a resume changes it only with --extend-budget
-Group = Literal["run", "neutral", "eval", "speed", "budget"]
-
-
-def grouped(default: Any, group: Group) -> Any:
-    """A dataclass field with `default` whose key is in `group` (see Group)."""
-    return field(default=default, metadata={"group": group})
-
 
 @dataclass
 class DataConfig:

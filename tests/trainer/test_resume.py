@@ -70,10 +70,12 @@ def test_a_changed_model_data_or_optimizer_is_refused_and_nothing_changes(finish
 def test_safe_keys_are_taken_and_said_and_a_budget_only_extends_on_purpose(finished, tmp_path):
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
-    out = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", "--eval.every_steps=5").stdout
+    out = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", "--eval.every_steps=5",
+                   "--model.attention=flex").stdout
     said = [line for line in out.splitlines() if line.startswith("resume: ")]
     # tiny.toml decays over the last half of max_steps to 0.1: step 31 of 40 is back at 0.1 + 0.9 * 0.25 / 0.5
-    assert said == ["resume: train.max_steps: saved 30, now 40",
+    assert said == ["resume: model.attention: saved 'sdpa', now 'flex'",  # a speed key: the same attention
+                    "resume: train.max_steps: saved 30, now 40",
                     "resume: eval.every_steps: saved 0, now 5",
                     f"resume: log.dir: saved '{finished[1].parent}', now '{run_dir.parent}'",  # the copy's folder
                     "resume: --extend-budget: the LR schedule now spans the new budget, so step 31 runs at LR "
