@@ -379,3 +379,7 @@ if __name__ == "__main__":
             sys.exit(1)  # rank 0 has printed why
         except DiskFullError as e:  # every file the run writes says so: the checkpoints, config.toml, the log's appends
             report("disk full", e)
+        except RuntimeError as e:  # a collective's error where a peer died: one line, not each survivor's traceback
+            if (lost := distributed.peer_gone(e)) is None:
+                raise
+            report("peer gone", lost)

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,22 @@ def timeout(seconds: float, after: float) -> Iterator[None]:
         yield
     finally:
         _set_pg_timeout(datetime.timedelta(seconds=after))
+
+
+# How a collective's error reads when its peer is gone: gloo's broken connection or timeout, NCCL's remote error
+PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe", "timed out waiting",
+             "remote process exited")
+
+
+def peer_gone(error: BaseException) -> str | None:
+    """The line a rank says when `error` is a collective that failed because another rank ended or stopped
+    answering, whose own message or torchrun's report says why; None for any other error (it keeps its traceback)."""
+    text = str(error)
+    if int(os.environ.get("WORLD_SIZE", 1)) < 2 or not any(words in text.lower() for words in PEER_GONE):
+        return None
+    first = re.sub(r"^\[[^\]]*\] ", "", text).split(". ")[0]  # without gloo's source line and its advice
+    return (f"rank {os.environ.get('RANK', 0)} lost another rank, which ended or stopped answering (its own message, "
+            f"or torchrun's report, says why): {first}")
 
 
 def close() -> None:

@@ -70,7 +70,7 @@ def ignore_stop_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
 
-def report(kind: str, error: Exception) -> None:
+def report(kind: str, error: Exception | str) -> None:
     """fail() with "train.py: <kind>: <error>", printed by the first rank to report an error of that kind: after
     the early parse an error may be one rank's own, or every rank's in its own words (each rank reads other
     windows of the data, and may find another bad token first)."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TRAIN, run, tiny_args, tiny_data, torchrun
+from tests.helpers import ROOT, TRAIN, run, tiny_args, tiny_data, torchrun
 
 
 def test_a_config_error_comes_before_torch_is_imported():
@@ -66,9 +66,9 @@ time.sleep(120)
 """
 
 
-def launcher(script: Path, how: str) -> list[str]:
-    """trainer/torchrun.py (run.sh's torchrun) running `script` in 2 processes."""
-    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script), how]
+def launcher(script: Path, *args: str) -> list[str]:
+    """trainer/torchrun.py (run.sh's torchrun) running `script` with `args` in 2 processes."""
+    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script), *map(str, args)]
 
 
 @pytest.mark.parametrize("how", ["die", "die-with-peer"])
@@ -84,3 +84,20 @@ def test_a_rank_killed_by_a_signal_gets_one_line_naming_it_and_the_report(tmp_pa
     assert "ChildFailedError" in report.read_text() and "exitcode  : -9" in report.read_text()
     report.unlink()
 
+
+
+def test_a_rank_whose_peer_is_killed_says_so_in_one_line(tmp_path):
+    # rank 1 SIGKILLs itself after its save of step 4 (an OOM kill, say); rank 0's next collective fails: one line
+    # from it (gloo's traceback of ~25 lines before), one from run.sh's torchrun naming the dead rank
+    data = tiny_data(tmp_path / "data")
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.checkpoint:save_resume", "step=4"]
+    args = tiny_args(data, tmp_path / "runs", "lost", "--train.checkpoint_every_s=1e-9")
+    env = {"DIE_RANK": "1", "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore::FutureWarning"}
+    proc = run(launcher(die[0], *die[1:], *args), env=env, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    killed, lost = sorted(proc.stderr.splitlines())
+    assert lost.startswith("train.py: peer gone: rank 0 lost another rank, which ended or stopped answering (its own "
+                           "message, or torchrun's report, says why): ") and "by peer" in lost, lost
+    assert killed.startswith("torchrun: rank 1 was killed by SIGKILL"), killed
+    Path(killed.rsplit(": ", 1)[1]).unlink()
+    assert (tmp_path / "runs" / "lost" / "resume").is_dir()  # the saves up to step 4 stay, to resume from
