@@ -231,8 +231,13 @@ class Config:
     given: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The sections as a plain dict (what config.toml and checkpoint["config"] hold)."""
-        return {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
+        """The sections as a plain dict (what config.toml and checkpoint["config"] hold). train.resume's "overwrite"
+        and "must" (--overwrite, --resume) are this launch's, saved as "auto": a run's config.toml launched again
+        (a record rerun from it) must not delete the run it names, nor refuse to start where that run is absent."""
+        sections = {s: dataclasses.asdict(getattr(self, s)) for s in SECTIONS}
+        if self.train.resume in ("overwrite", "must"):
+            sections["train"]["resume"] = "auto"
+        return sections
 
     @property
     def eval_shape(self) -> tuple[int, int]:

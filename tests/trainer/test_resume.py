@@ -233,6 +233,10 @@ def test_resume_never_refuses_a_folder_with_a_run_and_overwrite_replaces_it(fini
     log = (run_dir / "log.txt").read_text()
     assert log.count(f"run {run_dir.name} |") == 1 and "resumed" not in log
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["config"]["model"]["n_layer"] == 1
+    # --overwrite was this launch's: the run's own config.toml, launched again (a record rerun), keeps the run
+    after = snapshot(run_dir)
+    out = run([sys.executable, "train.py", "--config", str(run_dir / "config.toml")]).stdout
+    assert out.startswith(f"{run_dir}: this run finished (completed, step 10, ") and snapshot(run_dir) == after, out
 
 
 HOLD = """import sys, time
