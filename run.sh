@@ -4,7 +4,7 @@
 #   bash run.sh test       the whole test suite
 set -euo pipefail
 CALLER=$PWD
-cd "$(dirname "${BASH_SOURCE[0]}")"
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}" || echo "${BASH_SOURCE[0]}")")"  # the checkout, also via a link
 ROOT=$(pwd)
 VENV=${SHARDRUN_VENV:-$ROOT/.venv}
 case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac  # a relative one is the checkout's, wherever a command runs
@@ -138,11 +138,24 @@ launch() {
 }
 
 cpu_track() {
-  local config=${CONFIG:-configs/cpu.toml} run_id checkpoint id="" step="" differ="" status=0
+  local config=${CONFIG:-configs/cpu.toml} run_id checkpoint id="" step="" differ="" prepared=0 status=0
+  if [ ! -f "$config" ]; then
+    echo "run.sh: CONFIG=$config: no such file (configs/: $(cd configs && echo *.toml))" >&2
+    exit 2
+  fi
   echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
   local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
-  # Derived data: a folder that an older version (or other settings) made is refused by prepare; remake it.
-  "$PY" "${demo[@]}" || { echo "[run.sh] making shards/demo again (--overwrite)"; "$PY" "${demo[@]}" --overwrite; }
+  # Derived data: a folder that another Python's standard library (or an older version) made is refused by
+  # prepare (status 3): remake it, and start a new run, as the old runs' data is gone. Any other failure (Ctrl-C,
+  # a full disk) stops here, the kept shards left for the same command to continue.
+  "$PY" "${demo[@]}" || prepared=$?
+  if [ "$prepared" = 3 ]; then
+    echo "[run.sh] making shards/demo again (--overwrite); runs on the old shards are not continued"
+    "$PY" "${demo[@]}" --overwrite
+    FRESH=1
+  elif [ "$prepared" != 0 ]; then
+    exit "$prepared"
+  fi
   # One single-threaded process per core: intra-op threads spin waiting for each other whenever anything else
   # uses the CPU (docs/PERFORMANCE.md).
   local procs=${NPROC:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # cores: GNU nproc honours OMP_*
@@ -223,6 +236,7 @@ PY
 cannot_compile() {
   "$PY" - "$@" <<'PY'
 import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # a Ctrl-C here ends the probe and run.sh at once, without a traceback
 from trainer.config import ConfigError, parse_args
 try:
     cfg = parse_args(sys.argv[1:])

@@ -19,6 +19,8 @@ again with the same arguments, continues after its last shard and ends with the 
 uninterrupted run. Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
 new corpus has given its first shard. A run that fails before its first shard, or refuses its input (a binary file,
 too little text), leaves nothing behind; one whose reading fails part-way (the network, the disk) keeps its shards.
+It exits 1 on an error, 130 when interrupted (Ctrl-C), and 3 where DIR holds another run's shards (run.sh remakes
+its derived demo shards then, and only then).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from util.atomic import DiskFullError, write_json
 from data import sources
 from data.meta import META, MetaError, read_meta
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
-from data.tokenizer import TokenizerError, eot_token, get_tokenizer
+from data.tokenizer import TokenizerError, eot_token, get_tokenizer, recorded_name
 from util.plural import plural
 
 BATCH_DOCS = 64  # documents per worker task: large enough to amortize pickling, small enough to balance
@@ -59,6 +61,13 @@ OUR_SHARDS = ("*_val_[0-9][0-9][0-9][0-9][0-9][0-9].bin", "*_train_[0-9][0-9][0-
 
 class PrepareError(ValueError):
     """An output directory or argument that prepare cannot use; the message says the fix."""
+
+
+class OtherShards(PrepareError):
+    """--out holds shards of other settings, or of unknown ones: replaced only under --overwrite."""
+
+
+OTHER_SHARDS_STATUS = 3  # the exit status that says so (OtherShards)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.val_tokens = VAL_TOKENS if args.fit_val else args.val_tokens
     if args.val_tokens < 0 or args.val_tokens == 1:
         p.error("--val-tokens must be 0 (no val shard) or at least 2 (a target and the token before it)")
-    args.tokenizer = args.tokenizer or ("bytes" if args.source else "gpt2")
+    args.tokenizer = recorded_name(args.tokenizer or ("bytes" if args.source else "gpt2"))
     args.name = args.name or _slug(args)
     args.out = Path(args.out or Path("shards") / args.name)
     return args
@@ -175,13 +184,13 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> tuple[dict, list[P
     if old is not None and old["settings"] != settings and old["shards"]:  # without shards: nothing to keep
         diffs = [f"{key}: {_value(there)} there, {_value(now)} now"
                  for key, there, now in _differences(old["settings"], settings)]
-        raise PrepareError(f"{out} holds shards made with other settings: {'; '.join(diffs)}; write to another "
+        raise OtherShards(f"{out} holds shards made with other settings: {'; '.join(diffs)}; write to another "
                            f"--out directory, or pass --overwrite to replace them")
     elif old is not None and old["settings"] == settings:
         _check_listed_shards(out, old)
         return old, []
     elif found:
-        raise PrepareError(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
+        raise OtherShards(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
                            f"unknown; write to another --out directory or pass --overwrite to replace them")
     return fresh, []
 
@@ -493,6 +502,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         prepare(args)
+    except OtherShards as e:
+        print(f"prepare: error: {e}", file=sys.stderr)
+        sys.exit(OTHER_SHARDS_STATUS)
     except (PrepareError, TokenizerError, sources.SourceError, DiskFullError) as e:
         sys.exit(f"prepare: error: {e}{_kept(e)}")
     except OSError as e:  # a file it cannot read, or an --out it cannot make or write (a file in the way)
@@ -502,7 +514,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"--out{_kept(e)}")
         sys.exit(f"prepare: error: {e.filename or 'a read'}: {e.strerror or e}{_kept(e)}")
     except KeyboardInterrupt as e:
-        sys.exit(f"prepare: interrupted{_kept(e)}")
+        print(f"prepare: interrupted{_kept(e)}", file=sys.stderr)
+        sys.exit(130)
 
 
 def _kept(error: BaseException) -> str:

@@ -53,6 +53,14 @@ def get_tokenizer(name: str) -> tiktoken.Encoding:
                          f"GPT-2's vocab.bpe and encoder.json, or one of tiktoken's encodings: {', '.join(known)}")
 
 
+def recorded_name(name: str) -> str:
+    """`name` as meta.json records it: a tokenizer file or folder by its absolute path, since the shards are read
+    from other folders than prepare ran in (sample.py, train.py's prefix targets); any other name as given."""
+    if name == "bytes" or name in tiktoken.list_encoding_names() or not os.path.exists(os.path.expanduser(name)):
+        return name
+    return str(Path(name).expanduser().resolve())
+
+
 def eot_token(enc: tiktoken.Encoding) -> int:
     """The id of <|endoftext|>, which precedes every document in our shards."""
     try:

@@ -158,7 +158,8 @@ def gpt2_sized_ranks(path: Path) -> Path:
 def test_the_own_corpus_quickstart_runs_as_written(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "runs", "shards", ".git", "__pycache__",
-                                                             ".pytest_cache", ".cache", "records", "tests"))
+                                                             ".pytest_cache", ".cache", "records", "tests",
+                                                             "wheels", "upstream"))
     # a small corpus of real prose: the README's paragraphs, one document each
     (repo / "corpus").mkdir()
     for i, paragraph in enumerate(p for p in README.split("\n\n")[:60] if len(p) > 200):

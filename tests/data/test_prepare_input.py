@@ -18,10 +18,11 @@ def prepare_cli(capsys, *argv: str) -> tuple[str, str]:
     """main() in this process: (the exit message or "", stderr); the message is what the user sees last."""
     try:
         main(["--workers", "1", "--tokenizer", "bytes", *argv])
-        message = ""
+        code = None
     except SystemExit as e:
-        message = str(e.code)
-    return message, capsys.readouterr().err
+        code = e.code
+    err = capsys.readouterr().err
+    return (code if isinstance(code, str) else err.strip().splitlines()[-1] if code else ""), err
 
 
 def text_files(folder, contents: dict[str, bytes]):
@@ -157,7 +158,10 @@ def test_shards_of_other_settings_are_refused_naming_each_difference(tmp_path, c
     common = ["--files", str(corpus / "*.txt"), "--out", str(out), "--val-tokens", "100"]
     assert prepare_cli(capsys, *common)[0] == ""
     text_files(corpus, {"b.txt": b"more text\n" * 100})
-    message, _ = prepare_cli(capsys, *common, "--seed", "3")
+    with pytest.raises(SystemExit) as refused:
+        main(["--workers", "1", "--tokenizer", "bytes", *common, "--seed", "3"])
+    assert refused.value.code == 3  # the status that tells run.sh to remake its demo shards
+    message = capsys.readouterr().err.strip()
     assert message == (f"prepare: error: {out} holds shards made with other settings: seed: 0 there, 3 now; "
                        f"source.bytes: 1,000 there, 2,000 now; source.files: 1 there, 2 now; write to another "
                        f"--out directory, or pass --overwrite to replace them")

@@ -1,5 +1,6 @@
 """Tokenizers: the byte-level one, local .tiktoken files, and gpt2 failing fast when offline."""
 import base64
+import json
 import os
 import socket
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from data import tokenizer
 from data.tokenizer import TokenizerError, eot_token, get_tokenizer
-from tests.helpers import run
+from tests.helpers import ROOT, run
 
 TEXTS = ["", "hello world", "héllo wörld ✓ 🙂 中文", "a\r\nb\rc\n\n\t\0 end", "x <|endoftext|> y", "  lead  trail  "]
 
@@ -179,3 +180,14 @@ def test_gpt2s_real_files_give_gpt2(tmp_path):
     assert enc.encode_ordinary("Hello world") == [15496, 995] and enc.encode_ordinary(" the") == [262]
     for text in TEXTS:
         assert enc.decode(enc.encode_ordinary(text)) == text
+
+
+def test_a_tokenizer_file_or_folder_is_recorded_by_its_absolute_path(tmp_path):
+    # prepare run where the file is, its meta.json read from elsewhere (sample.py, train.py's prefix targets)
+    write_ranks(tmp_path / "mine.tiktoken", {bytes([b]): b for b in range(256)})
+    (tmp_path / "corpus.txt").write_text("some text to tokenize\n" * 50)
+    run([sys.executable, "-m", "data.prepare", "--files", "corpus.txt", "--tokenizer", "mine.tiktoken", "--val-tokens",
+         "100", "--out", "shards"], cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    recorded = json.loads((tmp_path / "shards" / "meta.json").read_text())["tokenizer"]
+    assert recorded == str(tmp_path / "mine.tiktoken") and get_tokenizer(recorded).n_vocab == 257
+    assert tokenizer.recorded_name("gpt2") == "gpt2" and tokenizer.recorded_name("bytes") == "bytes"

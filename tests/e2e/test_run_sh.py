@@ -17,10 +17,11 @@ from trainer.parallel import cannot_compile
 
 
 def copy_of_the_repo(tmp_path) -> tuple:
-    """A copy of the repository without runs, shards or venv, and the environment that runs run.sh there."""
+    """A copy of the repository without runs, shards, venv or a wheel folder (run.sh would install from it), and
+    the environment that runs run.sh there."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "runs", "shards", ".git", "__pycache__",
-                                                             ".pytest_cache"))
+                                                             ".pytest_cache", "wheels", "upstream"))
     return repo, {"SHARDRUN_VENV": sys.prefix, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -28,8 +29,12 @@ def copy_of_the_repo(tmp_path) -> tuple:
 def test_bash_run_sh_runs_the_cpu_track_offline(tmp_path):
     repo, env = copy_of_the_repo(tmp_path)
     env["BUDGET"] = "8"
+    # demo shards of other settings (as another Python's standard library makes): remade, and a new run started
+    run([sys.executable, "-m", "data.prepare", "--demo", "--max-docs", "3", "--val-tokens", "10", "--out",
+         "shards/demo"], cwd=repo, env=env)
     out = run(["bash", "run.sh"], cwd=repo, env=env, timeout=900).stdout
     assert "CPU track: no GPU found" in out and "processes x 1 thread" in out
+    assert "[run.sh] making shards/demo again (--overwrite); runs on the old shards are not continued" in out
     # compiled where inductor can build its kernels (a machine without, the next test)
     compiled = cannot_compile() is None
     assert ("| compile True" in out) == compiled and ("training eagerly" in out) == (not compiled), out[-3000:]
@@ -108,6 +113,28 @@ def test_an_interrupted_main_job_says_how_to_continue_and_run_sh_again_continues
     assert run(["bash", "-c", sample], cwd=tmp_path / "elsewhere", env=env).stdout.startswith("def ")  # as pasted
 
 
+def test_ctrl_c_while_the_main_job_prepares_stops_it_and_keeps_the_shards(tmp_path):
+    repo, env = copy_of_the_repo(tmp_path)
+    job = subprocess.Popen(["bash", "run.sh"], cwd=repo, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    meta = repo / "shards" / "demo" / "meta.json"
+    try:
+        deadline = time.time() + 300
+        while not meta.exists() or not json.loads(meta.read_text())["shards"]:  # the val shard written
+            assert job.poll() is None and time.time() < deadline, "run.sh ended or took too long before a shard"
+            time.sleep(0.02)
+        os.killpg(job.pid, signal.SIGINT)
+        out = job.communicate(timeout=120)[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    # stopped with the shell's Ctrl-C status; not remade with --overwrite and trained on as before
+    assert job.returncode == 130 and "[run.sh] training" not in out and "--overwrite" not in out, out[-3000:]
+    kept = json.loads(meta.read_text())
+    assert not kept["complete"] and all((meta.parent / s["file"]).exists() for s in kept["shards"])
+    assert out.splitlines()[-1].startswith("prepare: interrupted; kept "), out[-3000:]
+
+
 @pytest.fixture
 def bare(tmp_path):
     """run.sh and requirements.txt alone in a folder (no runs/, records/ or train.py), using our venv."""
@@ -120,6 +147,14 @@ def test_leaderboard_without_any_runs_says_what_to_do(bare):
     folder, env = bare
     proc = run(["bash", "run.sh", "leaderboard"], cwd=folder, env=env, check=False)
     assert proc.returncode == 2 and "no runs/ or records/ folder yet" in proc.stderr
+
+
+def test_run_sh_called_through_a_link_works_in_its_checkout(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "run.sh").symlink_to(ROOT / "run.sh")
+    proc = run(["bash", str(tmp_path / "bin" / "run.sh"), "sample", "--help"], cwd=tmp_path,
+               env={"SHARDRUN_VENV": sys.prefix})
+    assert "usage: sample.py" in proc.stdout and not (tmp_path / "bin" / ".venv").exists(), proc.stdout + proc.stderr
 
 
 def test_multi_node_needs_a_rendezvous_id(bare):
