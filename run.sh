@@ -35,8 +35,8 @@ usage: bash run.sh [COMMAND] [ARGS...]
   gpu-check [ARGS]       bash scripts/gpu_check.sh: the one-shot check of the GPU recipes on one GPU
   help                   this text
 
-  prepare, train, bench and the main job work in the checkout (their paths are relative to it, as the configs'
-  data globs are); leaderboard, plot and sample read the paths given from where run.sh was called.
+  prepare, train, bench, wheels, gpu-check and the main job work in the checkout (their paths are relative to it,
+  as the configs' data globs are); leaderboard, plot and sample read the paths given from where run.sh was called.
 
 environment:
   BUDGET                 training budget in seconds (overrides train.budget_s)

@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
         status = 0 if finished_since(args, started) else 1
         text.write(traceback.format_exc())
     finally:
-        path = keep(text.getvalue(), args, argv)
+        path = keep(text.getvalue(), args, argv, named=bool(note))
     if note:
         print(f"torchrun: {note}; torchrun's report: {path}", file=sys.stderr, flush=True)
     return status
@@ -75,11 +75,15 @@ def keep_unraisable(text: io.StringIO) -> None:
     sys.unraisablehook = hook
 
 
-def keep(text: str, args: Namespace, argv: list[str]) -> Path:
-    """Append torchrun's `text` to the run folder's torchrun.log (a temporary file without one); its path."""
+def keep(text: str, args: Namespace, argv: list[str], named: bool) -> Path | None:
+    """Append torchrun's `text` to the run folder's torchrun.log; its path. Without a run folder, a temporary file
+    where the line that names a killed rank will name it (`named`), else none: the ranks said what went wrong
+    (a refused config), and a file nobody is told of would be left in /tmp at each launch."""
     folder = run_folder(args)
     entry = f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} torchrun {' '.join(argv)}\n{text}"
     if folder is None:
+        if not named:
+            return None
         with tempfile.NamedTemporaryFile("w", prefix="shardrun-torchrun-", suffix=".log", delete=False) as f:
             f.write(entry)
         return Path(f.name)
@@ -89,7 +93,6 @@ def keep(text: str, args: Namespace, argv: list[str]) -> Path:
     return path
 
 
-
 def finished_since(args: Namespace, started: float) -> bool:
     """True when train.py under torchrun's `args` wrote a finished run's summary.json after `started` (time.time())."""
     folder = run_folder(args)
@@ -97,6 +100,7 @@ def finished_since(args: Namespace, started: float) -> bool:
     if summary is None or not summary.is_file() or summary.stat().st_mtime < started:
         return False
     return json.loads(summary.read_text())["status"] not in STOPPED_BY_SIGNAL
+
 
 def run_folder(args: Namespace) -> Path | None:
     """The run folder train.py made under torchrun's `args`, or None (another script, a refused config)."""

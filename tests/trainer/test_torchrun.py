@@ -4,7 +4,7 @@ import subprocess
 import time
 
 from tests.e2e.test_errors_once import WORKER, launcher
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TRAIN, run, tiny_args, tiny_data
 
 
 def test_a_stopped_torchrun_leaves_the_ranks_words_and_no_traceback(tmp_path):
@@ -40,3 +40,12 @@ def test_an_exception_python_can_only_ignore_goes_to_torchruns_log_not_the_conso
         sys.unraisablehook = before
     assert capsys.readouterr().err == ""
     assert "RuntimeError: cannot join current thread" in text.getvalue() and "JoinsItself" in text.getvalue()
+
+
+def test_a_refused_launch_leaves_no_report_file_nobody_is_told_of(tmp_path):
+    # a config error every rank prints: no run folder for torchrun's log, and no line naming a file
+    data = tiny_data(tmp_path / "data")
+    proc = run(launcher(TRAIN, *tiny_args(data, tmp_path / "runs", "bad", "--train.batch_sise=4")[1:]),
+               env={"TMPDIR": str(tmp_path)}, check=False)
+    assert proc.returncode == 1 and "unknown key train.batch_sise" in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("shardrun-torchrun-*")), proc.stderr
