@@ -65,7 +65,13 @@ setup_env() {
   local base=${PYTHON:-python3} req=requirements.txt keep_torch want pth from=()
   if [ -f "$WHEELS/requirements.txt" ]; then req=$WHEELS/requirements.txt; from=(--no-index --find-links "$WHEELS"); fi
   "$base" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "shardrun needs Python 3.11+")'
-  keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
+  # Whether the venv keeps its base's torch is decided when it is made, and kept in its stamp: a later call with
+  # another PYTHON must not reinstall it (pip would put torch==2.13.0 over the node's own torch)
+  keep_torch=$(cat "$VENV/.requirements.sha" 2>/dev/null || true)
+  keep_torch=${keep_torch##*-}
+  if [ ! -x "$PY" ] || [ -z "$keep_torch" ]; then
+    keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
+  fi
   if [ ! -x "$PY" ]; then
     if [ "$keep_torch" = 1 ]; then see_packages_of "$base"; else "$base" -m venv "$VENV"; fi
     # The project on the venv's path, as an editable install puts it (that needs setuptools, which offline nodes

@@ -4,6 +4,7 @@ Each test runs a real interpreter that can import only the packages it names (te
 so a module-level import of an optional package would fail here. The wheel folder itself, and the check run
 from it, are in tests/scripts/test_gpu_check.py's CPU rehearsal.
 """
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -87,3 +88,19 @@ def test_an_unknown_without_is_refused_before_anything_is_downloaded(tmp_path):
                check=False, env={"PIP_NO_INDEX": "1"})
     assert proc.returncode == 1 and "--without nosuch: not in requirements.txt" in proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_a_venv_keeps_the_torch_decision_it_was_made_with_whatever_python_calls_it_later(tmp_path):
+    # a venv made around a node's own torch (its stamp ends in -1), later reached with a PYTHON without torch:
+    # no reinstall (pip would put torch==2.13.0 over the node's torch); pip here would only say it was called
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text('#!/bin/sh\ncase "$*" in *pip*) echo "pip called"; exit 1;; esac\n'
+                                         f'exec {sys.executable} "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    stamp = hashlib.sha256((ROOT / "requirements.txt").read_bytes()).hexdigest()
+    (venv / ".requirements.sha").write_text(f"{stamp}-1\n")
+    env = {"PYTHON": str(stock_python(tmp_path / "bare", ())), "SHARDRUN_VENV": str(venv),
+           "SHARDRUN_WHEELS": str(tmp_path / "w")}
+    proc = run(["bash", "run.sh", "sample", "--help"], env=env, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: sample.py"), proc.stdout + proc.stderr
