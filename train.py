@@ -84,8 +84,10 @@ def main(cfg: Config, hooks: Hooks | None = None) -> None:
         hooks.warm_up(warm_up, run)
         status = hooks.train(train, run)
         finish(run, status)
-        if status == StopReason.INTERRUPTED:
-            raise SystemExit(130)  # saved, but a script that ran train.py stops as if Ctrl-C had ended it
+        # saved, but a script that ran train.py stops as if Ctrl-C had ended it; so after a Ctrl-C in the final
+        # eval, which ends the run as planned (run.sh then skips its sample)
+        if status == StopReason.INTERRUPTED or signal.SIGINT in run.stop_requested:
+            raise SystemExit(130)
     finally:
         distributed.close()
 

@@ -295,3 +295,15 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(shards, tmp_path):
     assert proc.returncode == 130 and "Traceback" not in err, err[-5000:]
     assert err.strip().splitlines()[-1] == ("train.py: interrupted again: stopped at once, without saving (the last "
                                             "save stays, and the same command resumes from it)"), err
+
+
+def test_a_ctrl_c_during_the_final_eval_ends_the_run_as_planned_with_status_130(shards, tmp_path):
+    # the SIGINT comes as the final eval (tiny.toml's only one) returns: the run is saved and summarised as
+    # planned, and a script running train.py (run.sh, then its sample) stops as after any Ctrl-C
+    die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.evaluate:eval_and_record", "1"]
+    proc = subprocess.run([sys.executable, *die, *tiny_args(shards, tmp_path, "last", "--train.max_steps=5")],
+                          cwd=ROOT, env={**os.environ, "DIE_SIGNAL": "SIGINT", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "last" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 5 and summary["final_val_loss"] > 0
