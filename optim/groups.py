@@ -28,7 +28,7 @@ from model.gpt import GPT
 from model.layers import MLP, Gate
 from model.mudd import Mudd
 from optim.bf16_storage import keep_in_bf16
-from optim.config import OptimConfig
+from optim.config import OptimConfig, check_qk_pairs
 from optim.muon import Muon
 from optim.views import Split
 
@@ -138,9 +138,7 @@ def qkv_split(model_cfg: GPTConfig, qk_pairs: bool) -> Split:
     of adjacent heads of Q and of K, [2 * head_dim, d], apart and V whole (as the newer records)."""
     if not qk_pairs:
         return 3
-    if model_cfg.n_head % 2:
-        raise ValueError(f"optim.muon_qk_pairs pairs adjacent heads, so it needs an even model.n_head, got "
-                         f"{model_cfg.n_head}; use an even n_head or optim.muon_qk_pairs = false")
+    check_qk_pairs(model_cfg.n_head)
     return (2 * model_cfg.head_dim,) * model_cfg.n_head + (model_cfg.n_embd,)
 
 

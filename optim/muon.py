@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
 from optim.compiled import chosen
+from optim.config import lr_scale, quintics
 from optim.normuon import moment_size, normalize
 from optim.symmetric import saves, unavailable
 from optim.views import Split, blocks, view_rows
@@ -50,20 +51,6 @@ from optim.views import Split, blocks, view_rows
 if TYPE_CHECKING:
     from torch.optim.optimizer import ParamsT
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
-# Polar Express (Amsel, Persson, Musco, Gower, 2025): one quintic per step, each the minimax-optimal one for the
-# range of singular values the previous steps leave, computed for 5 steps with a safety factor of 1.02; the
-# coefficients of modded-nanogpt's record 38 (2025-09-29). Past the fifth step the last quintic repeats.
-POLAR_EXPRESS_COEFFS = (
-    (8.156554524902461, -22.48329292557795, 15.878769915207462),
-    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-)
-# The starting norm is inflated by the safety factor: the quintics are tuned for singular values up to 1, and
-# bf16 rounding of the Frobenius norm must not push one past it.
-POLAR_EXPRESS_SAFETY = 1.02
 NS_EPS = 1e-7  # added to the starting norm, so that a zero update stays zero
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the same arguments; the old name warns there).
 # Looked up on torch.distributed at each call, by name, so the tests' recorder sees it.
@@ -83,18 +70,6 @@ class Iteration(NamedTuple):
     coefficients: str = "newton_schulz"  # or "polar_express"
     symmetric: bool = False
     eps: float = NS_EPS
-
-
-def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
-    """(safety factor of the starting norm, the (a, b, c) of each step) of an iteration's coefficient set."""
-    if coefficients == "newton_schulz":
-        return 1.0, [NS_COEFFS] * steps
-    if coefficients == "polar_express":
-        pe = POLAR_EXPRESS_COEFFS
-        if steps < len(pe):  # cut short, the early steps' overshoot is not undone: singular values up to ~1.8
-            raise ValueError(f"Muon ns_coefficients='polar_express' needs ns_steps >= {len(pe)}, got {steps}")
-        return POLAR_EXPRESS_SAFETY, list(pe) + [pe[-1]] * (steps - len(pe))
-    raise ValueError(f"Muon ns_coefficients={coefficients!r}; use 'newton_schulz' or 'polar_express'")
 
 
 def newton_schulz(g: Tensor, steps: int = 5, coefficients: str = "newton_schulz", symmetric: bool = False,
@@ -132,18 +107,6 @@ def ns_flops(rows: int, cols: int, steps: int) -> int:
     product with x (m = the smaller side)."""
     m, n = sorted((rows, cols))
     return steps * (4 * m * m * n + 2 * m ** 3)
-
-
-def lr_scale(shape: torch.Size, rule: str) -> float:
-    """Multiplier of the learning rate for a matrix of this (global, per-view) shape; see the module docstring."""
-    rows, cols = shape[0], shape[1]
-    if rule == "original":
-        return max(1.0, rows / cols) ** 0.5
-    if rule == "match_rms_adamw":
-        return 0.2 * max(rows, cols) ** 0.5
-    if rule == "none":
-        return 1.0
-    raise ValueError(f"Muon adjust_lr={rule!r}; use 'original', 'match_rms_adamw' or 'none'")
 
 
 def assign(costs: list[int], world: int) -> list[int]:

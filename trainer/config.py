@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from model.config import GPTConfig, Group, choices, field_value, grouped, value_type
-from optim.config import OptimConfig
+from optim.config import OptimConfig, check_qk_pairs
 from trainer import ROOT, plans, starter
 from util.optional import import_optional
 
@@ -490,6 +490,8 @@ def validate(cfg: Config) -> None:
     try:  # the model's and optimizer's own checks, on copies (vocab_size 0 is resolved later, from meta.json)
         dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or 1)
         dataclasses.replace(cfg.optim)
+        if cfg.optim.name == "muon" and cfg.optim.muon_qk_pairs:
+            check_qk_pairs(cfg.model.n_head)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if not cfg.data.train:

@@ -16,6 +16,11 @@ def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
     (dict(betas=[0.9]), r"betas=\[0.9\] must be a list of two floats in \[0, 1\), e.g. \[0.9, 0.95\]"),
     (dict(muon_momentum_warmup_steps=-1), r"muon_momentum_warmup_steps=-1 must be >= 0 \(0 = no warm-up\)"),
     (dict(muon_momentum_start=1.0), r"muon_momentum_start=1.0 must be in \[0, 1\), e.g. 0.85"),
+    (dict(adjust_lr="bogus"), r"adjust_lr='bogus'; use 'original', 'match_rms_adamw' or 'none'"),
+    (dict(ns_steps=0), r"ns_steps=0 must be >= 1, the iterations that orthogonalise Muon's update \(e.g. 5\)"),
+    (dict(ns_steps=-2, ns_coefficients="polar_express"), r"ns_steps=-2 must be >= 1"),
+    (dict(ns_steps=3, ns_coefficients="polar_express"), r"ns_coefficients='polar_express' needs ns_steps >= 5, got "
+                                                        r"3: .*; raise ns_steps or use ns_coefficients='newton_schulz'"),
     (dict(muon_fc_lr_scale=0.0), r"muon_fc_lr_scale=0.0 must be > 0 \(1 = muon_lr; record 46: 2\)"),
     (dict(adam_every=0), r"adam_every=0 must be >= 1 \(1 = every step; records: 2\)"),
     (dict(ns_eps=0.0), r"ns_eps=0.0 must be > 0 \(a zero update divides by it; e.g. 1e-7\)"),

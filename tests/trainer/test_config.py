@@ -111,6 +111,14 @@ def test_file_and_overrides_in_both_spellings():
      ["would add up the 3 micro-steps of a step in bf16"]),
     (["--model.fp8_head=true", "--model.tie_embeddings=false", "--train.batch_size=3", "--train.seq_len=30"],
      ["model.fp8_head = true", "train.batch_size x train.seq_len = 90", "multiple of 16"]),
+    (["--optim.name=muon", "--optim.adjust_lr=bogus"],
+     ["optim config: adjust_lr='bogus'; use 'original', 'match_rms_adamw' or 'none'"]),
+    (["--optim.name=muon", "--optim.ns_coefficients=polar_express", "--optim.ns_steps=3"],
+     ["optim config: ns_coefficients='polar_express' needs ns_steps >= 5, got 3"]),
+    (["--optim.ns_steps=0"], ["optim config: ns_steps=0 must be >= 1"]),
+    (["--optim.name=muon", "--optim.muon_qk_pairs=true", "--model.n_head=1"],
+     ["optim.muon_qk_pairs pairs adjacent heads, so it needs an even model.n_head, got 1; use an even n_head or "
+      "optim.muon_qk_pairs = false"]),
     (["--train.bf16_stream=true", "--train.dtype=float32"], [
         "train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 autocast, and "
         "train.dtype = 'float32' runs none", "set train.dtype = 'bfloat16' or train.bf16_stream = false"]),
