@@ -1,11 +1,12 @@
 """The model's config section as a dataclass, free of torch.
 
 trainer/config.py builds the run config from them, and train.py parses it before it imports torch, so a
-config error is answered at once. optim/config.py uses its `choices` and `grouped` helpers.
+config error is answered at once. optim/config.py uses its `choices`, `grouped` and `elements_are` helpers.
 
 A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
 dataclasses' own checks here and for trainer/config.py's check of files and overrides. `field_value` is the one
-type check of a raw value (a TOML file's, an override's, a checkpoint's config) against a field.
+type check of a raw value (a TOML file's, an override's, a checkpoint's config) against a field; a list key's
+elements are its section's to check (`elements_are`), before it compares them.
 """
 from __future__ import annotations
 
@@ -56,6 +57,12 @@ def field_value(hint: Any, value: Any) -> Any:
     if isinstance(origin, type) and isinstance(value, origin) and not (origin is int and isinstance(value, bool)):
         return value
     raise TypeError(getattr(kind, "__name__", str(kind)))
+
+
+def elements_are(values: list, *types: type) -> bool:
+    """Whether each element of the list `values` is of one of `types` exactly (a bool is no int): a list key's own
+    check, since field_value checks the list but not what it holds."""
+    return all(type(v) in types for v in values)
 
 
 def check_choices(obj: Any, what: str) -> None:
@@ -161,9 +168,10 @@ class GPTConfig:
         need(not self.embed_init_std or not self.tie_embeddings,
              f"embed_init_std={self.embed_init_std} would also start the tied head at that std: set "
              f"tie_embeddings = false (record 46) or embed_init_std = 0")
+        need(self.init_std >= 0, f"init_std={self.init_std} must be >= 0, the std of the init (GPT-2's: 0.02)")
         need(self.embed_init_std >= 0, f"embed_init_std={self.embed_init_std} must be >= 0 (0 = init_std)")
         skip, n = self.skip_connection, self.n_layer
-        need(not skip or (len(skip) == 2 and all(type(i) is int for i in skip) and 0 <= skip[0] < skip[1] < n),
+        need(not skip or (len(skip) == 2 and elements_are(skip, int) and 0 <= skip[0] < skip[1] < n),
              f"skip_connection={skip} must be [] or [a, b], 0 <= a < b < n_layer={self.n_layer}: block a's output "
              f"into block b's input, e.g. [3, 6] (record 46, of 11)")
         need(not self.ve_gate or self.value_embeds > 0,
@@ -193,9 +201,11 @@ class GPTConfig:
              "outgrows as the table trains: set tie_embeddings = false (record 46's head, which untie_at needs "
              "tied) or fp8_head = false")
         weights = self.mtp_weights
-        need(not weights or (all(type(w) in (int, float) and w >= 0 for w in weights) and weights[0] == 1),
+        need(not weights or (elements_are(weights, int, float) and min(weights) >= 0 and weights[0] == 1),
              f"mtp_weights={weights} must be [] (the next token alone) or the next token's weight 1.0 followed by "
              f"those of the tokens after it, each >= 0, e.g. [1.0, 0.5, 0.25] (record 53)")
+        need(self.rope_base > 0, f"rope_base={self.rope_base} must be > 0, the rotary base frequency (10000.0; the "
+                                 f"records: 1024.0)")
         need(not self.rope_truncate or (self.rotary and self.head_dim % 4 == 0),
              f"rope_truncate needs rotary = true and a head size divisible by 4, got {self.head_dim}")
         need(self.window_start <= self.window and (self.window or not self.window_start),
@@ -206,7 +216,7 @@ class GPTConfig:
         need(self.window > 0 or not self.window_past, "window_past = true widens a window by the query's own key: "
              "it needs window > 0")
         stages = self.window_stages
-        need(not stages or (not self.window_start and all(type(w) is int and w > 0 for w in stages)
+        need(not stages or (not self.window_start and elements_are(stages, int) and min(stages) > 0
                             and sorted(stages) == stages and stages[-1] <= self.window),
              f"window_stages={stages} must be rising windows > 0, the last at most window={self.window}, and "
              f"replaces window_start={self.window_start} (set it to 0), e.g. [384, 896, 1408]")
@@ -220,7 +230,8 @@ class GPTConfig:
              f"{self.rotary}, start = {self.first_window}, window = {self.window}")
         for key, example in (("no_attention", 7), ("no_mlp", 0), ("xsa", 1), ("mudd", 9), ("mudd_sources", 7)):
             layers = getattr(self, key)
-            need(all(type(i) is int and 0 <= i < self.n_layer for i in layers) and len(set(layers)) == len(layers),
+            need(elements_are(layers, int) and all(0 <= i < self.n_layer for i in layers)
+                 and len(set(layers)) == len(layers),
                  f"{key}={layers} must list distinct layer indices in [0, n_layer={self.n_layer}), e.g. [{example}]")
         both = sorted(set(self.no_attention) & set(self.no_mlp))
         need(not both, f"layer(s) {both} are in both no_attention and no_mlp: a block needs one of the two; "

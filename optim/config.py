@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from model.config import check_choices, grouped
+from model.config import check_choices, elements_are, grouped
 
 
 @dataclass
@@ -62,7 +62,7 @@ class OptimConfig:
             raise ValueError(f"optim config: {e}") from None
         if self.grad_clip < 0:
             raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
-        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+        if len(self.betas) != 2 or not elements_are(self.betas, int, float) or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optim config: betas={self.betas} must be a list of two floats in [0, 1), e.g. "
                              f"[0.9, 0.95]")
         if self.eps <= 0:
@@ -95,9 +95,9 @@ class OptimConfig:
             if getattr(self, key) and self.name != "muon":
                 raise ValueError(f"optim config: {key} = true is a Muon option, which name={self.name!r} does not "
                                  f"use; set name = 'muon' or {key} = false")
-        if not 0 <= self.muon_momentum_start < 1:
-            raise ValueError(f"optim config: muon_momentum_start={self.muon_momentum_start} must be in [0, 1), "
-                             "e.g. 0.85")
+        for key, example in (("muon_momentum", 0.95), ("muon_momentum_start", 0.85)):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"optim config: {key}={getattr(self, key)} must be in [0, 1), e.g. {example}")
 
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)

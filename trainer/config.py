@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from model.config import GPTConfig, Group, choices, field_value, grouped, value_type
+from model.config import GPTConfig, Group, choices, elements_are, field_value, grouped, value_type
 from optim.config import OptimConfig, check_qk_pairs
 from trainer import ROOT, plans, starter
 from util.optional import import_optional
@@ -520,7 +520,7 @@ def validate(cfg: Config) -> None:
                           f"train.max_steps), or the cooldown to 0")
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s",
-                "train.warmup_timeout_s", "eval.tokens"]
+                "train.warmup_timeout_s", "eval.tokens", "log.every_steps"]
     not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
                     "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
                     "data.shuffle_shards", "data.doc_cut"]
@@ -608,18 +608,18 @@ def check_batch_stages(train: TrainConfig) -> None:
     """Refuse a batch schedule whose stages are not positive whole multiples, or whose LR multipliers are not one
     positive number per stage."""
     stages, stage_lr = train.batch_stages, train.batch_stage_lr
-    if not all(type(n) is int and n > 0 for n in stages):
+    if not (elements_are(stages, int) and all(n > 0 for n in stages)):
         raise ConfigError(f"train.batch_stages = {stages} must hold positive integers, each stage's micro-steps as "
                           f"a multiple of train.grad_accum, e.g. [1, 2, 3] (or [] for no batch schedule)")
-    if not all(type(m) in (int, float) and m > 0 for m in stage_lr):
+    if not (elements_are(stage_lr, int, float) and all(m > 0 for m in stage_lr)):
         raise ConfigError(f"train.batch_stage_lr = {stage_lr} must hold positive numbers, each stage's LR "
                           f"multiplier, e.g. [1.0, 1.52, 1.73] (or [] for 1.0 in every stage)")
     if stage_lr and len(stage_lr) != len(stages):
         raise ConfigError(f"train.batch_stage_lr = {stage_lr} must give one LR multiplier for each stage of "
                           f"train.batch_stages = {stages}, or be [] for 1.0 in every stage")
     starts = train.batch_stage_lr_at
-    if starts and not (stage_lr and len(starts) == len(stages) - 1 and 0 < starts[0]
-                       and all(a < b for a, b in zip(starts, [*starts[1:], 1]))):
+    if starts and not (stage_lr and len(starts) == len(stages) - 1 and elements_are(starts, int, float)
+                       and 0 < starts[0] and all(a < b for a, b in zip(starts, [*starts[1:], 1]))):
         raise ConfigError(f"train.batch_stage_lr_at = {starts} must give, for train.batch_stage_lr = {stage_lr}, "
                           f"the progress at which each stage after the first takes over, rising within (0, 1), "
                           f"e.g. [0.33, 0.66] for three stages (or [] for where the batch stages start)")

@@ -86,6 +86,10 @@ def test_unknown_key_names_it_and_lists_valid_keys():
     (dict(embed_init_std=1.0), "embed_init_std=1.0 would also start the tied head at that std: set "
                                r"tie_embeddings = false \(record 46\)"),
     (dict(embed_init_std=-1.0, tie_embeddings=False), r"embed_init_std=-1.0 must be >= 0"),
+    (dict(init_std=-1.0), r"init_std=-1.0 must be >= 0, the std of the init \(GPT-2's: 0.02\)"),
+    (dict(rotary=True, rope_base=0.0), r"rope_base=0.0 must be > 0, the rotary base frequency \(10000.0; the records: "
+                                       r"1024.0\)"),
+    (dict(rotary=True, rope_base=-5.0), r"rope_base=-5.0 must be > 0"),
     (dict(skip_connection=[2, 1]), r"skip_connection=\[2, 1\] must be \[\] or \[a, b\], 0 <= a < b < n_layer=4: "
                                    r"block a's output into block b's input, e.g. \[3, 6\]"),
     (dict(skip_connection=[0, 4]), r"skip_connection=\[0, 4\] must be"),

@@ -116,9 +116,18 @@ def test_file_and_overrides_in_both_spellings():
     (["--optim.name=muon", "--optim.ns_coefficients=polar_express", "--optim.ns_steps=3"],
      ["optim config: ns_coefficients='polar_express' needs ns_steps >= 5, got 3"]),
     (["--optim.ns_steps=0"], ["optim config: ns_steps=0 must be >= 1"]),
+    (["--optim.muon_momentum=1.5"], ["optim config: muon_momentum=1.5 must be in [0, 1), e.g. 0.95"]),
     (["--optim.name=muon", "--optim.muon_qk_pairs=true", "--model.n_head=1"],
      ["optim.muon_qk_pairs pairs adjacent heads, so it needs an even model.n_head, got 1; use an even n_head or "
       "optim.muon_qk_pairs = false"]),
+    (["--model.rotary=true", "--model.rope_base=0"], ["model config: rope_base=0.0 must be > 0"]),
+    (["--model.init_std=-1"], ["model config: init_std=-1.0 must be >= 0"]),
+    (["--log.every_steps=0"], ["log.every_steps must be > 0, got 0"]),
+    (["--log.every_steps=-3"], ["log.every_steps must be > 0, got -3"]),
+    (['--optim.betas=["a", "b"]'], ["optim config: betas=['a', 'b'] must be a list of two floats in [0, 1)"]),
+    (["--optim.betas=[[1], [2]]"], ["optim config: betas=[[1], [2]] must be a list of two floats"]),
+    (["--train.batch_stages=[1, 2]", "--train.batch_stage_lr=[1, 2]", '--train.batch_stage_lr_at=["a"]'],
+     ["train.batch_stage_lr_at = ['a'] must give, for train.batch_stage_lr = [1, 2], the progress"]),
     (["--train.bf16_stream=true", "--train.dtype=float32"], [
         "train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 autocast, and "
         "train.dtype = 'float32' runs none", "set train.dtype = 'bfloat16' or train.bf16_stream = false"]),
