@@ -137,10 +137,18 @@ def prefix_targets(cfg: Config, meta: dict) -> list[int]:
                           f"names (data.prepare writes one); without one the shards are taken as GPT-2's, but "
                           f"model.vocab_size = {cfg.model.vocab_size}, not {GPT2_VOCAB} (or up to the records' "
                           f"{padded(GPT2_VOCAB)}): prepare the data with data.prepare or set model.prefix_weight = 0")
+    name = name or "gpt2"
     try:
-        return prefix_tokens(get_tokenizer(name or "gpt2"), cfg.model.vocab_size)
+        table = prefix_tokens(get_tokenizer(name), cfg.model.vocab_size)
     except TokenizerError as e:
         raise ConfigError(f"model.prefix_weight: {e}") from None
+    if max(table) < 0:  # every prefix target left out: the run would train as without the key
+        raise ConfigError(f"model.prefix_weight = {cfg.model.prefix_weight} trains each target's prefix token, the "
+                          f"token whose bytes are the longest proper prefix of its bytes, and the data's tokenizer "
+                          f"{name!r} has none below model.vocab_size = {cfg.model.vocab_size} (a single byte or a "
+                          f"special token has none): set model.prefix_weight = 0, or prepare the data with a "
+                          f"tokenizer of longer tokens (e.g. gpt2)")
+    return table
 
 
 def train_loader(cfg: Config, dist: Dist, files: list[Path], meta: dict) -> TokenLoader:

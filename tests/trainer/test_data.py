@@ -72,7 +72,12 @@ def test_the_prefix_table_comes_from_the_tokenizer_meta_json_names_and_without_o
 
     cfg = parse_args(["--config", TINY, *shards(tmp_path / "bytes", {"tokenizer": "bytes", "vocab_size": 257}),
                       "--model.vocab_size=257", "--model.prefix_weight=0.25"])
-    assert prefix_targets(cfg, resolve_data(cfg)[2]) == [-1] * 257  # single bytes have no prefix token
+    with pytest.raises(ConfigError, match=r"^model.prefix_weight = 0.25 trains each target's prefix token, the token "
+                                          r"whose bytes are the longest proper prefix of its bytes, and the data's "
+                                          r"tokenizer 'bytes' has none below model.vocab_size = 257 .*: set "
+                                          r"model.prefix_weight = 0, or prepare the data with a tokenizer of longer "
+                                          r"tokens \(e.g. gpt2\)$"):
+        prefix_targets(cfg, resolve_data(cfg)[2])  # single bytes have no prefix token: the term would add nothing
     cfg = parse_args(["--config", TINY, *shards(tmp_path / "none"), "--model.vocab_size=257",
                       "--model.prefix_weight=0.25"])
     with pytest.raises(ConfigError, match=r"model.prefix_weight needs the data's tokenizer, which a meta.json .* "
