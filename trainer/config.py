@@ -569,6 +569,15 @@ def validate(cfg: Config) -> None:
                           f"it needs train.parallel = 'ddp' (got {train.parallel!r}), optim.name = 'muon' (got "
                           f"{cfg.optim.name!r}) and optim.grad_clip = 0 (got {cfg.optim.grad_clip}: the clip would "
                           f"read them before they are averaged); or set train.adam_sync = 'every_step'")
+    if train.ddp_always and train.parallel != "ddp":
+        raise ConfigError(f"train.ddp_always = true wraps even one process in DDP, and train.parallel = "
+                          f"{train.parallel!r} shards with FSDP2 over several processes and wraps one in nothing: set "
+                          f"train.parallel = 'ddp' or train.ddp_always = false")
+    if train.warmup_steps and train.timing != "exclude_warmup":
+        raise ConfigError(f"train.warmup_steps = {train.warmup_steps} runs untimed steps before the clock starts, "
+                          f"which only train.timing = 'exclude_warmup' does, and train.timing = {train.timing!r} "
+                          f"times every step from the first forward: set train.timing = 'exclude_warmup' or "
+                          f"train.warmup_steps = 0")
     if train.bf16_stream and train.dtype != "bfloat16":
         raise ConfigError(f"train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 "
                           f"autocast, and train.dtype = {train.dtype!r} runs none: set train.dtype = 'bfloat16' or "

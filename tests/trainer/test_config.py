@@ -128,6 +128,12 @@ def test_file_and_overrides_in_both_spellings():
     (["--optim.betas=[[1], [2]]"], ["optim config: betas=[[1], [2]] must be a list of two floats"]),
     (["--train.batch_stages=[1, 2]", "--train.batch_stage_lr=[1, 2]", '--train.batch_stage_lr_at=["a"]'],
      ["train.batch_stage_lr_at = ['a'] must give, for train.batch_stage_lr = [1, 2], the progress"]),
+    (["--train.ddp_always=true", "--train.parallel=fsdp"],
+     ["train.ddp_always = true wraps even one process in DDP, and train.parallel = 'fsdp' shards with FSDP2",
+      "set train.parallel = 'ddp' or train.ddp_always = false"]),
+    (["--train.warmup_steps=2"], ["train.warmup_steps = 2 runs untimed steps before the clock starts, which only "
+                                  "train.timing = 'exclude_warmup' does, and train.timing = 'from_first_forward'",
+                                  "set train.timing = 'exclude_warmup' or train.warmup_steps = 0"]),
     (["--train.bf16_stream=true", "--train.dtype=float32"], [
         "train.bf16_stream = true keeps the residual stream and the logits in bf16 under bf16 autocast, and "
         "train.dtype = 'float32' runs none", "set train.dtype = 'bfloat16' or train.bf16_stream = false"]),
