@@ -124,8 +124,8 @@ def split_tail(regions: list[Region], n: int) -> tuple[list[Region], Region]:
     last = regions[-1]
     if not 0 < n < len(last):
         raise ShardError(f"{last.path}: the held-out tail (data.val = 'holdout') of eval.tokens = {n} must be "
-                         f"between 1 and the last file's {len(last)} tokens; lower eval.tokens or use a "
-                         f"separate validation set")
+                         f"between 1 and {len(last) - 1}, leaving training at least one of the last file's "
+                         f"{plural(len(last), 'token')}; lower eval.tokens or use a separate validation set")
     cut = last.hi - n
     return regions[:-1] + [last.cut(last.lo, cut)], last.cut(cut, last.hi)
 
@@ -135,7 +135,7 @@ def check_fits(regions: list[Region], length: int) -> None:
     biggest = max(regions, key=len)
     if len(biggest) < length:
         raise ShardError(f"seq_len + 1 = {length} tokens is longer than every file: the largest, {biggest.path}, "
-                         f"has {len(biggest)} usable tokens; lower seq_len or use bigger shards")
+                         f"has {plural(len(biggest), 'usable token')}; lower seq_len or use bigger shards")
 
 
 def no_window(regions: list[Region], length: int, bos_id: int | None) -> ShardError:

@@ -33,7 +33,7 @@ def evaluate(run: Run) -> float:
     model.eval()
     sums = torch.zeros(2, device=dist.device, dtype=torch.float64)  # the scored targets' summed loss, their count
     batches = val_loader(cfg, dist, run.val_files)
-    run.log.print(f"step {run.progress.step} | eval of {cfg.eval.tokens:,} tokens: "
+    run.log.print(f"step {run.progress.step} | eval of {plural(cfg.eval.tokens, 'token')}: "
                   f"{plural(len(batches), 'batch', 'batches')} per rank")
     t0 = shown = time.perf_counter()
     for done, (x, y) in enumerate(batches, 1):

@@ -49,8 +49,11 @@ def test_bad_inputs_are_refused_with_the_fix(tmp_path):
     with pytest.raises(ShardError, match=r"holds 30 tokens in 2 files, but eval.tokens = 30 targets need 31 .*lower "
                                          r"eval.tokens to at most 29"):
         val_batches(str(tmp_path / "*.bin"), B, 4, 30)
-    with pytest.raises(ShardError, match=r"tail \(data.val = 'holdout'\) of eval.tokens = 20 must be between 1 and"):
+    with pytest.raises(ShardError, match=r"tail \(data.val = 'holdout'\) of eval.tokens = 20 must be between 1 and "
+                                         r"19, leaving training at least one of the last file's 20 tokens; lower"):
         TokenLoader(str(tmp_path / "*.bin"), B, 4, holdout_tokens=20)
+    with pytest.raises(ShardError, match=r"the largest, .*, has 1 usable token; lower seq_len"):
+        TokenLoader(paths[1:], B, 4, holdout_tokens=19)  # the 20-token file less its 19-token tail
     with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in 2 files"):
         next(TokenLoader(paths, B, 4, bos_id=5000, shuffle=False))
     with pytest.raises(ShardError, match=r"no window of 5 tokens starting with bos_id=5000 in 2 files"):

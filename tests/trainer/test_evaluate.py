@@ -118,19 +118,21 @@ def test_speedrun_configs_cut_the_val_set_as_the_records_do():
         assert m.rotary and m.doc_causal and m.window and e.target_loss == 3.28
 
 
-def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, capsys):
-    run = growing_window_run(tmp_path, "--data.val=holdout", "--eval.tokens=2048")
+# 2,048 targets in sequences of 64, 4 rows a batch: 8 batches; one target: one batch, and "1 token"
+@pytest.mark.parametrize("tokens, start_line, batches", [(2048, "eval of 2,048 tokens: 8 batches", 8),
+                                                          (1, "eval of 1 token: 1 batch", 1)])
+def test_an_eval_says_when_it_starts_and_how_far_it_got(tmp_path, monkeypatch, capsys, tokens, start_line, batches):
+    run = growing_window_run(tmp_path, "--data.val=holdout", f"--eval.tokens={tokens}")
     monkeypatch.setattr(trainer.evaluate, "EVAL_PROGRESS_S", 0.0)  # a progress line after every batch
     try:
         val = trainer.evaluate.eval_and_record(run, on_clock=False)
     finally:
         run.loader.close()
         run.log.close()
-    # 2,048 targets in sequences of 64, 4 rows a batch: 8 batches
     lines = capsys.readouterr().out.splitlines()
-    start = lines.index("step 0 | eval of 2,048 tokens: 8 batches per rank")
+    start = lines.index(f"step 0 | {start_line} per rank")
     progress = [line.split(",")[0] for line in lines[start + 1:] if line.startswith("eval: ")]
-    assert progress == [f"eval: {k}/8 batches" for k in range(1, 9)]
+    assert progress == [f"eval: {k}/{batches} batches" for k in range(1, batches + 1)]
     assert f"step 0 | val loss {val:.4f}" in lines[-1]
 
 
