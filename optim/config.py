@@ -1,12 +1,12 @@
 """The [optim] config section as a dataclass, free of torch (trainer/config.py reads it before torch loads), and
-Muon's rules that need no torch (its quintics, its rate scale of a shape, its pairs of heads): optim/muon.py and
-optim/groups.py apply them, and the config checks its keys by them before a run starts."""
+the rule of muon_qk_pairs that spans the model's section (trainer/config.py and optim/groups.py check it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 from model.config import check_choices, elements_are, grouped
+from optim.quintics import quintics
 
 
 @dataclass
@@ -33,7 +33,7 @@ class OptimConfig:
     muon_momentum_cooldown_steps: int = 0
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices
     ns_steps: int = 5  # muon: Newton-Schulz iterations
-    adjust_lr: str = "original"  # muon: update scale per shape, "original" | "match_rms_adamw" | "none" (optim/muon.py)
+    adjust_lr: Literal["original", "match_rms_adamw", "none"] = "original"  # muon: update scale per shape (lr_scale)
     ns_coefficients: Literal["newton_schulz", "polar_express"] = "newton_schulz"  # muon: the iteration's quintics
     # muon: added to the update's starting norm (times the safety factor), which it divides by; record 46: 1e-6
     # on its summed loss's gradients, 1e-6 / 16,384 on ours (train.stage_loss_scale)
@@ -55,8 +55,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "optim config")
-        try:  # Muon's own rules, here before the run starts rather than when Muon is built
-            lr_scale((1, 1), self.adjust_lr)
+        try:  # Muon's own rule, here before the run starts rather than when Muon is built
             quintics(self.ns_coefficients, self.ns_steps)
         except ValueError as e:
             raise ValueError(f"optim config: {e}") from None
@@ -98,50 +97,6 @@ class OptimConfig:
         for key, example in (("muon_momentum", 0.95), ("muon_momentum_start", 0.85)):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"optim config: {key}={getattr(self, key)} must be in [0, 1), e.g. {example}")
-
-
-NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic chosen to maximise the slope at 0 (Keller Jordan, 2024)
-# Polar Express (Amsel, Persson, Musco, Gower, 2025): one quintic per step, each the minimax-optimal one for the
-# range of singular values the previous steps leave, computed for 5 steps with a safety factor of 1.02; the
-# coefficients of modded-nanogpt's record 38 (2025-09-29). Past the fifth step the last quintic repeats.
-POLAR_EXPRESS_COEFFS = (
-    (8.156554524902461, -22.48329292557795, 15.878769915207462),
-    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-)
-# The starting norm is inflated by the safety factor: the quintics are tuned for singular values up to 1, and
-# bf16 rounding of the Frobenius norm must not push one past it.
-POLAR_EXPRESS_SAFETY = 1.02
-
-
-def quintics(coefficients: str, steps: int) -> tuple[float, list[tuple[float, float, float]]]:
-    """(safety factor of the starting norm, the (a, b, c) of each step) of an iteration's coefficient set."""
-    if steps < 1:  # no step would leave the update as it is, not orthogonalised
-        raise ValueError(f"ns_steps={steps} must be >= 1, the iterations that orthogonalise Muon's update (e.g. 5)")
-    if coefficients == "newton_schulz":
-        return 1.0, [NS_COEFFS] * steps
-    if coefficients == "polar_express":
-        pe = POLAR_EXPRESS_COEFFS
-        if steps < len(pe):
-            raise ValueError(f"ns_coefficients='polar_express' needs ns_steps >= {len(pe)}, got {steps}: cut short, "
-                             f"its quintics leave their early steps' overshoot (singular values up to ~1.8); raise "
-                             f"ns_steps or use ns_coefficients='newton_schulz'")
-        return POLAR_EXPRESS_SAFETY, list(pe) + [pe[-1]] * (steps - len(pe))
-    raise ValueError(f"ns_coefficients={coefficients!r}; use 'newton_schulz' or 'polar_express'")
-
-
-def lr_scale(shape: Sequence[int], rule: str) -> float:
-    """Multiplier of the learning rate for a matrix of this (global, per-view) shape; see optim/muon.py's docstring."""
-    rows, cols = shape[0], shape[1]
-    if rule == "original":
-        return max(1.0, rows / cols) ** 0.5
-    if rule == "match_rms_adamw":
-        return 0.2 * max(rows, cols) ** 0.5
-    if rule == "none":
-        return 1.0
-    raise ValueError(f"adjust_lr={rule!r}; use 'original', 'match_rms_adamw' or 'none'")
 
 
 def check_qk_pairs(n_head: int) -> None:

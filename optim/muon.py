@@ -43,8 +43,8 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
 from optim.compiled import chosen
-from optim.config import lr_scale, quintics
 from optim.normuon import moment_size, normalize
+from optim.quintics import quintics
 from optim.symmetric import saves, unavailable
 from optim.views import Split, blocks, view_rows
 
@@ -107,6 +107,18 @@ def ns_flops(rows: int, cols: int, steps: int) -> int:
     product with x (m = the smaller side)."""
     m, n = sorted((rows, cols))
     return steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def lr_scale(shape: torch.Size | tuple[int, int], rule: str) -> float:
+    """Multiplier of the learning rate for a matrix of this (global, per-view) shape; see the module docstring."""
+    rows, cols = shape[0], shape[1]
+    if rule == "original":
+        return max(1.0, rows / cols) ** 0.5
+    if rule == "match_rms_adamw":
+        return 0.2 * max(rows, cols) ** 0.5
+    if rule == "none":
+        return 1.0
+    raise ValueError(f"Muon adjust_lr={rule!r}; use 'original', 'match_rms_adamw' or 'none'")
 
 
 def assign(costs: list[int], world: int) -> list[int]:

@@ -310,7 +310,7 @@ def symmetric_check(cfg: Config, device: torch.device, cpu: bool) -> dict:
 def symmetric_errors(x: torch.Tensor, product: Callable) -> dict:
     """rel_error against float64 of `product`'s X X^T = A, A A^T and b A + c A^2 (A `product`'s own, b and c Polar
     Express's first), and of the plain matmuls' (X @ X^T, A @ A^T, baddbmm)."""
-    from optim.config import POLAR_EXPRESS_COEFFS
+    from optim.quintics import POLAR_EXPRESS_COEFFS
 
     _, b, c = POLAR_EXPRESS_COEFFS[0]
     a = product(x, 1.0, None, 0.0)

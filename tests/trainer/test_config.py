@@ -112,7 +112,7 @@ def test_file_and_overrides_in_both_spellings():
     (["--model.fp8_head=true", "--model.tie_embeddings=false", "--train.batch_size=3", "--train.seq_len=30"],
      ["model.fp8_head = true", "train.batch_size x train.seq_len = 90", "multiple of 16"]),
     (["--optim.name=muon", "--optim.adjust_lr=bogus"],
-     ["optim config: adjust_lr='bogus'; use 'original', 'match_rms_adamw' or 'none'"]),
+     ["command line: optim.adjust_lr = 'bogus' is not one of original, match_rms_adamw, none"]),
     (["--optim.name=muon", "--optim.ns_coefficients=polar_express", "--optim.ns_steps=3"],
      ["optim config: ns_coefficients='polar_express' needs ns_steps >= 5, got 3"]),
     (["--optim.ns_steps=0"], ["optim config: ns_steps=0 must be >= 1"]),
