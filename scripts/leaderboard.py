@@ -13,7 +13,8 @@ a hash of what a row's runs share; "differs" names each setting in which a row's
 file's own values (configs/<config>.toml with its base chain, as train.py reads it today; the code's defaults
 for a run made without one), those that set budget, shape and batch first, clipped unless --all. A record
 claim needs p < 0.01 that the mean final val loss is <= the target (one-sided one-sample t-test, the speedrun's
-rule, computed by scipy.stats.ttest_1samp), so a p-value never mixes configs.
+rule, computed by scipy.stats.ttest_1samp), so a p-value never mixes configs. A run is counted once: a
+summary.json named twice, and a copy of one (records/ keeps copies of runs/' files), which is the same run.
 """
 from __future__ import annotations
 
@@ -90,7 +91,23 @@ def find_summaries(paths: list[str | Path]) -> list[Path]:
                            "runs")
     for note in notes:
         print(f"leaderboard: {note}", file=sys.stderr)
-    return list(dict.fromkeys(found))  # overlapping arguments (runs/ and runs/a) must not count a run twice
+    return _once(found)
+
+
+def _once(paths: list[Path]) -> list[Path]:
+    """`paths` with each run once: a file named twice (runs/ and runs/a, or two spellings of one folder) and a
+    copy of a summary.json, said on stderr. A copy holds the same bytes; two runs never do, even under one run id
+    (their losses and times differ), so the bytes tell a copy where a run id alone would not."""
+    first: dict[bytes | Path, Path] = {}
+    for path in paths:
+        try:
+            key: bytes | Path = path.read_bytes()
+        except OSError:
+            key = path.resolve()  # load_summary says why it cannot be read
+        if key in first and first[key].resolve() != path.resolve():
+            print(f"leaderboard: {path} is a copy of {first[key]} (the same bytes): counted once", file=sys.stderr)
+        first.setdefault(key, path)
+    return list(first.values())
 
 
 def load_summary(path: Path) -> dict:

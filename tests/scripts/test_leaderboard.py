@@ -1,7 +1,9 @@
 """Leaderboard: the t-test against hand-computed values, grouping and statistics on real summary files."""
 import math
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from matplotlib.image import imread
@@ -9,7 +11,7 @@ from matplotlib.image import imread
 from util.atomic import write_json
 from scripts.leaderboard import (COLUMNS, RESULT_NEUTRAL, RUN_SPECIFIC, SummaryError, find_summaries, format_table,
                                  group_rows, load_summary, main, mean_std, moves_result, t_test_below)
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, run, tiny_args, tiny_data
 from trainer.config import RESUME_BUDGET, RESUME_SAFE, keys_in, parse_args, to_toml
 from trainer.plots import plot_leaderboard
 
@@ -36,6 +38,15 @@ def resolved(s: dict, *overrides: str) -> dict:
     return parse_args(["--config", f"configs/{s['config_name']}.toml", *data, f"--log.track={s['track']}",
                        f"--eval.target_loss={s['target_loss'] or 0}", f"--log.run_id={s['run_id']}",
                        *overrides]).to_dict()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """A folder holding runs/d3, a finished 3-step tiny run, as a checkout holds its runs."""
+    home = tmp_path_factory.mktemp("home")
+    run([sys.executable, *tiny_args(tiny_data(tmp_path_factory.mktemp("data")), home / "runs", "d3",
+                                    "--train.max_steps=3")])
+    return home
 
 
 def write_runs(folder, summaries, *overrides: str):
@@ -351,3 +362,23 @@ def test_the_groups_declared_on_the_config_fields_decide_what_a_resume_change_do
         on_clock = keys_in("eval") if timing == "from_first_forward" else frozenset()
         assert moving == keys_in("speed", "budget") | on_clock
     assert moves_result("model.n_layer", {"train.timing": "exclude_warmup"})  # a key with no group
+
+
+def test_a_run_copied_into_records_or_named_twice_counts_once(home, tmp_path):
+    # records/README.md's copy of a run, beside the run itself: one row of 2 runs "d3, d3" was a false record claim
+    shutil.copytree(home, tmp_path, dirs_exist_ok=True)
+    kept = tmp_path / "records" / "tiny" / "X"
+    kept.mkdir(parents=True)
+    for name in ("log.txt", "summary.json", "config.toml", "loss.png"):
+        shutil.copy(tmp_path / "runs" / "d3" / name, kept)
+    proc = run([sys.executable, "-m", "scripts.leaderboard", "runs", "records"], cwd=tmp_path)
+    assert proc.stdout.splitlines()[1].split()[3:5] == ["1", "d3"]  # runs, run ids
+    assert proc.stderr == ("leaderboard: records/tiny/X/summary.json is a copy of runs/d3/summary.json (the same "
+                           "bytes): counted once\n")
+    proc = run([sys.executable, "-m", "scripts.leaderboard", "runs/d3", str(tmp_path / "runs" / "d3")], cwd=tmp_path)
+    assert proc.stdout.splitlines()[1].split()[3:5] == ["1", "d3"] and proc.stderr == ""
+    # one run id on two machines is two runs: their summaries differ
+    write_runs(tmp_path / "a", [summary("r", 3.3)])
+    write_runs(tmp_path / "b", [summary("r", 3.2)])
+    assert len(find_summaries([tmp_path / "a", tmp_path / "b"])) == 2
+
