@@ -27,7 +27,8 @@ usage: bash run.sh [COMMAND] [ARGS...]
                          own log and failure report go to the run folder's torchrun.log)
   bench [loader|recipe|memory|budgets|beside_record|optimizer] [ARGS]
                          the benchmarks in scripts/ (default: loader)
-  leaderboard [DIRS]     python -m scripts.leaderboard (default: runs/ records/)
+  leaderboard [DIRS] [ARGS]
+                         python -m scripts.leaderboard (default DIRS: the checkout's runs/ records/)
   plot RUN_DIR [...]     python -m scripts.plot: loss curves as a PNG (-o FILE, --x time|tokens|steps, --logy)
   sample CHECKPOINT [ARGS]
                          python -m scripts.sample: text from a checkpoint
@@ -349,14 +350,7 @@ case "$cmd" in
   bench)
     which=${1:-loader}; [ $# -gt 0 ] && shift
     exec "$PY" -m "scripts.bench.$which" "$@" ;;
-  leaderboard)
-    if [ $# -eq 0 ]; then  # this checkout's folders, named as seen from where run.sh was called
-      for d in runs records; do [ -d "$d" ] && set -- "$@" "$([ "$CALLER" = "$ROOT" ] || echo "$ROOT/")$d"; done
-      [ $# -gt 0 ] || { echo "run.sh leaderboard: no runs/ or records/ folder yet; train first or name folders" >&2; exit 2; }
-    fi
-    from_caller scripts.leaderboard "$@" ;;
-  plot) from_caller scripts.plot "$@" ;;
-  sample) from_caller scripts.sample "$@" ;;
+  leaderboard|plot|sample) from_caller "scripts.$cmd" "$@" ;;
   # The Python body plans its parts to end by its 525-s deadline, counted from its start; this bound covers the
   # rest (a hung import, NFS). After the TERM at 528 s the body stops the check in flight (SIGTERM, then SIGKILL 5 s
   # later) and exits; the KILL at 536 s comes after that, within the 540 s the check may take.

@@ -1,5 +1,6 @@
 """Leaderboard: mean ± std of time-to-target and final val loss over the runs of one experiment.
 
+    python -m scripts.leaderboard                             # this checkout's runs/ and records/
     python -m scripts.leaderboard runs/                       # every summary.json below runs/
     python -m scripts.leaderboard runs/a runs/b --target 3.28 --markdown
     python -m scripts.leaderboard records/8xh100 --pool-seeds --plot records.png
@@ -310,10 +311,20 @@ def reference_note(rows: list[dict], show_all: bool = False) -> str:
             f"first{clipped}), from {'; '.join(wheres)}")
 
 
+def _checkout_folders() -> list[Path]:
+    """This checkout's runs/ and records/ that exist, named as seen from here (as run.sh names them: relative
+    in the checkout, else whole); a SummaryError where there are none."""
+    folders = [ROOT / name for name in ("runs", "records") if (ROOT / name).is_dir()]
+    if not folders:
+        raise SummaryError(f"no runs/ or records/ folder in {ROOT} yet; train first or name folders")
+    return [f.relative_to(ROOT) for f in folders] if Path.cwd().resolve() == ROOT else folders
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the leaderboard of the summaries found under the given paths."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="+", help="run folders, summary.json files, or folders searched recursively")
+    ap.add_argument("paths", nargs="*", help="run folders, summary.json files, or folders searched recursively "
+                                             "(default: this checkout's runs/ and records/)")
     ap.add_argument("--target", type=float, default=None,
                     help="val loss target for the p-value (default: the runs' own target_loss; "
                          "time to target is always the runs' own)")
@@ -326,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also draw each run's time to target and final val loss against the target")
     args = ap.parse_args(argv)
     try:
-        summaries = [load_summary(p) for p in find_summaries(args.paths)]
+        summaries = [load_summary(p) for p in find_summaries(args.paths or _checkout_folders())]
         rows = group_rows(summaries, args.target, args.pool_seeds, args.show_all)
     except SummaryError as e:
         print(f"leaderboard: {e}", file=sys.stderr)

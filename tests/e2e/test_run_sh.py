@@ -143,12 +143,6 @@ def bare(tmp_path):
     return tmp_path, {"SHARDRUN_VENV": sys.prefix}
 
 
-def test_leaderboard_without_any_runs_says_what_to_do(bare):
-    folder, env = bare
-    proc = run(["bash", "run.sh", "leaderboard"], cwd=folder, env=env, check=False)
-    assert proc.returncode == 2 and "no runs/ or records/ folder yet" in proc.stderr
-
-
 def test_run_sh_called_through_a_link_works_in_its_checkout(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "run.sh").symlink_to(ROOT / "run.sh")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
+import scripts.leaderboard
 from util.atomic import write_json
 from scripts.leaderboard import (COLUMNS, RESULT_NEUTRAL, RUN_SPECIFIC, SummaryError, find_summaries, format_table,
                                  group_rows, load_summary, main, mean_std, moves_result, t_test_below)
@@ -382,3 +383,22 @@ def test_a_run_copied_into_records_or_named_twice_counts_once(home, tmp_path):
     write_runs(tmp_path / "b", [summary("r", 3.2)])
     assert len(find_summaries([tmp_path / "a", tmp_path / "b"])) == 2
 
+
+def test_options_alone_read_the_checkouts_runs_and_records(home, tmp_path, monkeypatch, capsys):
+    # run.sh passed runs/ and records/ only when given no argument: `--target 2.5` alone found no folder
+    proc = run(["bash", "run.sh", "leaderboard", "--target", "2.5", "--markdown"], env={"SHARDRUN_VENV": sys.prefix})
+    assert "| cpu |" in proc.stdout and "| 2.5 |" in proc.stdout
+    # named as run.sh names them: relative in the checkout, else whole
+    checkout = shutil.copytree(home, tmp_path / "checkout")
+    (checkout / "records").mkdir()
+    monkeypatch.setattr(scripts.leaderboard, "ROOT", checkout)
+    for here, records in ((checkout, "records"), (tmp_path, str(checkout / "records"))):
+        monkeypatch.chdir(here)
+        assert main(["--target", "2.5"]) == 0
+        out, err = capsys.readouterr()
+        assert out.splitlines()[1].split()[3:5] == ["1", "d3"]
+        assert err.startswith(f"leaderboard: {records}: no summary.json in this folder or below it yet")
+    monkeypatch.setattr(scripts.leaderboard, "ROOT", tmp_path / "bare")
+    assert main([]) == 2
+    assert capsys.readouterr().err == (f"leaderboard: no runs/ or records/ folder in {tmp_path / 'bare'} yet; train "
+                                       f"first or name folders\n")
