@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.runs import STOPPED_BY_SIGNAL
 from util.atomic import atomic_path
 from util.optional import import_optional
 
@@ -251,21 +252,24 @@ def _spread(center: int, n: int) -> list[float]:
 
 def plot_leaderboard(rows: list[dict], out: str | Path) -> Any:
     """Time to target and final val loss of each run, one column of points per leaderboard row, the target
-    dashed; `rows` are dicts with "name", "target" (or None) and "runs" (their summary.json dicts). Without a
-    target in any row there is no time to target: the loss panel alone."""
-    timed = any(row["target"] is not None for row in rows)
+    dashed; `rows` are dicts with "name", "target" (or None) and "runs" (their summary.json dicts). A row without a
+    target has no time to target: it is left out of that panel, and without a target in any row there is the loss
+    panel alone."""
+    targeted = [i for i, row in enumerate(rows) if row["target"] is not None]
+    timed = bool(targeted)
     fig, axes = _figure(2 if timed else 1)
     ax_loss = axes[-1]
     for i, row in enumerate(rows):
         color = f"C{i % 10}"
-        if timed:
+        if i in targeted:
             _draw_times(axes[0], i, row, color)
         losses = [r["final_val_loss"] for r in row["runs"] if r["final_val_loss"] is not None]
         ax_loss.plot(_spread(i, len(losses)), losses, "o", color=color, gid=f"loss:{i}")
         if row["target"] is not None:
             ax_loss.plot([i - 0.4, i + 0.4], [row["target"]] * 2, color="0.3", ls="--", lw=1.2, gid=f"target:{i}")
     for ax in axes:
-        ax.set_xticks(range(len(rows)), [row["name"] for row in rows], rotation=20, ha="right", fontsize=8)
+        columns = range(len(rows)) if ax is ax_loss else targeted
+        ax.set_xticks(columns, [rows[i]["name"] for i in columns], rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.grid(alpha=0.3, axis="y")
     if timed:
@@ -282,13 +286,16 @@ def plot_leaderboard(rows: list[dict], out: str | Path) -> Any:
 
 
 def _draw_times(ax, i: int, row: dict, color: str) -> None:
-    """Row `i`'s times to target on `ax` (points, their mean as a bar), and how many runs missed it."""
+    """Row `i`'s times to target on `ax` (points, their mean as a bar), and how many runs missed it: the runs
+    stopped by a signal before it (summary.json's status) apart from those that ran to their end."""
     times = [r["time_to_target_s"] for r in row["runs"] if r["time_to_target_s"] is not None]
-    missed = len(row["runs"]) - len(times)
-    ax.plot(_spread(i, len(times)), times, "o", color=color, gid=f"time:{i}",
-            label=f"{row['name']}: {len(times)}/{len(row['runs'])} reached")
+    missed = [r for r in row["runs"] if r["time_to_target_s"] is None]
+    stopped = sum(r.get("status") in STOPPED_BY_SIGNAL for r in missed)
+    said = ", ".join(f"{n} {what}" for n, what in ((len(missed) - stopped, "not reached"), (stopped, "stopped")) if n)
+    reached = f"{len(times)}/{len(row['runs'])} reached" + (f", {stopped} stopped" if stopped else "")
+    ax.plot(_spread(i, len(times)), times, "o", color=color, gid=f"time:{i}", label=f"{row['name']}: {reached}")
     if times:
         ax.plot([i - 0.25, i + 0.25], [sum(times) / len(times)] * 2, color=color, lw=2)
-    if missed:
-        ax.annotate(f"{missed} not reached", (i, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
-                    textcoords="offset points", ha="center", fontsize=8, color=color)
+    if said:
+        ax.annotate(said, (i, 0), xycoords=("data", "axes fraction"), xytext=(0, 4), textcoords="offset points",
+                    ha="center", fontsize=8, color=color)

@@ -2,7 +2,10 @@
 import math
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,6 +240,32 @@ def test_plot_draws_each_run_against_its_target(tmp_path):
     assert points == {"time:0": [90.0, 95.0], "loss:0": [3.277, 3.278, 3.281], "target:0": [3.28, 3.28],
                       "time:1": [80.0], "loss:1": [3.25], "target:1": [3.28, 3.28]}
     assert [t.get_text() for t in ax_time.texts] == ["1 not reached"]
+
+
+def test_plot_leaves_rows_without_a_target_out_of_the_time_panel_and_says_stopped(home, tmp_path):
+    # real runs: d3 aims at no target; "a" ran to its end short of one; "s" was stopped by SIGTERM (a scheduler)
+    data = tiny_data(tmp_path / "data")
+    aim = "--eval.target_loss=1.0"  # far below what 3 steps on random ids reach
+    run([sys.executable, *tiny_args(data, tmp_path / "runs", "a", "--train.max_steps=3", aim)])
+    stopped = subprocess.Popen([sys.executable, *tiny_args(data, tmp_path / "runs", "s", aim)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = tmp_path / "runs" / "s" / "metrics.jsonl", time.time() + 120
+    while not (metrics.exists() and '"train"' in metrics.read_text()):
+        assert stopped.poll() is None and time.time() < deadline, "the run to stop ended or never logged a step"
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=120) == 0
+    shutil.copytree(home / "runs" / "d3", tmp_path / "runs" / "d3")
+    rows = group_rows([load_summary(p) for p in find_summaries([tmp_path / "runs"])])
+    out = tmp_path / "board.png"
+    fig = plot_leaderboard([{"name": r["run ids"], "target": r["goal"], "runs": r["summaries"]}
+                            for r in sorted(rows, key=lambda r: r["run ids"])], out)
+    ax_time, ax_loss = fig.axes
+    assert [t.get_text() for t in ax_loss.get_xticklabels()] == ["a", "d3", "s"]
+    assert [t.get_text() for t in ax_time.get_xticklabels()] == ["a", "s"]  # d3 has no time to target
+    assert [t.get_text() for t in ax_time.texts] == ["1 not reached", "1 stopped"]
+    assert [t.get_text() for t in ax_time.get_legend().get_texts()] == ["a: 0/1 reached", "s: 0/1 reached, 1 stopped"]
+    assert imread(out).shape[:2] == (600, 2000)
 
 
 def test_plot_without_a_target_has_no_time_to_target_panel(tmp_path):
