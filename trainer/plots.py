@@ -10,6 +10,8 @@ this module costs nothing.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
 X_AXES = {"time": "training time (s)", "tokens": "tokens", "steps": "step"}
 SIZE_IN, DPI = (10.0, 6.0), 100  # 1000 x 600 pixels per panel row: readable in a README at full width
 SMOOTH_POINTS = 30  # the EMA's half-life is 1/30 of a run's train points: per-step noise goes, the shape stays
+# log.txt's last line where train.py stopped the run at a loss, gradient or state that is not finite
+# (trainer/state.py's _stop); the run then writes no summary.json
+DIVERGED = re.compile(r"train\.py: step (\d+): .*not finite, so ")
 
 
 class PlotError(ValueError):
@@ -33,11 +38,13 @@ class PlotError(ValueError):
 
 @dataclass
 class Run:
-    """What one run folder has logged so far."""
+    """What one run folder has logged so far: its records with a finite loss (a diverged run logs the step that
+    was not), to draw."""
     folder: Path
     train: list[dict]
     evals: list[dict]
-    summary: dict | None  # None while the run is going, or after it was killed
+    summary: dict | None  # None while the run is going, or after it was killed or diverged
+    diverged_at: int | None = None  # the step at which train.py stopped it, not finite, as its log.txt says
 
     @property
     def run_id(self) -> str:
@@ -54,6 +61,8 @@ class Run:
         """Legend text: config name, run id, final val loss, hardware."""
         if self.summary is None:
             last = f"last val {self.evals[-1]['val_loss']:.4f}" if self.evals else "no eval yet"
+            if self.diverged_at is not None:
+                return f"{self.run_id} | diverged at step {self.diverged_at} (log.txt): {last}"
             return f"{self.run_id} | unfinished (no summary.json): {last} at step {self.last_step()}"
         s = self.summary
         final = "no final eval" if s["final_val_loss"] is None else f"final val {s['final_val_loss']:.4f}"
@@ -64,7 +73,8 @@ class Run:
 
 
 def read_run(folder: str | Path) -> Run:
-    """Read a run folder's metrics.jsonl (a partial last line, as a kill leaves it, is dropped) and summary.json."""
+    """Read a run folder's metrics.jsonl (a partial last line, as a kill leaves it, is dropped; so are losses that
+    are not finite), summary.json and, without one, whether log.txt ends where the run diverged."""
     folder = Path(folder)
     metrics = folder / "metrics.jsonl"
     if not folder.is_dir():
@@ -87,8 +97,17 @@ def read_run(folder: str | Path) -> Run:
     except json.JSONDecodeError as e:
         raise PlotError(f"{summary_path}: not valid JSON ({e}); restore it or remove it to plot the metrics "
                         f"alone") from None
-    return Run(folder, [r for r in records if r.get("type") == "train"],
-               [r for r in records if r.get("type") == "eval"], summary)
+    train = [r for r in records if r.get("type") == "train"]
+    evals = [r for r in records if r.get("type") == "eval"]
+    finite = ([r for r in train if math.isfinite(r["loss"])], [r for r in evals if math.isfinite(r["val_loss"])])
+    if (train or evals) and not any(finite):
+        raise PlotError(f"{metrics}: no finite loss to draw (the losses of its {len(train) + len(evals)} records are "
+                        f"all nan or inf: the run diverged from its start); log.txt beside it says where and what to "
+                        f"try")
+    log = folder / "log.txt"
+    last = log.read_text(errors="replace").rstrip().rpartition("\n")[2] if summary is None and log.is_file() else ""
+    diverged = DIVERGED.match(last)
+    return Run(folder, *finite, summary, int(diverged[1]) if diverged else None)
 
 
 def x_values(run: Run, records: list[dict], x: str) -> list[float]:

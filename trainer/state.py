@@ -169,5 +169,5 @@ def _stop(run: Run, what: str, outcome: str = "") -> None:
     msg = (f"{what}, {outcome or f'so training stopped without saving ({kept})'}. Try a lower learning rate "
            f"(optim.lr, or optim.muon_lr and the other *_lr keys for muon), gradient clipping (optim.grad_clip = "
            f"1.0{clip}), and check the data (data.vocab_check)")
-    run.log.print(f"train.py: {msg}")
+    run.log.print(f"train.py: {msg}")  # log.txt's last line, by which trainer/plots.py labels the run diverged
     raise Diverged(msg)

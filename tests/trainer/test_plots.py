@@ -1,6 +1,8 @@
 """Loss curves from real runs: the PNG decodes, has its size, shows one curve per run, and a killed run plots."""
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import pytest
 from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
-from tests.helpers import ROOT, demo_data, run, train_args
+from tests.helpers import ROOT, demo_data, run, tiny_args, tiny_data, train_args
 from trainer.plots import DPI, SIZE_IN, PlotError, Run, plot_runs, read_run, x_values
 
 TARGET = 3.0
@@ -141,3 +143,22 @@ def test_a_line_that_is_not_json_is_named_with_its_number(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"type": "eval"\n{"type": "train", "step": 1}\n')
     with pytest.raises(PlotError, match=r"metrics.jsonl:1: not a JSON line"):
         read_run(tmp_path)
+
+
+def test_a_diverged_run_plots_its_finite_losses_and_says_it_diverged(tmp_path):
+    # lr 1e10: step 3's loss is nan; train.py stops there, logs it, says so in log.txt and writes no summary.json
+    run([sys.executable, *tiny_args(tiny_data(tmp_path / "data"), tmp_path, "nan", "--optim.lr=1e10",
+                                    "--train.max_steps=10")], check=False)
+    folder = tmp_path / "nan"
+    logged = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert math.isnan(logged[-1]["loss"]) and not (folder / "summary.json").exists()
+    fig = plot_runs([folder], tmp_path / "nan.png")
+    drawn = lines(fig, "train:0")[0].get_ydata()
+    assert len(drawn) == len(logged) - 1 and all(map(math.isfinite, [*drawn, *fig.axes[0].get_ylim()]))
+    legend = fig.axes[0].get_legend().get_texts()[0].get_text()
+    assert legend == f"nan | diverged at step {logged[-1]['step']} (log.txt): no eval yet"
+    # nothing finite to draw: named, not matplotlib's "Axis limits cannot be NaN or Inf"
+    (folder / "metrics.jsonl").write_text(json.dumps({**logged[0], "type": "eval", "val_loss": math.nan}) + "\n")
+    with pytest.raises(PlotError, match=re.escape(f"{folder / 'metrics.jsonl'}: no finite loss to draw (the losses "
+                                                  f"of its 1 records are all nan or inf")):
+        plot_runs([folder], tmp_path / "none.png")
