@@ -33,6 +33,7 @@ from typing import Any
 
 from trainer import ROOT
 from trainer.config import Config, ConfigError, apply_file, config_chain, keys_in
+from trainer.plots import PlotError, image_format, plot_leaderboard
 from util.optional import import_optional
 
 # The summary.json keys this table reads (train.py writes them all, null when not applicable).
@@ -334,19 +335,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", dest="show_all",
                     help="list every run id and every difference from the config file (default: clipped)")
     ap.add_argument("--plot", type=Path, metavar="PNG",
-                    help="also draw each run's time to target and final val loss against the target")
+                    help="also draw each run's time to target and final val loss against the target (in the format "
+                         "of its suffix: .png, .svg, .pdf ...)")
     args = ap.parse_args(argv)
     try:
+        if args.plot:
+            image_format(args.plot)  # a name it cannot write is refused before the table
         summaries = [load_summary(p) for p in find_summaries(args.paths or _checkout_folders())]
         rows = group_rows(summaries, args.target, args.pool_seeds, args.show_all)
-    except SummaryError as e:
+    except (SummaryError, PlotError) as e:
         print(f"leaderboard: {e}", file=sys.stderr)
         return 2
     print(format_table(rows, args.markdown))
     print(("\n" if args.markdown else "") + reference_note(rows, args.show_all))
     if args.plot:
-        from trainer.plots import plot_leaderboard
-
         plot_leaderboard([{"name": f"{r['config']} {r['fingerprint']}", "target": r["goal"],
                            "runs": r["summaries"]} for r in rows], args.plot)
         print(f"plot: {args.plot}", file=sys.stderr)

@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: draw the given run folders into one PNG."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (runs/<run_id>)")
-    ap.add_argument("-o", "--out", type=Path, help="PNG to write (default: loss.png in the only run folder, "
-                                                     "else curves.png in the first one)")
+    ap.add_argument("-o", "--out", type=Path, help="picture to write, in the format of its suffix (.png, .svg, .pdf "
+                                                     "...; default: loss.png in the only run folder, else curves.png "
+                                                     "in the first one)")
     ap.add_argument("--x", choices=list(X_AXES), default="time", help="x axis (default: training time)")
     ap.add_argument("--logy", action="store_true", help="logarithmic loss axis")
     args = ap.parse_args(argv)

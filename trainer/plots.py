@@ -136,22 +136,36 @@ def smooth(values: Sequence[float], half_life: float) -> list[float]:
     return out
 
 
+def _canvas() -> Any:
+    """matplotlib's Agg canvas class: it renders every format without any display."""
+    return import_optional("matplotlib.backends.backend_agg", "drawing loss curves", PlotError).FigureCanvasAgg
+
+
 def _figure(ncols: int):
-    """A blank Agg figure of `ncols` panels side by side (the canvas renders PNG without any display)."""
-    FigureCanvasAgg = import_optional("matplotlib.backends.backend_agg", "drawing loss curves",
-                                      PlotError).FigureCanvasAgg
+    """A blank Agg figure of `ncols` panels side by side."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(SIZE_IN[0] * ncols, SIZE_IN[1]), dpi=DPI)
-    FigureCanvasAgg(fig)
+    _canvas()(fig)
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
+def image_format(out: str | Path) -> str:
+    """The picture format that the name `out` asks for by its suffix (png without one), or a PlotError naming the
+    formats matplotlib writes."""
+    suffix, formats = Path(out).suffix.lower().lstrip("."), _canvas().get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise PlotError(f"{out}: matplotlib cannot write a .{suffix} picture; end the name with one it writes: "
+                        f"{' '.join('.' + f for f in formats)}")
+    return suffix or "png"
+
+
 def _save(fig, out: str | Path) -> Path:
-    """Write the figure to `out` as PNG, atomically (a reader never sees half a picture)."""
+    """Write the figure to `out` in the format its suffix names, atomically (a reader never sees half a picture;
+    the temporary file's own suffix says nothing)."""
     out = Path(out)
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI)
+        fig.savefig(tmp, format=image_format(out), dpi=DPI)
     return out
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
+from scripts.leaderboard import main as leaderboard
 from scripts.plot import main
 from tests.helpers import ROOT, run, tiny_args, tiny_data
 from trainer.plots import DPI, SIZE_IN
@@ -73,3 +74,18 @@ def test_an_unknown_x_axis_is_refused_with_the_choices(runs, capsys):
     assert e.value.code == 2
     said = capsys.readouterr().err.splitlines()[-1]
     assert "argument --x: invalid choice: 'wall'" in said and all(axis in said for axis in ("time", "tokens", "steps"))
+
+
+def test_the_out_suffix_names_the_format_and_one_matplotlib_cannot_write_is_refused(runs, tmp_path, capsys):
+    # -o x.svg wrote PNG bytes under the .svg name
+    assert main([str(runs / "a"), "-o", str(tmp_path / "a.svg")]) == 0
+    assert (tmp_path / "a.svg").read_bytes().startswith(b"<?xml") and b"<svg" in (tmp_path / "a.svg").read_bytes()
+    assert main([str(runs / "a"), "-o", str(tmp_path / "a.pdf")]) == 0
+    assert (tmp_path / "a.pdf").read_bytes().startswith(b"%PDF")
+    capsys.readouterr()
+    for command in (main, leaderboard):
+        assert command([str(runs / "a"), "-o" if command is main else "--plot", str(tmp_path / "a.xyz")]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and f"{tmp_path / 'a.xyz'}: matplotlib cannot write a .xyz picture; end the name with " \
+                             f"one it writes: .eps" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pdf", "a.svg"]
