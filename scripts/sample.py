@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import glob
 import sys
+import tomllib
 from pathlib import Path
 
 import torch
@@ -25,6 +26,10 @@ from model.generate import generate
 from trainer import ROOT
 from trainer.checkpoint import CheckpointError, load_checkpoint
 from trainer.runs import saved_checkpoint
+from util.plural import plural
+
+
+RUNS_NAMED = 5  # a folder of runs: the message names its newest runs up to this many
 
 
 class SampleError(ValueError):
@@ -54,16 +59,27 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
 
 
 def run_checkpoint(folder: Path) -> Path:
-    """The checkpoint a run folder's run saved (trainer/runs.py `saved_checkpoint` says where)."""
+    """The checkpoint a run folder's run saved (trainer/runs.py `saved_checkpoint` says where); a SampleError that
+    says why there is none: a folder of runs, a run that saves none, or one that has not saved yet."""
+    config = folder / "config.toml"
     try:
         path = saved_checkpoint(folder)
+        saved = tomllib.loads(config.read_text()) if config.is_file() else {}
     except (OSError, ValueError) as e:  # ValueError: JSON or TOML that does not parse
         raise SampleError(f"{folder}: cannot read where its run saved the checkpoint ({e}); pass the "
                           f"checkpoint.pt itself") from None
-    if not path.is_file():
-        raise SampleError(f"{folder}: its run saved no checkpoint at {path} (yet); train it to its first save "
-                          f"(the end of the run, or train.checkpoint_every_s), or pass a checkpoint.pt")
-    return path
+    if path.is_file():
+        return path
+    runs = sorted(folder.glob("*/config.toml"), key=lambda c: c.stat().st_mtime, reverse=True)
+    if runs and not config.is_file():
+        names = ", ".join(c.parent.name for c in runs[:RUNS_NAMED]) + (", ..." if len(runs) > RUNS_NAMED else "")
+        raise SampleError(f"{folder}: a folder of {plural(len(runs), 'run')} ({names}), not a run; pass one of them, "
+                          f"e.g. the newest: {runs[0].parent}")
+    if not saved.get("train", {}).get("save_checkpoint", True):
+        raise SampleError(f"{folder}: its run saves no checkpoint (train.save_checkpoint = false in its config.toml), "
+                          f"so there is nothing to sample; train it again with train.save_checkpoint = true")
+    raise SampleError(f"{folder}: its run saved no checkpoint at {path} (yet); train it to its first save "
+                      f"(the end of the run, or train.checkpoint_every_s), or pass a checkpoint.pt")
 
 
 def usable(device: str) -> None:

@@ -10,7 +10,7 @@ from data.tokenizer import get_tokenizer
 from model import get_model
 from model.generate import generate
 from scripts.sample import SampleError, main, tokenizer_name
-from tests.helpers import make_shards, run, train_args
+from tests.helpers import make_shards, run, tiny_args, tiny_data, train_args
 from trainer.checkpoint import CheckpointError, load_checkpoint
 
 TINY = {"vocab_size": 257, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}
@@ -104,6 +104,20 @@ def test_a_run_folder_samples_from_the_checkpoint_its_run_saved(checkpoint, tmp_
     assert capsys.readouterr().err == (f"sample: {folder}: its run saved no checkpoint at {folder / 'checkpoint.pt'} "
                                        f"(yet); train it to its first save (the end of the run, or "
                                        f"train.checkpoint_every_s), or pass a checkpoint.pt\n")
+
+
+def test_a_run_that_saves_no_checkpoint_and_a_folder_of_runs_say_so(tmp_path, capsys):
+    # both said "saved no checkpoint at .../checkpoint.pt (yet); train it to its first save", which never comes
+    data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
+    run([sys.executable, *tiny_args(data, runs, "off", "--train.max_steps=2", "--train.save_checkpoint=false")])
+    run([sys.executable, *tiny_args(data, runs, "on", "--train.max_steps=2")])
+    assert main([str(runs / "off")]) == 2
+    assert capsys.readouterr().err == (f"sample: {runs / 'off'}: its run saves no checkpoint (train.save_checkpoint = "
+                                       f"false in its config.toml), so there is nothing to sample; train it again "
+                                       f"with train.save_checkpoint = true\n")
+    assert main([str(runs)]) == 2
+    assert capsys.readouterr().err == (f"sample: {runs}: a folder of 2 runs (on, off), not a run; pass one of them, "
+                                       f"e.g. the newest: {runs / 'on'}\n")
 
 
 def test_bad_checkpoints_are_named(checkpoint, tmp_path):
