@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterator
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 # what every rank holds alike under DDP, so that only rank 0 saves it
 REPLICATED = ("model", "optim", "grads")
+# how a file torch.save wrote begins: its zip archive, or its older pickle (protocol 2)
+TORCH_HEADS = (b"PK\x03\x04", b"\x80\x02")
 
 
 class CheckpointError(ValueError):
@@ -86,11 +89,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
         raise CheckpointError(f"{path}: no such checkpoint; pass runs/<run_id>/checkpoint.pt")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # torch's text would advise weights_only=False: running the file's own code
-        raise CheckpointError(f"{path}: not a checkpoint (it holds more than tensors and plain values, or is no "
-                              f"file torch.save wrote); pass runs/<run_id>/checkpoint.pt") from None
     except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
-        raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({str(e)[:200]})") from None
+        raise CheckpointError(f"{path}: cannot be loaded as a checkpoint: {_unreadable(path, e)}; copy it again from "
+                              f"its run, or pass the run's own runs/<run_id>/checkpoint.pt") from None
     if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():
         got = f"keys {sorted(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path}: expected a dict with keys 'config' and 'model' (train.py's checkpoint.pt), "
@@ -101,6 +102,22 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
     except (ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"{path}: its config and weights do not make a model: {str(e)[:300]}") from None
     return model.to(device).eval(), ckpt["config"]
+
+
+def _unreadable(path: Path, error: Exception) -> str:
+    """Why torch.load could not read the file `path` (it raised `error`), in words: torch's own text is a pickle
+    key, a zip library's internals or advice to load with weights_only=False, which runs the file's code."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "it is empty"
+    if not head.startswith(TORCH_HEADS):
+        return "it is not a file torch.save wrote"
+    if head == TORCH_HEADS[0] and not zipfile.is_zipfile(path):  # the archive's index, written last, is missing
+        return "it is incomplete (a copy cut short, or a save still being written)"
+    if isinstance(error, pickle.UnpicklingError):
+        return "it holds more than tensors and plain values"
+    return f"torch cannot read it ({(str(error).splitlines() or [type(error).__name__])[0]})"
 
 
 def rng_state() -> dict[str, torch.Tensor | None]:
@@ -264,10 +281,9 @@ def load_resume(run_dir: Path, dist: Dist, marker: dict[str, Any]) -> dict[str, 
 def _load_state(path: Path, dist: Dist) -> dict[str, Any]:
     try:
         return torch.load(path, weights_only=True, map_location=dist.device)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:  # cut short or damaged since done.json named it
-        why = (str(e).splitlines() or [type(e).__name__])[0][:200]  # an empty file's EOFError has no text
-        raise ConfigError(f"{path}: this resume state cannot be read ({why}); start a new log.run_id, or train this "
-                          f"one from the start with --overwrite") from None
+    except Exception as e:  # noqa: BLE001 - cut short or damaged since done.json named it
+        raise ConfigError(f"{path}: this resume state cannot be read ({_unreadable(path, e)}); start a new "
+                          f"log.run_id, or train this one from the start with --overwrite") from None
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:

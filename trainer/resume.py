@@ -13,7 +13,7 @@ from pathlib import Path
 
 from data.loader import TokenLoader
 from trainer import distributed
-from trainer.checkpoint import remove_run, restore, resume_marker, run_files
+from trainer.checkpoint import TORCH_HEADS, remove_run, restore, resume_marker, run_files
 from trainer.clock import Clock
 from trainer.config import Change, Config, ConfigError, TrainConfig, check_resume
 from trainer.distributed import Dist
@@ -142,8 +142,8 @@ def _check_writable(cfg: Config, run_dir: Path) -> None:
     if target.is_file():
         with open(target, "rb") as f:
             head = f.read(4)
-        # torch.save's zip archive, its older pickle (protocol 2: \x80\x02), or an empty file put there to hold the name
-        if head and not head.startswith((b"PK\x03\x04", b"\x80\x02")):
+        # torch.save's file, or an empty file put there to hold the name
+        if head and not head.startswith(TORCH_HEADS):
             raise ConfigError(f"{key} names a file that is not a checkpoint (a data shard?), which the save "
                               f"would replace; name another path, or move the file away")
 

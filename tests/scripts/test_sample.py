@@ -133,7 +133,8 @@ def test_bad_checkpoints_are_named(checkpoint, tmp_path):
         load_checkpoint(tmp_path / "mismatch.pt")
     # a run's summary.json named by mistake: torch's own text would advise weights_only=False, which runs a file's code
     (tmp_path / "summary.json").write_text('{"run_id": "r"}')
-    with pytest.raises(CheckpointError, match=r"summary.json: not a checkpoint \(it holds more than") as e:
+    with pytest.raises(CheckpointError, match=r"summary.json: cannot be loaded as a checkpoint: it is not a file "
+                                              r"torch.save wrote") as e:
         load_checkpoint(tmp_path / "summary.json")
     assert "weights_only" not in str(e.value)
 

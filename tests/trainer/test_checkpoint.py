@@ -81,6 +81,17 @@ def test_files_that_are_no_checkpoint_say_why(tmp_path):
     save_checkpoint(tmp_path / "mixed.pt", wider, get_model(CONFIG).state_dict(), step=1)
     with pytest.raises(CheckpointError, match="its config and weights do not make a model"):
         load_checkpoint(tmp_path / "mixed.pt")
+    # torch's own words were "()" (empty), "(101)" (text) and 200 characters of a zip library's internals (cut short)
+    save_checkpoint(tmp_path / "checkpoint.pt", CONFIG, get_model(CONFIG).state_dict(), step=1)
+    whole = (tmp_path / "checkpoint.pt").read_bytes()
+    cut = "it is incomplete (a copy cut short, or a save still being written)"
+    for content, why in ((b"", "it is empty"), (b"step 3 | loss 5.56\n", "it is not a file torch.save wrote"),
+                         (whole[:len(whole) // 2], cut)):
+        (tmp_path / "copy.pt").write_bytes(content)
+        with pytest.raises(CheckpointError) as e:
+            load_checkpoint(tmp_path / "copy.pt")
+        assert str(e.value) == (f"{tmp_path / 'copy.pt'}: cannot be loaded as a checkpoint: {why}; copy it again from "
+                                f"its run, or pass the run's own runs/<run_id>/checkpoint.pt")
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):

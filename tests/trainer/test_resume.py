@@ -171,11 +171,11 @@ def test_a_resume_state_that_cannot_be_read_is_one_line(finished, tmp_path):
     run_dir = copy_of(run_dir, tmp_path)
     done = run_dir / "resume" / "done.json"
     [state] = done.parent.glob("step*/rank0.pt")
-    for cut in (1000, 0):  # cut short, or empty (torch's error then has no text)
+    for cut, why in ((1000, "it is incomplete (a copy cut short"), (0, "it is empty")):
         state.write_bytes(state.read_bytes()[:cut])
         proc = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", check=False)
         assert proc.returncode == 1 and proc.stderr.strip().startswith(
-            f"train.py: config error: {state}: this resume state cannot be read ("), proc.stderr[-3000:]
+            f"train.py: config error: {state}: this resume state cannot be read ({why}"), proc.stderr[-3000:]
         assert proc.stderr.strip().endswith("start a new log.run_id, or train this one from the start with "
                                             "--overwrite")
     done.write_text("{not json")
