@@ -4,7 +4,9 @@
 #   bash run.sh test       the whole test suite
 set -euo pipefail
 CALLER=$PWD
-cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}" || echo "${BASH_SOURCE[0]}")")"  # the checkout, also via a link
+SOURCE=${BASH_SOURCE[0]}
+if [ -L "$SOURCE" ]; then SOURCE=$(readlink -f "$SOURCE"); fi  # the checkout, also when called through a link
+cd "$(dirname "$SOURCE")"
 ROOT=$(pwd)
 VENV=${SHARDRUN_VENV:-$ROOT/.venv}
 case $VENV in /*) ;; *) VENV=$ROOT/$VENV ;; esac  # a relative one is the checkout's, wherever a command runs
@@ -29,7 +31,7 @@ usage: bash run.sh [COMMAND] [ARGS...]
                          the benchmarks in scripts/ (default: loader)
   leaderboard [DIRS] [ARGS]
                          python -m scripts.leaderboard (default DIRS: the checkout's runs/ records/)
-  plot RUN_DIR [...]     python -m scripts.plot: loss curves as a PNG (-o FILE, --x time|tokens|steps, --logy)
+  plot RUN_DIR [...]     python -m scripts.plot: loss curves as an image (-o FILE.png|svg|pdf, --x time|tokens|steps)
   sample CHECKPOINT [ARGS]
                          python -m scripts.sample: text from a checkpoint
   wheels [ARGS]          a wheel folder for a node without network (python -m scripts.wheels --help)
@@ -152,9 +154,10 @@ cpu_track() {
   fi
   echo "[run.sh] CPU track: no GPU found. Preparing the offline demo corpus (Python's standard library, bytes tokenizer)"
   local demo=(-m data.prepare --demo --tokenizer bytes --val-tokens 1000000 --shard-tokens 10000000 --out shards/demo)
-  # Derived data: a folder that another Python's standard library (or an older version) made is refused by
-  # prepare (status 3): remake it, and start a new run, as the old runs' data is gone. Any other failure (Ctrl-C,
-  # a full disk) stops here, the kept shards left for the same command to continue.
+  # Derived data: a folder whose shards prepare cannot continue (another Python's standard library made them, an
+  # older version, or they are not what their meta.json lists) is refused with status 3: remake it, and start a new
+  # run, as the old runs' data is gone. Any other failure (Ctrl-C, a full disk) stops here, the kept shards left
+  # for the same command to continue.
   "$PY" "${demo[@]}" || prepared=$?
   if [ "$prepared" = 3 ]; then
     echo "[run.sh] making shards/demo again (--overwrite); runs on the old shards are not continued"

@@ -19,8 +19,8 @@ again with the same arguments, continues after its last shard and ends with the 
 uninterrupted run. Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
 new corpus has given its first shard. A run that fails before its first shard, or refuses its input (a binary file,
 too little text), leaves nothing behind; one whose reading fails part-way (the network, the disk) keeps its shards.
-It exits 1 on an error, 130 when interrupted (Ctrl-C), and 3 where DIR holds another run's shards (run.sh remakes
-its derived demo shards then, and only then).
+It exits 2 on bad arguments, 1 on an error, 130 when interrupted (Ctrl-C), and 3 where DIR holds shards it cannot
+continue (run.sh remakes its derived demo shards then, and only then).
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ class PrepareError(ValueError):
 
 
 class OtherShards(PrepareError):
-    """--out holds shards of other settings, or of unknown ones: replaced only under --overwrite."""
+    """--out holds shards prepare cannot continue (of other settings, unknown ones, or not as meta.json lists
+    them): replaced only under --overwrite."""
 
 
 OTHER_SHARDS_STATUS = 3  # the exit status that says so (OtherShards)
@@ -185,13 +186,13 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> tuple[dict, list[P
         diffs = [f"{key}: {_value(there)} there, {_value(now)} now"
                  for key, there, now in _differences(old["settings"], settings)]
         raise OtherShards(f"{out} holds shards made with other settings: {'; '.join(diffs)}; write to another "
-                           f"--out directory, or pass --overwrite to replace them")
+                          f"--out directory, or pass --overwrite to replace them")
     elif old is not None and old["settings"] == settings:
         _check_listed_shards(out, old)
         return old, []
     elif found:
         raise OtherShards(f"{out} holds shards ({found[0]} ...) that no {META} lists, so their settings are "
-                           f"unknown; write to another --out directory or pass --overwrite to replace them")
+                          f"unknown; write to another --out directory or pass --overwrite to replace them")
     return fresh, []
 
 
@@ -219,8 +220,8 @@ def _read_meta(out: Path) -> dict:
     except MetaError as e:
         meta = e.problem
     if not isinstance(meta, dict) or not {"settings", "shards", "complete"} <= meta.keys():
-        raise PrepareError(f"{out / META}: not a meta.json written by data.prepare ({str(meta)[:100]}); "
-                           f"write to another --out directory or pass --overwrite")
+        raise OtherShards(f"{out / META}: not a meta.json written by data.prepare ({str(meta)[:100]}); "
+                          f"write to another --out directory or pass --overwrite")
     return meta
 
 
@@ -231,8 +232,8 @@ def _check_listed_shards(out: Path, meta: dict) -> None:
         except ShardError as e:
             n = str(e)
         if n != shard["tokens"]:
-            raise PrepareError(f"{out / shard['file']}: {META} lists {shard['tokens']} tokens, found {n}; "
-                               f"the directory was changed by hand: pass --overwrite to re-create it")
+            raise OtherShards(f"{out / shard['file']}: {META} lists {shard['tokens']} tokens, found {n}; "
+                              f"the directory was changed by hand: pass --overwrite to re-create it")
 
 
 _ENC = None  # each worker process builds its tokenizer once, in _init_worker

@@ -1,7 +1,8 @@
 """The model's config section as a dataclass, free of torch.
 
 trainer/config.py builds the run config from them, and train.py parses it before it imports torch, so a
-config error is answered at once. optim/config.py uses its `choices`, `grouped` and `elements_are` helpers.
+config error is answered at once. optim/config.py uses its `check_choices`, `grouped` and `elements_are`
+helpers.
 
 A key with a fixed set of values says them once, as its `Literal[...]` type: `choices` reads them for the
 dataclasses' own checks here and for trainer/config.py's check of files and overrides. `field_value` is the one

@@ -56,7 +56,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         check_choices(self, "optim config")
         try:  # Muon's own rule, here before the run starts rather than when Muon is built
-            quintics(self.ns_coefficients, self.ns_steps)
+            if self.name == "muon":
+                quintics(self.ns_coefficients, self.ns_steps)
         except ValueError as e:
             raise ValueError(f"optim config: {e}") from None
         if self.grad_clip < 0:

@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table (for records/README.md)")
     ap.add_argument("--all", action="store_true", dest="show_all",
                     help="list every run id and every difference from the config file (default: clipped)")
-    ap.add_argument("--plot", type=Path, metavar="PNG",
+    ap.add_argument("--plot", type=Path, metavar="FILE",
                     help="also draw each run's time to target and final val loss against the target (in the format "
                          "of its suffix: .png, .svg, .pdf ...)")
     args = ap.parse_args(argv)

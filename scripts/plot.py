@@ -21,7 +21,7 @@ from trainer.plots import X_AXES, PlotError, plot_runs
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: draw the given run folders into one PNG."""
+    """Command line: draw the given run folders into one figure (its format by -o's suffix)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (runs/<run_id>)")
     ap.add_argument("-o", "--out", type=Path, help="picture to write, in the format of its suffix (.png, .svg, .pdf "

@@ -64,12 +64,12 @@ def run_checkpoint(folder: Path) -> Path:
     config = folder / "config.toml"
     try:
         path = saved_checkpoint(folder)
+        if path.is_file():
+            return path
         saved = tomllib.loads(config.read_text()) if config.is_file() else {}
     except (OSError, ValueError) as e:  # ValueError: JSON or TOML that does not parse
         raise SampleError(f"{folder}: cannot read where its run saved the checkpoint ({e}); pass the "
                           f"checkpoint.pt itself") from None
-    if path.is_file():
-        return path
     runs = sorted(folder.glob("*/config.toml"), key=lambda c: c.stat().st_mtime, reverse=True)
     if runs and not config.is_file():
         names = ", ".join(c.parent.name for c in runs[:RUNS_NAMED]) + (", ..." if len(runs) > RUNS_NAMED else "")

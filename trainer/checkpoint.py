@@ -90,8 +90,10 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file; all mean "not loadable"
-        raise CheckpointError(f"{path}: cannot be loaded as a checkpoint: {_unreadable(path, e)}; copy it again from "
-                              f"its run, or pass the run's own runs/<run_id>/checkpoint.pt") from None
+        if (why := _unreadable(path, e)) is None:
+            raise
+        raise CheckpointError(f"{path}: cannot be loaded as a checkpoint: {why}; copy it again from its run, or pass "
+                              f"the run's own runs/<run_id>/checkpoint.pt") from None
     if not isinstance(ckpt, dict) or not {"config", "model"} <= ckpt.keys():
         got = f"keys {sorted(ckpt)}" if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path}: expected a dict with keys 'config' and 'model' (train.py's checkpoint.pt), "
@@ -104,11 +106,17 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
     return model.to(device).eval(), ckpt["config"]
 
 
-def _unreadable(path: Path, error: Exception) -> str:
+def _unreadable(path: Path, error: Exception) -> str | None:
     """Why torch.load could not read the file `path` (it raised `error`), in words: torch's own text is a pickle
-    key, a zip library's internals or advice to load with weights_only=False, which runs the file's code."""
-    with open(path, "rb") as f:
-        head = f.read(4)
+    key, a zip library's internals or advice to load with weights_only=False, which runs the file's code. None
+    where the file is not at fault (memory ran out as it loaded): the caller raises `error` as it is."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror})"
     if not head:
         return "it is empty"
     if not head.startswith(TORCH_HEADS):
@@ -282,8 +290,10 @@ def _load_state(path: Path, dist: Dist) -> dict[str, Any]:
     try:
         return torch.load(path, weights_only=True, map_location=dist.device)
     except Exception as e:  # noqa: BLE001 - cut short or damaged since done.json named it
-        raise ConfigError(f"{path}: this resume state cannot be read ({_unreadable(path, e)}); start a new "
-                          f"log.run_id, or train this one from the start with --overwrite") from None
+        if (why := _unreadable(path, e)) is None:
+            raise
+        raise ConfigError(f"{path}: this resume state cannot be read ({why}); start a new log.run_id, or train this "
+                          f"one from the start with --overwrite") from None
 
 
 def warn_if_the_saves_do_not_fit(run: Run) -> None:

@@ -520,10 +520,10 @@ def validate(cfg: Config) -> None:
                           f"train.max_steps), or the cooldown to 0")
     # a zero dist_timeout_s would fail every collective at once; negative counts or periods mean nothing
     positive = ["train.batch_size", "train.seq_len", "train.grad_accum", "train.dist_timeout_s",
-                "train.warmup_timeout_s", "eval.tokens", "log.every_steps"]
+                "train.warmup_timeout_s", "eval.tokens"]
     not_negative = ["train.max_steps", "train.extension_steps", "train.warmup_steps", "train.checkpoint_every_s",
                     "eval.every_s", "eval.every_steps", "eval.batch_size", "eval.seq_len", "eval.final_window",
-                    "data.shuffle_shards", "data.doc_cut"]
+                    "data.shuffle_shards", "data.doc_cut", "log.every_steps"]
     for dotted in positive + not_negative + ["data.seed"]:
         section, key = dotted.split(".")
         value, floor = getattr(getattr(cfg, section), key), 0 if dotted in positive else -1

@@ -68,7 +68,8 @@ time.sleep(120)
 
 def launcher(script: Path, *args: str) -> list[str]:
     """trainer/torchrun.py (run.sh's torchrun) running `script` with `args` in 2 processes."""
-    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script), *map(str, args)]
+    return [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2", str(script),
+            *map(str, args)]
 
 
 @pytest.mark.parametrize("how", ["die", "die-with-peer"])

@@ -20,10 +20,12 @@ def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
     (dict(betas=["a", "b"]), r"betas=\['a', 'b'\] must be a list of two floats in \[0, 1\)"),
     (dict(betas=[[1], [2]]), r"betas=\[\[1\], \[2\]\] must be a list of two floats"),
     (dict(adjust_lr="bogus"), r"adjust_lr='bogus'; use 'original', 'match_rms_adamw' or 'none'"),
-    (dict(ns_steps=0), r"ns_steps=0 must be >= 1, the iterations that orthogonalise Muon's update \(e.g. 5\)"),
-    (dict(ns_steps=-2, ns_coefficients="polar_express"), r"ns_steps=-2 must be >= 1"),
-    (dict(ns_steps=3, ns_coefficients="polar_express"), r"ns_coefficients='polar_express' needs ns_steps >= 5, got "
-                                                        r"3: .*; raise ns_steps or use ns_coefficients='newton_schulz'"),
+    (dict(name="muon", ns_steps=0), r"ns_steps=0 must be >= 1, the iterations that orthogonalise Muon's update "
+                                    r"\(e.g. 5\)"),
+    (dict(name="muon", ns_steps=-2, ns_coefficients="polar_express"), r"ns_steps=-2 must be >= 1"),
+    (dict(name="muon", ns_steps=3, ns_coefficients="polar_express"),
+     r"ns_coefficients='polar_express' needs ns_steps >= 5, got 3: .*; raise ns_steps or use "
+     r"ns_coefficients='newton_schulz'"),
     (dict(muon_fc_lr_scale=0.0), r"muon_fc_lr_scale=0.0 must be > 0 \(1 = muon_lr; record 46: 2\)"),
     (dict(adam_every=0), r"adam_every=0 must be >= 1 \(1 = every step; records: 2\)"),
     (dict(ns_eps=0.0), r"ns_eps=0.0 must be > 0 \(a zero update divides by it; e.g. 1e-7\)"),
@@ -33,3 +35,7 @@ def test_the_defaults_are_one_adamw_with_decay_and_no_clipping():
 def test_bad_values_say_what_to_write(bad, message):
     with pytest.raises(ValueError, match=f"^optim config: {message}"):
         OptimConfig(**bad)
+
+
+def test_muons_own_keys_are_left_alone_under_adamw():
+    assert OptimConfig(name="adamw", ns_steps=0, ns_coefficients="polar_express").ns_steps == 0
