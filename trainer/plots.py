@@ -1,4 +1,4 @@
-"""Loss curves and leaderboard figures as PNGs (matplotlib, Agg backend, no display).
+"""Loss curves and leaderboard figures (matplotlib, Agg backend, no display; PNG unless a name says otherwise).
 
 plot_runs draws the val loss (points and line) and smoothed train loss of one or more run folders from their
 metrics.jsonl and, once a run has finished, its summary.json: a run that is still going, or was killed, plots
@@ -143,10 +143,11 @@ def _canvas() -> Any:
 
 def _figure(ncols: int):
     """A blank Agg figure of `ncols` panels side by side."""
+    canvas = _canvas()  # first: where matplotlib is missing, it says so in one line
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(SIZE_IN[0] * ncols, SIZE_IN[1]), dpi=DPI)
-    _canvas()(fig)
+    canvas(fig)
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
