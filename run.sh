@@ -72,7 +72,7 @@ setup_env() {
   # another PYTHON must not reinstall it (pip would put torch==2.13.0 over the node's own torch)
   keep_torch=$(cat "$VENV/.requirements.sha" 2>/dev/null || true)
   keep_torch=${keep_torch##*-}
-  if [ ! -x "$PY" ] || [ -z "$keep_torch" ]; then
+  if [ ! -x "$PY" ] || { [ "$keep_torch" != 0 ] && [ "$keep_torch" != 1 ]; }; then
     keep_torch=$("$base" -c 'import torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); print(int(v >= (2, 6)))' 2>/dev/null || echo 0)
   fi
   if [ ! -x "$PY" ]; then
