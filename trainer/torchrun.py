@@ -14,8 +14,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
+import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from argparse import Namespace
@@ -39,6 +43,7 @@ def main(argv: list[str]) -> int:
         if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger) and logger.handlers:
             logger.handlers = [handler]
     keep_unraisable(text)
+    interrupts = note_interrupts()
     status, note, started = 0, "", time.time()
     try:
         torchrun.run(args)
@@ -54,14 +59,31 @@ def main(argv: list[str]) -> int:
             oom = " (out of memory? see trainer/memory.py)" if failure.signal_name() == "SIGKILL" else ""
             note = f"rank {rank} was killed by {failure.signal_name()}{oom}"
     except SignalException:  # torchrun was stopped and passed the signal on: the ranks say what they did
-        # a signal that came after the run had finished (a Ctrl-C as it ended) stopped no training
-        status = 0 if finished_since(args, started) else 1
+        # a signal that came after the run had finished (a Ctrl-C as it ended) stopped no training; a Ctrl-C
+        # before, in its final eval, stops the caller as any Ctrl-C does (train.py exits 130 there)
+        status = 0 if finished_since(args, started, interrupts[0] if interrupts else math.inf) else 1
         text.write(traceback.format_exc())
     finally:
         path = keep(text.getvalue(), args, argv, named=bool(note))
     if note:
         print(f"torchrun: {note}; torchrun's report: {path}", file=sys.stderr, flush=True)
     return status
+
+
+def note_interrupts() -> list[float]:
+    """From now on the time of each Ctrl-C (SIGINT) this process gets, whatever handler torchrun installs for it:
+    Python writes each signal's number to its wakeup fd before any handler runs."""
+    times: list[float] = []
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+
+    def watch() -> None:
+        while True:
+            times.extend(time.time() for signum in os.read(read, 64) if signum == signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return times
 
 
 def keep_unraisable(text: io.StringIO) -> None:
@@ -93,11 +115,12 @@ def keep(text: str, args: Namespace, argv: list[str], named: bool) -> Path | Non
     return path
 
 
-def finished_since(args: Namespace, started: float) -> bool:
-    """True when train.py under torchrun's `args` wrote a finished run's summary.json after `started` (time.time())."""
+def finished_since(args: Namespace, started: float, before: float) -> bool:
+    """True when train.py under torchrun's `args` wrote a finished run's summary.json after `started` and before
+    `before` (time.time()'s)."""
     folder = run_folder(args)
     summary = folder / "summary.json" if folder else None
-    if summary is None or not summary.is_file() or summary.stat().st_mtime < started:
+    if summary is None or not summary.is_file() or not started <= summary.stat().st_mtime < before:
         return False
     return json.loads(summary.read_text())["status"] not in STOPPED_BY_SIGNAL
 

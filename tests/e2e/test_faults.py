@@ -22,7 +22,7 @@ import torch
 from data.shards import open_shard, write_shard
 from model import get_model
 from tests.workers.fault_writer import CONFIG, DIED_AT_RENAME, FILE_LIMIT
-from tests.helpers import ROOT, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
+from tests.helpers import ROOT, TRAIN, free_port, resume_state_files, tiny_args, tiny_data, torchrun_cmd
 from trainer.checkpoint import save_checkpoint
 
 STEPS = 12
@@ -297,13 +297,24 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(shards, tmp_path):
                                             "save stays, and the same command resumes from it)"), err
 
 
-def test_a_ctrl_c_during_the_final_eval_ends_the_run_as_planned_with_status_130(shards, tmp_path):
+@pytest.mark.parametrize("launcher", ["one process", "torchrun"])
+def test_a_ctrl_c_during_the_final_eval_ends_the_run_as_planned_and_stops_its_caller(shards, tmp_path, launcher):
     # the SIGINT comes as the final eval (tiny.toml's only one) returns: the run is saved and summarised as
-    # planned, and a script running train.py (run.sh, then its sample) stops as after any Ctrl-C
+    # planned, and a script running train.py (run.sh, then its sample) stops as after any Ctrl-C; under
+    # run.sh's torchrun the Ctrl-C reaches the agent, which passes it on
     die = [ROOT / "tests" / "workers" / "die_at.py", "trainer.evaluate:eval_and_record", "1"]
-    proc = subprocess.run([sys.executable, *die, *tiny_args(shards, tmp_path, "last", "--train.max_steps=5")],
-                          cwd=ROOT, env={**os.environ, "DIE_SIGNAL": "SIGINT", "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    cmd, env = [sys.executable, *die], {"DIE_SIGNAL": "SIGINT", "PYTHONPATH": str(ROOT)}
+    args = tiny_args(shards, tmp_path, "last", "--train.max_steps=5")
+    if launcher == "torchrun":
+        # the agent finds the run folder of a script named train.py: here one that runs ours under die_at.py
+        (tmp_path / "train.py").write_text(f"import sys\nfrom tests.workers.die_at import main\n"
+                                           f"main({die[1]!r}, {die[2]!r}, {str(TRAIN)!r}, *sys.argv[1:])\n")
+        cmd, args = [sys.executable, "-m", "trainer.torchrun", "--standalone", "--nproc_per_node=2"], \
+            [tmp_path / "train.py", *args[1:]]
+        env.update(DIE_RANK="0", DIE_TARGET="parent", PYTHONWARNINGS="ignore::FutureWarning")
+    proc = subprocess.run([*cmd, *map(str, args)], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == (130 if launcher == "one process" else 1), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "last" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 5 and summary["final_val_loss"] > 0
