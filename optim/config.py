@@ -55,11 +55,11 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "optim config")
-        try:  # Muon's own rule, here before the run starts rather than when Muon is built
-            if self.name == "muon":
+        if self.name == "muon":  # Muon's own rule, here before the run starts rather than when Muon is built
+            try:
                 quintics(self.ns_coefficients, self.ns_steps)
-        except ValueError as e:
-            raise ValueError(f"optim config: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"optim config: {e}") from None
         if self.grad_clip < 0:
             raise ValueError(f"optim config: grad_clip={self.grad_clip} must be >= 0 (0 = off, e.g. 1.0)")
         if len(self.betas) != 2 or not elements_are(self.betas, int, float) or not all(0 <= b < 1 for b in self.betas):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import glob
 import sys
-import tomllib
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from model.config import padded
 from model.generate import generate
 from trainer import ROOT
 from trainer.checkpoint import CheckpointError, load_checkpoint
-from trainer.runs import saved_checkpoint
+from trainer.runs import saved_checkpoint, saved_config
 from util.plural import plural
 
 
@@ -61,17 +60,16 @@ def tokenizer_name(config: dict, override: str | None = None) -> str:
 def run_checkpoint(folder: Path) -> Path:
     """The checkpoint a run folder's run saved (trainer/runs.py `saved_checkpoint` says where); a SampleError that
     says why there is none: a folder of runs, a run that saves none, or one that has not saved yet."""
-    config = folder / "config.toml"
     try:
         path = saved_checkpoint(folder)
         if path.is_file():
             return path
-        saved = tomllib.loads(config.read_text()) if config.is_file() else {}
+        saved = saved_config(folder)
     except (OSError, ValueError) as e:  # ValueError: JSON or TOML that does not parse
         raise SampleError(f"{folder}: cannot read where its run saved the checkpoint ({e}); pass the "
                           f"checkpoint.pt itself") from None
     runs = sorted(folder.glob("*/config.toml"), key=lambda c: c.stat().st_mtime, reverse=True)
-    if runs and not config.is_file():
+    if runs and not (folder / "config.toml").is_file():
         names = ", ".join(c.parent.name for c in runs[:RUNS_NAMED]) + (", ..." if len(runs) > RUNS_NAMED else "")
         raise SampleError(f"{folder}: a folder of {plural(len(runs), 'run')} ({names}), not a run; pass one of them, "
                           f"e.g. the newest: {runs[0].parent}")

@@ -29,18 +29,24 @@ def checkpoint_path(run_dir: Path, configured: str) -> Path:
     return Path(configured or run_dir / "checkpoint.pt")
 
 
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The resolved config the run in `run_dir` wrote (its config.toml), {} before it wrote one. OSError or
+    ValueError where the file is unreadable."""
+    config = run_dir / "config.toml"
+    return tomllib.loads(config.read_text()) if config.is_file() else {}
+
+
 def saved_checkpoint(run_dir: Path) -> Path:
     """Where the run in `run_dir` saved its checkpoint: summary.json's checkpoint_path, but the folder's own
     checkpoint.pt where the run saved into its run folder (wherever that stood: it has been moved or copied since);
     for a run that has not finished, where its config.toml (if written yet) says it saves. OSError or ValueError
     where a file is unreadable."""
-    summary, config = run_dir / "summary.json", run_dir / "config.toml"
+    summary = run_dir / "summary.json"
     recorded = json.loads(summary.read_text()).get("checkpoint_path") if summary.is_file() else None
     if recorded:
         own = checkpoint_path(run_dir, "")
         return own if Path(recorded).parts[-2:] == own.parts[-2:] and own.is_file() else Path(recorded)
-    saved = tomllib.loads(config.read_text()) if config.is_file() else {}
-    return checkpoint_path(run_dir, saved.get("train", {}).get("checkpoint_path", ""))
+    return checkpoint_path(run_dir, saved_config(run_dir).get("train", {}).get("checkpoint_path", ""))
 
 
 def read_marker(run_dir: Path) -> dict[str, Any] | None:
