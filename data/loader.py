@@ -21,6 +21,7 @@ from data.streams import START, Sequential, Shuffled, Window
 T = TypeVar("T")
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
 DEFAULTS = {"doc_cut": 0}  # keys of the stream's definition that a state holds only when set otherwise
+NEWER = {"tokens"}  # keys that states saved before they existed lack: those states are taken without the check
 
 
 class TokenLoader:
@@ -59,7 +60,9 @@ class TokenLoader:
         self.wait_s = 0.0
         self._spec = {"files": [p.name for p in paths], "seed": seed, "seq_len": seq_len, "bos_id": bos_id,
                       "holdout_tokens": holdout_tokens, "shuffle": shuffle,
-                      "shuffle_shards": shuffle_shards if shuffle else 0, **({"doc_cut": doc_cut} if doc_cut else {})}
+                      "shuffle_shards": shuffle_shards if shuffle else 0, **({"doc_cut": doc_cut} if doc_cut else {}),
+                      # last, each file's token count: shards re-made under the same names are not the stream saved
+                      "tokens": [len(r) for r in regions]}
         self._vocab = None if vocab_size is None or meta_vouches(paths, vocab_size) else vocab_size
         place = rank, world_size, batch_size
         self._stream = (Shuffled(regions, seq_len + 1, seed, bos_id, shuffle_shards, *place) if shuffle else
@@ -153,10 +156,16 @@ class TokenLoader:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
         for key in [*self._spec, *DEFAULTS.keys() - self._spec.keys()]:
             had, want = state.get(key, DEFAULTS.get(key)), self._spec.get(key, DEFAULTS.get(key))
-            if had != want:
-                shown = plural(len(want), "file") if key == "files" else repr(want)
-                raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "
-                                 f"with the same data files, seed, seq_len, bos_id, holdout, shuffle and doc_cut "
-                                 f"settings")
+            if had == want or key in NEWER and key not in state:
+                continue
+            if key == "tokens":
+                name, was, now = next(c for c in zip(self._spec["files"], had, want) if c[1] != c[2])
+                raise ValueError(f"loader state: {name} held {plural(was, 'token')} at the save and holds {now:,} "
+                                 f"now: the data files were re-made or changed since; resume on the data the run "
+                                 f"trained on, or start a new run")
+            shown = plural(len(want), "file") if key == "files" else repr(want)
+            raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "
+                             f"with the same data files, seed, seq_len, bos_id, holdout, shuffle and doc_cut "
+                             f"settings")
         self._state = tuple(int(state[k]) for k in CURSOR)
         self._stream.seek(self._state)

@@ -40,6 +40,20 @@ def test_resume_refuses_another_stream(tmp_path):
             shuffled.load_state_dict(old.state_dict())
 
 
+def test_resume_refuses_shards_remade_under_the_same_names_and_takes_an_older_state(tmp_path):
+    make_shards(tmp_path, [300, 200])
+    files = str(tmp_path / "*.bin")
+    with TokenLoader(files, B, T, seed=1) as a:
+        next(a)
+        state = a.state_dict()
+    make_shards(tmp_path, [300, 260], seed=1)  # the second file re-made, longer
+    with TokenLoader(files, B, T, seed=1) as b:
+        with pytest.raises(ValueError, match="test_train_000001.bin held 200 tokens at the save and holds 260 now"):
+            b.load_state_dict(state)
+        b.load_state_dict({k: v for k, v in state.items() if k != "tokens"})  # saved before the counts were kept
+        assert b.state_dict() == {**state, "tokens": [300, 260]}
+
+
 def test_bad_inputs_are_refused_with_the_fix(tmp_path):
     paths = make_shards(tmp_path, [10, 20], vocab=1000)
     with pytest.raises(ShardError, match=r"no file matches '.*nothing\*\.bin'"):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from scripts.leaderboard import find_summaries, group_rows, load_summary
-from tests.helpers import ROOT, run, tiny_args, tiny_data, torchrun
+from tests.helpers import ROOT, VOCAB, make_shards, run, tiny_args, tiny_data, torchrun
 from trainer.config import ConfigError, check_resume, parse_args
 from trainer.clock import Clock
 from trainer.distributed import Dist
@@ -369,15 +369,22 @@ def test_an_extended_budget_says_what_it_does_to_the_next_steps_lr():
     assert change_lines(cfg.train, saved["train"] | {"budget_s": 20.0}, clock, 30, []) == []
 
 
-def test_a_data_file_added_since_the_save_is_refused_and_nothing_changes(tmp_path):
+def test_a_data_file_added_or_remade_since_the_save_is_refused_and_nothing_changes(tmp_path):
     data, run_dir = tiny_data(tmp_path / "data"), tmp_path / "runs" / "r"
     run([sys.executable, *tiny_args(data, run_dir.parent, run_dir.name, "--train.max_steps=4")])
     before = snapshot(run_dir)
-    shutil.copy(sorted(data.glob("*_train_*.bin"))[0], data / "zz_train_000009.bin")  # the same glob matches it
-    proc = relaunch(data, run_dir, "--train.max_steps=8", "--extend-budget", check=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"config error: {run_dir}: cannot resume: loader state: files was" in proc.stderr, proc.stderr[-3000:]
-    assert snapshot(run_dir) == before
+
+    def refused(message: str) -> None:
+        proc = relaunch(data, run_dir, "--train.max_steps=8", "--extend-budget", check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert f"config error: {run_dir}: cannot resume: loader state: {message}" in proc.stderr, proc.stderr[-3000:]
+        assert snapshot(run_dir) == before
+
+    added = Path(shutil.copy(sorted(data.glob("*_train_*.bin"))[0], data / "zz_train_000009.bin"))  # the same glob
+    refused("files was")
+    added.unlink()
+    make_shards(data, [19_000], vocab=VOCAB, seed=5, start=1)  # the second file re-made under its name
+    refused("test_train_000001.bin held 20,000 tokens at the save and holds 19,000 now")
 
 
 def test_a_log_dir_or_checkpoint_path_a_save_cannot_write_is_refused_before_training(finished, tmp_path):
