@@ -14,6 +14,9 @@ from optim.groups import build_optimizers, step_optimizers
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.parallel import ParallelModel, parallelize
+from tests.helpers import bf16_attention_error
+
+BF16_ATTENTION = bf16_attention_error()  # None where torch runs a masked bf16 attention on this CPU
 
 # configs/speedrun_8xh100.toml in miniature: every piece it turns on, 2 layers of width 32, 2 x 128 tokens
 SPEEDRUN = dict(vocab_size=257, block_size=256, n_layer=2, n_head=2, n_embd=32, bias=False, norm="rmsnorm",
@@ -104,6 +107,7 @@ def test_train_step_compiles_once_without_graph_breaks(graphs, config):
 
 
 @pytest.mark.filterwarnings("ignore:attention='flex'")
+@pytest.mark.skipif(bool(BF16_ATTENTION), reason=f"torch's bf16 attention on this CPU: {BF16_ATTENTION}")
 def test_the_bf16_stream_compiles_once_and_computes_what_it_does_eager(graphs):
     """train.bf16_stream under bf16 autocast (CPU's here): parallelize turns it on, the step is one graph, the
     loss's autocast-free region included, and its loss and gradients are the eager model's with the key."""
