@@ -69,7 +69,6 @@ from trainer.plots import PlotError, read_run
 
 GPT2_EOT, HACKATHON_VOCAB, BYTES_EOT = 50256, 32000, 256
 MEAN_DOC_TOKENS = 1000  # FineWeb documents average about this many GPT-2 tokens
-SPEEDRUN_MIN_S = 230  # the speedrun check's least timeout: a cold compile of its model and eval shape, and a margin
 TRAINING = ("speedrun", "hackathon", "text")
 PHASES = ("data", "forward+backward", "adamw", "muon", "other", "flags", "idle")  # the probe's, in step order
 # Thresholds of the verdicts

@@ -122,7 +122,7 @@ def test_budgets_add_up_within_the_deadline_and_the_shell_bound(sizes):
 
 def test_the_gpu_plan_runs_the_speedrun_first_with_room_for_its_cold_compile():
     assert check_sizes.CHECKS[0] == "speedrun" and list(check_sizes.GPU.timeout_s) == ["data", *check_sizes.CHECKS]
-    assert check_sizes.GPU.timeout_s["speedrun"] >= gpu_check.SPEEDRUN_MIN_S == 230
+    assert check_sizes.GPU.timeout_s["speedrun"] >= 230  # a cold compile of its model and eval shape, and a margin
     # and no check saves a checkpoint; the speedrun row (and the text row, for its graphs) runs under DDP
     for name in gpu_check.TRAINING:
         cfg = parse_train_args(gpu_check.check_args(name, Path("/w"), check_sizes.GPU)[0])
