@@ -9,6 +9,7 @@ seed, or as stored; seed=None), so that a run can be resumed by starting at the 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import random
 import re
@@ -139,15 +140,14 @@ def row_corpus(files: list[Path], text_field: str = "text", seed: int | None = 0
     datasets.disable_progress_bars()
     named = f"--files {given!r}" if given else f"{files[0].parent}/*{files[0].suffix}"
     where = f"{named} ({plural(len(files), 'file')})"
-    if files[0].suffix == ".parquet":
-        _check_parquet(files, text_field)
+    (_check_parquet if files[0].suffix == ".parquet" else _check_json)(files, text_field)
 
     def load():  # streaming reads the files in place; otherwise datasets builds its Arrow copy in HF_HOME
         try:
             return datasets.load_dataset(BUILDERS[files[0].suffix], data_files=[str(p) for p in files],
                                          split="train", streaming=streaming)
         except (StopIteration, ValueError, OSError, datasets.exceptions.DatasetGenerationError) as e:
-            why = str(e.__cause__ or e)[:300] or "no rows"  # StopIteration: no row at all (empty files)
+            why = " ".join(str(e.__cause__ or e).split())[:300] or "no rows"  # StopIteration: empty files
             raise SourceError(f"{where}: cannot read them ({why}); fix or remove the bad file") from None
     return _row_corpus(load, text_field, where, seed, streaming, buffer, malformed="fix or remove the bad file")
 
@@ -179,6 +179,66 @@ def _check_parquet(files: list[Path], field: str) -> None:
         if not (pa.types.is_null(kind) or str(kind) in TEXT_TYPES):  # null: every row empty
             raise SourceError(f"{path}: column {field!r} holds {kind}, not text; pass the text column with "
                               f"--text-field (its columns: {columns}), or narrow --files")
+
+
+def _check_json(files: list[Path], field: str) -> None:
+    """Refuse, naming the file and row, a .jsonl/.json row whose `field` is not text, and a file none of whose rows
+    has it: datasets reads every file by the first one's types (a later file's numbers would become their digits,
+    its rows without the field empty documents), and its errors name no file. Empty files are let through."""
+    pa = import_optional("pyarrow", READERS_NEED, SourceError)
+    pa_json = import_optional("pyarrow.json", READERS_NEED, SourceError)
+    only_field = pa_json.ParseOptions(explicit_schema=pa.schema([(field, pa.string())]),
+                                      unexpected_field_behavior="ignore")
+    for path in files:
+        with open(path, "rb") as f:
+            if f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # one JSON array of rows
+                _check_json_array(path, field)
+                continue
+        rows = texts = 0
+        try:
+            for batch in pa_json.open_json(path, parse_options=only_field):
+                rows, texts = rows + batch.num_rows, texts + batch.num_rows - batch.column(0).null_count
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            why = str(e).removeprefix("JSON parse error: ")
+            if why == "Empty JSON stream":
+                continue
+            where = re.search(r" in row (\d+)$", why)  # counted from the start of the block that failed
+            row = f"row {rows + int(where[1]) + 1}" if where else "a row"
+            if kind := re.fullmatch(r"Column\(/.*\) changed from string to (\w+) in row \d+", why):
+                raise SourceError(f"{path}: {row}'s {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} "
+                                  f"{kind[1]}, not text; fix or remove that row, or pass the text column with "
+                                  f"--text-field") from None
+            why = why[:where.start() if where else 200].rstrip(".")
+            raise SourceError(f"{path}: {row} is not valid JSON ({why}); fix or remove it") from None
+        if rows and not texts:
+            with open(path, "rb") as f:
+                first = json.loads(next(line for line in f if line.strip()).lstrip(b"\xef\xbb\xbf"))
+            raise _textless(path, field, first, rows, "row")
+
+
+def _textless(path: Path, field: str, first: Any, count: int, noun: str) -> SourceError:
+    """The error for a file none of whose `count` rows has text in `field`: the keys its `first` row has instead."""
+    if isinstance(first, dict) and field not in first:
+        return _no_text(str(path), field, list(first))
+    return SourceError(f"{path}: every one of its {plural(count, noun)} has {field!r} null or missing; pass the "
+                       f"text column with --text-field, or narrow --files")
+
+
+def _check_json_array(path: Path, field: str) -> None:
+    """_check_json for a .json file that holds one array: of rows, or of strings (datasets' "text" column)."""
+    try:
+        rows = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise SourceError(f"{path}: not valid JSON ({str(e)[:200]}); fix or remove it") from None
+    texts = 0
+    for i, row in enumerate(rows, 1):
+        text = row if isinstance(row, str) and field == "text" else row.get(field) if isinstance(row, dict) else row
+        if text is not None and not isinstance(text, str):
+            raise SourceError(f"{path}: item {i}'s {field!r} is {str(text)[:60]!r} ({type(text).__name__}), not "
+                              f"text; fix or remove it, or pass the text column with --text-field")
+        texts += text is not None
+    if rows and not texts:
+        raise _textless(path, field, rows[0], len(rows), "item")
 
 
 def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", text_field: str = "text",

@@ -117,7 +117,7 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
     assert "the corpus gave only 1 token," in message, message
     bad = tmp_path / "j" / "x.jsonl"
     bad.parent.mkdir()
-    bad.write_text("{bad json\n")
+    bad.write_text("")
     message, _ = prepare_cli(capsys, "--files", str(bad), "--out", str(tmp_path / "o3"))
     assert f"--files {str(bad)!r} (1 file): cannot read" in message, message
 
@@ -301,6 +301,35 @@ def test_a_resume_that_finds_no_document_left_finishes(tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "meta.json").read_text()) == meta
 
 
+def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tmp_path, capsys):
+    """datasets reads every file by the first one's types: a later file's number became its digits, a list its
+    JSON, and a file whose rows lack the field was dropped as empty documents, each without a word."""
+    corpus = tmp_path / "j"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"row {i} " * 10}) + "\n" for i in range(40)))
+    good = "".join(json.dumps({"text": f"more {i} " * 10}) + "\n" for i in range(40))
+    cases = [(good + '{"text": 12345}\n', ": row 41's 'text' is a number, not text; fix or remove that row"),
+             ("\n" + good + '{"text": [1, 2]}\n', ": row 41's 'text' is an array, not text"),  # blank lines: no row
+             (good + "{bad json\n", ": row 41 is not valid JSON (Missing a name for object member); fix or remove it"),
+             ("".join(json.dumps({"id": i}) + "\n" for i in range(5)), " has no column 'text'; available columns: "
+                                                                         "['id']. Pass the right one with --text-field"),
+             ('{"text": null}\n' * 3, ": every one of its 3 rows has 'text' null or missing")]
+    for text, error in cases:
+        (corpus / "b.jsonl").write_text(text)
+        message, _ = prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")
+        assert message.startswith(f"prepare: error: {corpus / 'b.jsonl'}{error}"), message
+        assert not (tmp_path / "out").exists()
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    (arrays / "a.json").write_text(json.dumps([{"text": "an item " * 10}] * 40))
+    (arrays / "b.json").write_text(json.dumps([{"text": "an item " * 10}, {"text": 7.5}]))
+    message, _ = prepare_cli(capsys, "--files", str(arrays), "--out", str(tmp_path / "out"), "--val-tokens", "10")
+    assert message == (f"prepare: error: {arrays / 'b.json'}: item 2's 'text' is '7.5' (float), not text; fix or "
+                       f"remove it, or pass the text column with --text-field"), message
+    (corpus / "b.jsonl").write_text("")  # an empty file gives no document, as before
+    assert prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")[0] == ""
+
+
 def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -317,8 +346,8 @@ def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, cap
         assert documents_of(token_stream(out)) == ["first row " * 10, "last row " * 10]
     (corpus / "a.jsonl").write_text(json.dumps({"text": "a row " * 10}) + "\n" + json.dumps({"text": 12345}) + "\n")
     message, _ = prepare_cli(capsys, "--files", str(corpus / "a.jsonl"), "--out", str(tmp_path / "bad"))
-    assert message == (f"prepare: error: --files {str(corpus / 'a.jsonl')!r} (1 file): a row's 'text' is '12345' "
-                       f"(int), not text; fix or remove that row, or pass the text column with --text-field"), message
+    assert message == (f"prepare: error: {corpus / 'a.jsonl'}: row 2's 'text' is a number, not text; fix or remove "
+                       f"that row, or pass the text column with --text-field"), message
     # parquet: datasets would read a later file's numbers as the first file's strings (their digits), or a file
     # without the column as nulls
     folder = tmp_path / "p"
