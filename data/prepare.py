@@ -16,7 +16,7 @@ documents, empty_documents (skipped: no text, or a null), tokens, text_bytes (th
 bytes_per_token, and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
-uninterrupted run. Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
+uninterrupted run; it first reads the documents before that point, which must be those written (input_sha256). Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
 new corpus has given its first shard. A run that fails before its first shard, or refuses its input (a binary file,
 too little text), leaves nothing behind; one whose reading fails part-way (the network, the disk) keeps its shards.
 It exits 2 on bad arguments, 1 on an error, 130 when interrupted (Ctrl-C), and 3 where DIR holds shards it cannot
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import re
@@ -252,10 +253,11 @@ def _init_pool_worker(tokenizer: str, dtype: str) -> None:
     _init_worker(tokenizer, dtype)
 
 
-def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
+def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int, bytes]]:
     enc, eot, dtype = _ENC
     out = []
     for doc in docs:
+        digest = doc_digest(doc)
         if isinstance(doc, bytes):  # a whole file: its real size counts, not that of its decoded text
             text, binary = sources.decode(doc)
             nbytes = len(doc)
@@ -263,8 +265,18 @@ def _encode(docs: list[str | bytes]) -> list[tuple[np.ndarray, int, int]]:
             text, binary, nbytes = doc, 0, len(doc.encode("utf-8", errors="replace"))
         # ordinary: a literal "<|endoftext|>" in a document is just text
         ids = [np.array(enc.encode_ordinary(piece), dtype=dtype) for piece in pieces(text)]
-        out.append((np.concatenate([np.array([eot], dtype=dtype), *ids]), nbytes, binary))
+        out.append((np.concatenate([np.array([eot], dtype=dtype), *ids]), nbytes, binary, digest))
     return out
+
+
+def doc_digest(doc: str | bytes) -> bytes:
+    """The sha256 of a document as the corpus gives it (a file's bytes, a row's text)."""
+    return hashlib.sha256(doc if isinstance(doc, bytes) else doc.encode("utf-8", "surrogatepass")).digest()
+
+
+def chained(chain: bytes, digest: bytes) -> bytes:
+    """The digest of the documents so far (`chain`: those before) and one more (its `digest`)."""
+    return hashlib.sha256(chain + digest).digest()
 
 
 def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
@@ -282,9 +294,9 @@ def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
 
 
 def encode_documents(docs: Iterable[str | bytes], tokenizer: str, dtype: np.dtype,
-                     workers: int) -> Iterator[tuple[np.ndarray, int, int]]:
-    """Each document's tokens (<|endoftext|> first), its size in bytes and how many of those are not UTF-8
-    text, in order, tokenized by `workers` processes."""
+                     workers: int) -> Iterator[tuple[np.ndarray, int, int, bytes]]:
+    """Each document's tokens (<|endoftext|> first), its size in bytes, how many of those are not UTF-8
+    text and its doc_digest, in order, tokenized by `workers` processes."""
     docs = iter(docs)
     batches = iter(lambda: list(islice(docs, BATCH_DOCS)), [])
     if workers == 1:
@@ -344,7 +356,9 @@ def prepare(args: argparse.Namespace) -> dict:
     try:
         return _tokenize(args, corpus, meta, dtype, replaced)
     except (Exception, KeyboardInterrupt) as e:
-        if replaced:  # --overwrite's old files are still all there: nothing of this run was written
+        # --overwrite's old files are still all there: nothing of this run was written; or its shards are another
+        # input's, kept until --overwrite replaces them
+        if replaced or isinstance(e, OtherShards):
             raise
         # A refused local input: the corrected corpus has other settings, so no re-run could continue these
         # shards (a hub dataset's settings are its names: its shards wait for a re-run). A folder holding only
@@ -391,15 +405,19 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
     # Documents resume at the first not fully written, `skip` of its tokens already in the shards.
     done, empty, skip = meta["documents"], meta["empty_documents"], meta["partial_doc_tokens"]
     first = done + empty
-    stream = encode_documents(corpus.documents(first), args.tokenizer, dtype, args.workers)
+    docs, chain = _read_past(corpus, meta, args.out)
+    stream = encode_documents(docs, args.tokenizer, dtype, args.workers)
     t0, written = time.time(), meta["tokens"]
     bar = tqdm(unit="tok", unit_scale=True, initial=written, file=sys.stderr, disable=None, desc="prepare")
     # byte counts of the documents done; a document's own are added once it is written to its end
     counts = {"text_bytes": meta["text_bytes"], "binary_bytes": meta["binary_bytes"]}
     buf, buffered, worst = [], 0, (0.0, None)
-    for doc, (toks, nbytes, binary) in enumerate(stream, first):
+    for doc, (toks, nbytes, binary, digest) in enumerate(stream, first):
         if args.max_docs is not None and done >= args.max_docs:
             break
+        if doc == first and skip and meta.get("partial_doc_sha256", digest.hex()) != digest.hex():
+            raise _changed(args.out, first + 1)
+        chain, before = chained(chain, digest), chain  # the documents' digest with this one, and without
         if nbytes == 0:
             empty += 1
             continue
@@ -425,6 +443,8 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
             finished = not len(rest)
             meta.update(documents=done + finished, empty_documents=empty,
                         partial_doc_tokens=0 if finished else offset + len(toks) - len(rest),
+                        input_sha256=(chain if finished else before).hex(),
+                        partial_doc_sha256=None if finished else digest.hex(),
                         text_bytes=counts["text_bytes"] + nbytes * finished,
                         binary_bytes=counts["binary_bytes"] + binary * finished)
             write_json(args.out / META, meta)
@@ -445,12 +465,34 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
     rest = np.concatenate(buf) if buf else np.empty(0, dtype)  # none: a resume that found no document left
     while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
         rest = write(rest)
-    meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True)
+    meta.update(documents=done, empty_documents=empty, partial_doc_tokens=0, **counts, complete=True,
+                input_sha256=chain.hex(), partial_doc_sha256=None)
     # For bits per byte: the loss is a mean over every token, <|endoftext|> included.
     meta["bytes_per_token"] = meta["text_bytes"] / meta["tokens"]
     write_json(args.out / META, meta)
     _report(args.out, meta, done, empty, (meta["tokens"] - written) / max(time.time() - t0, 1e-9), worst)
     return meta
+
+
+def _read_past(corpus: sources.Corpus, meta: dict, out: Path) -> tuple[Iterator[str | bytes], bytes]:
+    """The corpus's documents from the resume point on, and the chained digest of those before it, which must be
+    the one meta.json keeps (where it keeps one): an input changed since the last shard would be continued on
+    other documents (a row mended in a shuffled corpus moves the others)."""
+    first = meta["documents"] + meta["empty_documents"]
+    docs, chain = corpus.documents(0), b""
+    if first:
+        print(f"prepare: continuing {out} at document {first:,}: reading the ones before it, to check that they "
+              f"are those its shards hold", file=sys.stderr)
+    for doc in islice(docs, first):
+        chain = chained(chain, doc_digest(doc))
+    if meta.get("input_sha256", chain.hex()) != chain.hex():
+        raise _changed(out, first)
+    return docs, chain
+
+
+def _changed(out: Path, documents: int) -> OtherShards:
+    return OtherShards(f"{out} holds shards of other documents than the input's first {documents:,} now (it changed "
+                       f"since they were written): restore the input, or pass --overwrite to re-create them")
 
 
 def _binary_error(path: Path, binary: int, nbytes: int) -> PrepareError:

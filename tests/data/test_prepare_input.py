@@ -262,6 +262,31 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     assert whole["documents"] == 400 and whole["tokens"] == sum(len(text) + 1 for text in texts)  # and a BOS each
 
 
+def test_a_resume_on_input_changed_before_its_resume_point_is_refused_and_the_shards_kept(tmp_path, capsys):
+    # the mend the message asks for, in a shuffled stream: the bad row removed moves the rows the buffer held, so
+    # the re-run's first documents are not those written (it went on at the count: 18 of 600 twice, 18 never)
+    folder, out = tmp_path / "ds", tmp_path / "out"
+    folder.mkdir()
+    texts = [f"document {i} " * 10 for i in range(600)]
+    rows = [json.dumps({"text": text}) + "\n" for text in texts]
+    (folder / "train.jsonl").write_text("".join(rows[:300]) + json.dumps({"text": 5}) + "\n" + "".join(rows[300:]))
+    common = ["--dataset", str(folder), "--streaming", "--shuffle-buffer", "100", "--out", str(out),
+              "--val-tokens", "1000", "--shard-tokens", "2000"]
+    message, _ = prepare_cli(capsys, *common)
+    kept = json.loads((out / "meta.json").read_text())
+    assert "a row's 'text' is '5' (int)" in message and f"kept {len(kept['shards'])} shards" in message, message
+    shards = {s["file"]: (out / s["file"]).read_bytes() for s in kept["shards"]}
+    (folder / "train.jsonl").write_text("".join(rows))
+    message, _ = prepare_cli(capsys, *common)
+    assert message == (f"prepare: error: {out} holds shards of other documents than the input's first "
+                       f"{kept['documents'] + kept['empty_documents']:,} now (it changed since they were written): "
+                       f"restore the input, or pass --overwrite to re-create them"), message
+    assert {name: (out / name).read_bytes() for name in shards} == shards
+    assert json.loads((out / "meta.json").read_text()) == kept
+    assert prepare_cli(capsys, *common, "--overwrite")[0] == ""
+    assert sorted(documents_of(token_stream(out))) == sorted(texts)
+
+
 def test_parquet_files_without_rows_or_with_other_columns_are_named(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
