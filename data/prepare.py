@@ -461,7 +461,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
               file=sys.stderr)
         rest = write(np.concatenate(buf), size=val)
         buf, buffered = [rest], len(rest)
-    _check_training_left(meta, buffered, empty, args.val_tokens)
+    _check_training_left(meta, buffered, empty, args.val_tokens, args.max_tokens)
     rest = np.concatenate(buf) if buf else np.empty(0, dtype)  # none: a resume that found no document left
     while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
         rest = write(rest)
@@ -503,17 +503,17 @@ def _binary_error(path: Path, binary: int, nbytes: int) -> PrepareError:
                         f"pass --allow-binary to keep it (undecodable bytes become U+FFFD)")
 
 
-def _check_training_left(meta: dict, buffered: int, empty: int, val_tokens: int) -> None:
+def _check_training_left(meta: dict, buffered: int, empty: int, val_tokens: int, max_tokens: int | None) -> None:
     """Refuse a corpus with no text, or with none left for a train shard after the val split (`buffered`
-    tokens not yet written; `empty` documents skipped)."""
+    tokens not yet written; `empty` documents skipped; `max_tokens`: --max-tokens, which may be what cut it)."""
     if not meta["tokens"] + buffered:
         raise PrepareError("the corpus has no text: " + ("it has no documents" if not empty else
                            "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))
     if not any("_train_" in s["file"] for s in meta["shards"]) and (not buffered or "_val_" in shard_file(meta)[0]):
         # checked before the last write: a val shard alone would be a finished-looking folder with no train data
         raise PrepareError(f"the corpus gave only {plural(meta['tokens'] + buffered, 'token')}, none left "
-                           f"for training after the val split (--val-tokens {val_tokens:,}); lower "
-                           f"--val-tokens or add documents")
+                           f"for training after the val split (--val-tokens {val_tokens:,}); lower --val-tokens or "
+                           + (f"raise --max-tokens ({max_tokens:,})" if max_tokens else "add documents"))
 
 
 def _report(out: Path, meta: dict, done: int, empty: int, rate: float, worst: tuple[float, Path | None]) -> None:
@@ -549,26 +549,27 @@ def main(argv: list[str] | None = None) -> None:
         print(f"prepare: error: {e}", file=sys.stderr)
         sys.exit(OTHER_SHARDS_STATUS)
     except (PrepareError, TokenizerError, sources.SourceError, DiskFullError) as e:
-        sys.exit(f"prepare: error: {e}{_kept(e)}")
+        sys.exit(f"prepare: error: {e}{_kept(e, args.overwrite)}")
     except OSError as e:  # a file it cannot read, or an --out it cannot make or write (a file in the way)
         where = Path(e.filename or "")
         if where == args.out or args.out in where.parents:
             sys.exit(f"prepare: error: --out {args.out}: cannot write there ({e.strerror}); choose another "
-                     f"--out{_kept(e)}")
-        sys.exit(f"prepare: error: {e.filename or 'a read'}: {e.strerror or e}{_kept(e)}")
+                     f"--out{_kept(e, args.overwrite)}")
+        sys.exit(f"prepare: error: {e.filename or 'a read'}: {e.strerror or e}{_kept(e, args.overwrite)}")
     except KeyboardInterrupt as e:
-        print(f"prepare: interrupted{_kept(e)}", file=sys.stderr)
+        print(f"prepare: interrupted{_kept(e, args.overwrite)}", file=sys.stderr)
         sys.exit(130)
 
 
-def _kept(error: BaseException) -> str:
+def _kept(error: BaseException, overwrite: bool) -> str:
     """The end of a failed run's last line: the shards it kept for a re-run to continue from (prepare's `kept`),
-    where it kept some."""
+    where it kept some; `overwrite`: the run had --overwrite, which a re-run must leave out to continue."""
     kept = getattr(error, "kept", 0)
     # a dataset's row it refused stops a re-run at the same place, until the dataset is mended
     when = " once the input is mended" if isinstance(error, sources.SourceError) and not isinstance(
         error, sources.ReadError) else ""
-    return (f"; kept {plural(kept, 'shard')} written so far: the same command, run again, continues after the "
+    command = "the same command without --overwrite" if overwrite else "the same command"
+    return (f"; kept {plural(kept, 'shard')} written so far: {command}, run again, continues after the "
             f"last{when}" if kept else "")
 
 

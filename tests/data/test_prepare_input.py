@@ -114,7 +114,7 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
     assert message == "" and "prepare: 1 document, 2 tokens in 1 shard ->" in err, err
     message, _ = prepare_cli(capsys, "--files", str(tmp_path / "c" / "a.txt"), "--out", str(tmp_path / "o2"),
                              "--max-tokens", "1")
-    assert "the corpus gave only 1 token," in message, message
+    assert "the corpus gave only 1 token," in message and message.endswith("or raise --max-tokens (1)"), message
     bad = tmp_path / "j" / "x.jsonl"
     bad.parent.mkdir()
     bad.write_text("")
@@ -260,6 +260,25 @@ def test_a_dataset_that_fails_part_way_keeps_its_shards_and_resumes(tmp_path, ca
     whole = json.loads((out / "meta.json").read_text())
     assert whole["complete"] and whole["shards"][:len(kept["shards"])] == kept["shards"]
     assert whole["documents"] == 400 and whole["tokens"] == sum(len(text) + 1 for text in texts)  # and a BOS each
+
+
+def test_an_overwrite_that_fails_part_way_is_continued_without_overwrite(tmp_path, capsys):
+    # --overwrite again would replace what it wrote: the command to continue is the one without it
+    folder, out = tmp_path / "ds", tmp_path / "out"
+    folder.mkdir()
+    rows = [json.dumps({"text": f"document {i} " * 10}) + "\n" for i in range(400)]
+    (folder / "a.jsonl").write_text("".join(rows[:300]))
+    (folder / "b.jsonl").write_text("{bad json\n" + "".join(rows[300:]))  # read a file at a time: a's are written
+    common = ["--dataset", str(folder), "--streaming", "--no-shuffle", "--out", str(out), "--val-tokens", "1000"]
+    assert prepare_cli(capsys, "--demo", "--max-docs", "3", "--val-tokens", "100", "--out", str(out))[0] == ""
+    message, _ = prepare_cli(capsys, *common, "--shard-tokens", "5000", "--overwrite")
+    kept = json.loads((out / "meta.json").read_text())
+    assert message.endswith(f"; kept {len(kept['shards'])} shards written so far: the same command without "
+                            f"--overwrite, run again, continues after the last once the input is mended"), message
+    (folder / "b.jsonl").write_text("".join(rows[300:]))
+    assert prepare_cli(capsys, *common, "--shard-tokens", "5000")[0] == ""
+    whole = json.loads((out / "meta.json").read_text())
+    assert whole["complete"] and whole["shards"][:len(kept["shards"])] == kept["shards"] and whole["documents"] == 400
 
 
 def test_a_resume_on_input_changed_before_its_resume_point_is_refused_and_the_shards_kept(tmp_path, capsys):
