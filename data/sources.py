@@ -84,11 +84,16 @@ def decode(raw: bytes) -> tuple[str, int]:
 
 
 def _matches(pattern: str, skip: Path | None) -> list[Path]:
-    """The files a glob matches (`**` allowed), sorted, less the file `skip` (prepare's own meta.json, where its
-    output folder lies in the corpus's: no document)."""
-    paths = (Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
-    skip = skip if skip is not None and skip.is_file() else None
-    return sorted(p for p in paths if skip is None or not (p.name == skip.name and p.samefile(skip)))
+    """The files a glob matches (`**` allowed), or the one file it names (brackets in a name are no glob), sorted,
+    each file once (a linked folder, or a link to a folder above, would give it again), less the file `skip`
+    (prepare's own meta.json, where its output folder lies in the corpus's: no document)."""
+    pattern = os.path.expanduser(pattern)
+    found = [pattern] if os.path.isfile(pattern) else glob.glob(pattern, recursive=True)
+    files = {}
+    for path in sorted(Path(p) for p in found if os.path.isfile(p)):
+        files.setdefault(path.resolve(), path)
+    skip = skip.resolve() if skip is not None and skip.is_file() else None
+    return [path for real, path in files.items() if real != skip]
 
 
 def folder_glob(folder: str, skip: Path | None = None) -> str:

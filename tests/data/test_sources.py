@@ -54,3 +54,15 @@ def test_demo_corpus_is_the_stdlib_sources(tmp_path):
     assert cut["tokens"] == 12345 and np.array_equal(token_stream(tmp_path / "cut"), token_stream(out)[:12345])
     # bytes tokenizer: one token per byte plus one EOT per document, also when the last document is cut short
     assert 0.99 < cut["bytes_per_token"] < 1 and 0.99 < meta["bytes_per_token"] < 1
+
+
+def test_each_file_is_read_once_through_links_and_a_name_with_brackets_is_a_name(tmp_path):
+    corpus = tmp_path / "c"
+    (corpus / "v2").mkdir(parents=True)
+    (corpus / "v2" / "a.txt").write_text("one")
+    (corpus / "notes[1].txt").write_text("two")
+    (corpus / "latest").symlink_to("v2")  # a linked folder: its files again
+    (corpus / "self").symlink_to(".")     # a link to the folder itself: the glob walks it ~40 levels deep
+    found = sources.local_files(sources.folder_glob(str(corpus)))
+    assert found == [corpus / "latest" / "a.txt", corpus / "notes[1].txt"]
+    assert sources.local_files(str(corpus / "notes[1].txt")) == [corpus / "notes[1].txt"]
