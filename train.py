@@ -216,7 +216,6 @@ class Loop:
     next_eval_s: float           # the clock time of the next eval by eval.every_s (inf: none)
     last_save: float             # perf_counter() at the last periodic save, or at the loop's start
     since: tuple[int, float, int]  # (step, elapsed, tokens) at the last log line: the next one averages from there
-    first_step: int              # the loop's first step, logged whatever log.every_steps: the pace shows at once
     recent: list = field(default_factory=lambda: [None, None])  # (step, loss, norm) of the step before, this one
 
 
@@ -231,7 +230,7 @@ def train(run: Run) -> StopReason:
     """
     cfg, progress, clock = run.cfg, run.progress, run.clock
     loop = Loop(next_multiple(clock.elapsed(), cfg.eval.every_s), time.perf_counter(),
-                (progress.step, clock.elapsed(), progress.tokens), progress.step + 1)
+                (progress.step, clock.elapsed(), progress.tokens))
     t0, status, batches = time.perf_counter(), None, iter(run.loader)
     # a collective, so the ranks' clocks also start together (their max rules the schedule and the stop)
     if distributed.any_rank([clock.time_up()], run.dist.device)[0]:
@@ -265,7 +264,8 @@ def timed_step(run: Run, loop: Loop, batches: Iterator[tuple[torch.Tensor, torch
     # before progress.step moves on: this step's batch stage, the one train_step runs
     tokens, seq_len = run.tokens_per_step, run.clock.seq_len(progress.step)
     every_log = cfg.log.every_steps
-    logs = bool(every_log) and ((progress.step + 1) % every_log == 0 or progress.step + 1 == loop.first_step)
+    # and a run's first step, so that its pace shows at once (not a resumed launch's: a row the run would lack)
+    logs = bool(every_log) and ((progress.step + 1) % every_log == 0 or progress.step == 0)
     loss, norm, wait = train_step(run, batches, norm_wanted=logs)
     progress.step += 1
     progress.tokens += tokens

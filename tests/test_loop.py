@@ -163,6 +163,28 @@ def test_adamw_every_second_step_resumes_exactly_from_a_step_that_holds_its_grad
     assert not all(torch.equal(lost[k], w) for k, w in straight.items())
 
 
+def test_a_resumed_launch_logs_the_rows_the_run_would_have_logged(tmp_path, monkeypatch):
+    """log.every_steps = 4: a fresh run logs its first step too, so its pace shows at once; a launch that resumes
+    it at step 3 does not, which added a row at step 3 the uninterrupted run lacks."""
+    import json
+
+    import train
+
+    def rows(run_id: str) -> list[tuple[int, float]]:
+        lines = (tmp_path / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, lines) if r["type"] == "train"]
+
+    args = ("--train.max_steps=9", "--log.every_steps=4")
+    trained(tmp_path, "straight", *args)
+    real = train.train_step
+    monkeypatch.setattr(train, "train_step", sigterm_in(2, real))
+    assert trained(tmp_path, "stopped", *args)[1] == "sigterm"
+    monkeypatch.setattr(train, "train_step", real)
+    trained(tmp_path, "stopped", *args)
+    assert [step for step, _ in rows("straight")] == [1, 4, 8]
+    assert rows("stopped") == rows("straight")
+
+
 def test_a_run_whose_head_unties_resumes_exactly_from_before_and_after_the_untie(tmp_path, monkeypatch):
     """model.untie_at = 0.35 of 8 steps under optim.adam_every = 2, with model.mtp_weights: the untie waits for
     step 4, the first past 0.35 that starts with no AdamW gradients held (step 3 applies step 2's). Runs stopped
