@@ -113,7 +113,8 @@ class TrainConfig:
     checkpoint_path: str = grouped("", "run")  # "" = <run folder>/checkpoint.pt
     # also save checkpoint + resume state every N seconds; 0 = at the end only
     checkpoint_every_s: float = grouped(0.0, "run")
-    # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks
+    # false = no checkpoint.pt and no resume state at the end, e.g. benchmarks/checks; a run that saved its state
+    # is not resumed with it false
     save_checkpoint: bool = grouped(True, "run")
     # "auto": if the run folder has complete state; "never": refuse a folder that holds a run; "overwrite": start
     # afresh, replacing what the folder holds

@@ -53,6 +53,11 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
         limit = LIMIT.get(ended["status"])
         raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}); nothing to do"
                           + (f" (a larger {limit} with --extend-budget trains it on)" if limit else ""))
+    if marker and not cfg.train.save_checkpoint:
+        raise ConfigError(f"{run_dir}: this run saved its state (step {marker['step']}), so it goes on saving it: "
+                          f"with train.save_checkpoint = false its end would lie past its last state and "
+                          f"checkpoint.pt, and a relaunch would train it again from step {marker['step']}; leave "
+                          f"the key out, or start a new run (another --log.run_id)")
     if not marker and resume == "auto" and (ended := distributed.broadcast(
             ended_summary(run_dir) if dist.master else None)):  # it saved nothing to go on from
         raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}) and saved no state to train on from "

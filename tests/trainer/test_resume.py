@@ -106,6 +106,19 @@ def test_a_finished_run_relaunched_says_so_and_touches_nothing(finished, tmp_pat
         assert snapshot(run_dir) == before  # no eval, no new summary, log line or checkpoint
 
 
+def test_a_run_that_saved_its_state_is_not_trained_on_without_saving(finished, tmp_path):
+    # it trained to step 40 past its state at 30, and each relaunch trained 30 to 40 again
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    before = snapshot(run_dir)
+    proc = relaunch(data, run_dir, "--train.max_steps=40", "--extend-budget", "--train.save_checkpoint=false",
+                    check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (f"config error: {run_dir}: this run saved its state (step 30), so it goes on saving it: with "
+            f"train.save_checkpoint = false its end would lie past") in proc.stderr, proc.stderr[-3000:]
+    assert snapshot(run_dir) == before
+
+
 def test_a_finished_run_trained_on_keeps_what_its_final_eval_gave(tmp_path):
     # its state is saved before the final eval: done.json records the counters and metrics.jsonl after it
     data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
