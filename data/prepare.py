@@ -41,7 +41,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from util.atomic import DiskFullError, write_json
+from util.atomic import DiskFullError, remove_left_behind, write_json
 from data import sources
 from data.meta import META, MetaError, read_meta
 from data.shards import ShardError, dtype_for_vocab, open_shard, write_shard
@@ -175,8 +175,7 @@ def start_meta(out: Path, settings: dict, overwrite: bool) -> tuple[dict, list[P
     `overwrite` the files of `out` that the first new shard replaces (meta.json first)."""
     if out.exists() and not out.is_dir():
         raise PrepareError(f"--out {out} is a file, not a folder; name a folder for the shards")
-    for stale in out.glob(".*.tmp*"):  # left by a killed writer (atomic_path cleans up only on exceptions)
-        stale.unlink()
+    remove_left_behind(out)  # by a killed writer (atomic_path cleans up only on exceptions)
     found = sorted({p.name for pattern in OUR_SHARDS for p in out.glob(pattern)})
     old = _read_meta(out) if (out / META).exists() and not overwrite else None
     fresh = {"complete": False, "settings": settings, "shards": [], "documents": 0, "empty_documents": 0,

@@ -19,7 +19,7 @@ from trainer.config import Change, Config, ConfigError, TrainConfig, check_resum
 from trainer.distributed import Dist
 from trainer.runs import checkpoint_path, ended_summary
 from trainer.state import Progress, Run, StopReason
-from util.atomic import existing_folder, reporting_full_disk
+from util.atomic import existing_folder, remove_left_behind, reporting_full_disk
 
 
 class RunFinished(Exception):
@@ -65,6 +65,10 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           f"start)")
     _check_access(cfg, dist, run_dir)
     hold(run_dir, dist)
+    if dist.master:  # the run is ours now: a save it was killed in left its temporary file
+        saved = checkpoint_path(run_dir, cfg.train.checkpoint_path)
+        remove_left_behind(run_dir, recursive=True)
+        remove_left_behind(saved.parent, saved.name)
     if resume == "overwrite":
         remove_run(run_dir, dist)
     return marker, changes

@@ -12,6 +12,15 @@ from typing import Any, Iterator
 from util.exceptions import chain
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+TMP = ".tmp"  # atomic_path writes `name` as .<name>.tmp<pid> beside it
+
+
+def remove_left_behind(folder: Path, name: str = "*", recursive: bool = False) -> None:
+    """Delete the temporary files of atomic_path's writes of `name` (a glob) in `folder` (and below it) that a
+    killed process left: a kill during a save leaves one as large as the file. Only where no writer is running."""
+    for path in (folder.rglob if recursive else folder.glob)(f".{name}{TMP}*"):
+        if path.name.rsplit(TMP, 1)[-1].isdigit():
+            path.unlink(missing_ok=True)
 
 
 class DiskFullError(OSError):
@@ -32,7 +41,7 @@ def atomic_path(path: str | os.PathLike, *, size: int | None = None) -> Iterator
         if folder.exists():
             break
         made.append(folder)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{TMP}{os.getpid()}")
     # the cleanup runs inside, so the free bytes the error gives are measured after the partial file is gone
     with reporting_full_disk(path, size):
         try:

@@ -119,6 +119,19 @@ def test_a_run_that_saved_its_state_is_not_trained_on_without_saving(finished, t
     assert snapshot(run_dir) == before
 
 
+def test_a_launch_removes_what_saves_killed_mid_write_left_behind(finished, tmp_path):
+    # a SIGKILL while a save writes leaves its temporary file, as large as the checkpoint, for ever
+    data, run_dir = finished
+    run_dir = copy_of(run_dir, tmp_path)
+    left = [run_dir / ".checkpoint.pt.tmp4242", run_dir / "resume" / ".done.json.tmp4242",
+            next((run_dir / "resume").glob("step*")) / ".rank0.pt.tmp4242"]
+    kept = [run_dir / ".notes.tmpfoo", run_dir / "notes.tmp4242"]  # not the name of one of our writes
+    for path in left + kept:
+        path.write_bytes(b"partial")
+    relaunch(data, run_dir, "--train.max_steps=32", "--extend-budget")
+    assert [p for p in left if p.exists()] == [] and all(p.exists() for p in kept)
+
+
 def test_a_finished_run_trained_on_keeps_what_its_final_eval_gave(tmp_path):
     # its state is saved before the final eval: done.json records the counters and metrics.jsonl after it
     data, runs = tiny_data(tmp_path / "data"), tmp_path / "runs"
