@@ -202,7 +202,10 @@ def _check_json(files: list[Path], field: str) -> None:
         rows = texts = 0
         try:
             for batch in pa_json.open_json(path, parse_options=only_field):
+                _check_utf8(batch.column(0), path, field, rows)
                 rows, texts = rows + batch.num_rows, texts + batch.num_rows - batch.column(0).null_count
+        except SourceError:
+            raise
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             why = str(e).removeprefix("JSON parse error: ")
             if why == "Empty JSON stream":
@@ -219,6 +222,17 @@ def _check_json(files: list[Path], field: str) -> None:
             with open(path, "rb") as f:
                 first = json.loads(next(line for line in f if line.strip()).lstrip(b"\xef\xbb\xbf"))
             raise _textless(path, field, first, rows, "row")
+
+
+def _check_utf8(texts: Any, path: Path, field: str, before: int) -> None:
+    """Refuse a pyarrow string array `texts` (rows `before` + 1 on of `path`) that holds bytes that are not UTF-8,
+    naming the row: pyarrow's JSON reader takes them, datasets' later read fails naming no file."""
+    try:
+        texts.validate(full=True)
+    except ValueError as e:  # ArrowInvalid: "Invalid UTF8 sequence at string index N"
+        index = re.search(r"index (\d+)", str(e))
+        row = f"row {before + int(index[1]) + 1}" if index else "a row"
+        raise SourceError(f"{path}: {row}'s {field!r} is not UTF-8 text; fix or remove that row") from None
 
 
 def _textless(path: Path, field: str, first: Any, count: int, noun: str) -> SourceError:

@@ -358,8 +358,9 @@ def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tm
              ("".join(json.dumps({"id": i}) + "\n" for i in range(5)), " has no column 'text'; available columns: "
                                                                          "['id']. Pass the right one with --text-field"),
              ('{"text": null}\n' * 3, ": every one of its 3 rows has 'text' null or missing")]
+    cases.append((good + '{"text": "caf\udce9"}\n', ": row 41's 'text' is not UTF-8 text; fix or remove that row"))
     for text, error in cases:
-        (corpus / "b.jsonl").write_text(text)
+        (corpus / "b.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))  # a lone byte 0xe9
         message, _ = prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")
         assert message.startswith(f"prepare: error: {corpus / 'b.jsonl'}{error}"), message
         assert not (tmp_path / "out").exists()
