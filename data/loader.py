@@ -5,6 +5,7 @@ Construction reads only the file headers.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -15,13 +16,21 @@ import numpy.typing as npt
 import torch
 
 from util.plural import plural
-from data.regions import Spans, check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files, split_tail
+from data.regions import (Region, Spans, check_fits, check_vocabulary, meta_vouches, open_regions, resolve_files,
+                          split_tail)
 from data.streams import START, Sequential, Shuffled, Window
 
 T = TypeVar("T")
 CURSOR = ("epoch", "index", "pos")  # the stream position, as state_dict() names it (shuffled: index = block)
 DEFAULTS = {"doc_cut": 0}  # keys of the stream's definition that a state holds only when set otherwise
-NEWER = {"tokens"}  # keys that states saved before they existed lack: those states are taken without the check
+NEWER = {"tokens", "ends"}  # keys that states saved before them lack: those states are taken without the check
+ENDS = 2048  # tokens at either end of a file whose digest the resume state keeps
+
+
+def _ends_digest(region: Region) -> str:
+    """A short digest of the first and last ENDS tokens of a file's region."""
+    tokens = region.array[region.lo:region.hi]
+    return hashlib.sha256(tokens[:ENDS].tobytes() + tokens[-ENDS:].tobytes()).hexdigest()[:16]
 
 
 class TokenLoader:
@@ -49,6 +58,7 @@ class TokenLoader:
                              f"a bos_id and shuffle off; got {bos_id=}, {shuffle=}")
         paths = resolve_files(files)
         regions = open_regions(paths, fmt, raw_dtype)
+        self._files = regions  # whole, for the digests of their ends (_definition)
         if holdout_tokens:
             regions = split_tail(regions, holdout_tokens)[0]
         if max_seq_len > seq_len and shuffle:
@@ -61,8 +71,9 @@ class TokenLoader:
         self._spec = {"files": [p.name for p in paths], "seed": seed, "seq_len": seq_len, "bos_id": bos_id,
                       "holdout_tokens": holdout_tokens, "shuffle": shuffle,
                       "shuffle_shards": shuffle_shards if shuffle else 0, **({"doc_cut": doc_cut} if doc_cut else {}),
-                      # last, each file's token count: shards re-made under the same names are not the stream saved
-                      "tokens": [len(r) for r in regions]}
+                      # last, each file's token count (and in _definition its ends): shards re-made under the same
+                      # names are another stream, said as such where the settings are the same
+                      "tokens": [len(r) for r in self._files]}
         self._vocab = None if vocab_size is None or meta_vouches(paths, vocab_size) else vocab_size
         place = rank, world_size, batch_size
         self._stream = (Shuffled(regions, seq_len + 1, seed, bos_id, shuffle_shards, *place) if shuffle else
@@ -148,21 +159,30 @@ class TokenLoader:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _definition(self) -> dict:
+        """What defines the stream: the settings, each file's token count and a digest of its ends (read at the
+        first call, so that construction reads only the headers)."""
+        if "ends" not in self._spec:
+            self._spec["ends"] = [_ends_digest(r) for r in self._files]
+        return self._spec
+
     def state_dict(self) -> dict:
         """Where the next batch comes from, plus what defines the stream (plain Python types only)."""
-        return {**self._spec, **dict(zip(CURSOR, self._state))}
+        return {**self._definition(), **dict(zip(CURSOR, self._state))}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state_dict(): the next batch is the one the saved loader would have yielded."""
-        for key in [*self._spec, *DEFAULTS.keys() - self._spec.keys()]:
-            had, want = state.get(key, DEFAULTS.get(key)), self._spec.get(key, DEFAULTS.get(key))
+        spec = self._definition()
+        for key in [*spec, *DEFAULTS.keys() - spec.keys()]:
+            had, want = state.get(key, DEFAULTS.get(key)), spec.get(key, DEFAULTS.get(key))
             if had == want or key in NEWER and key not in state:
                 continue
-            if key == "tokens":
-                name, was, now = next(c for c in zip(self._spec["files"], had, want) if c[1] != c[2])
-                raise ValueError(f"loader state: {name} held {plural(was, 'token')} at the save and holds {now:,} "
-                                 f"now: the data files were re-made or changed since; resume on the data the run "
-                                 f"trained on, or start a new run")
+            if key in NEWER:
+                name, was, now = next(c for c in zip(spec["files"], had, want) if c[1] != c[2])
+                held = (f"held {plural(was, 'token')} at the save and holds {now:,} now" if key == "tokens" else
+                        "holds other tokens than at the save")
+                raise ValueError(f"loader state: {name} {held}: the data files were re-made or changed since; "
+                                 f"resume on the data the run trained on, or start a new run")
             shown = plural(len(want), "file") if key == "files" else repr(want)
             raise ValueError(f"loader state: {key} was {str(had)[:200]} but this loader has {shown}; resume "
                              f"with the same data files, seed, seq_len, bos_id, holdout, shuffle and doc_cut "

@@ -16,7 +16,8 @@ documents, empty_documents (skipped: no text, or a null), tokens, text_bytes (th
 bytes_per_token, and "settings" (what determines the output).
 It is rewritten after every shard with "complete": false and the resume point, so a killed run, started
 again with the same arguments, continues after its last shard and ends with the same bytes as an
-uninterrupted run; it first reads the documents before that point, which must be those written (input_sha256). Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
+uninterrupted run; it first reads the documents before that point, which must be those written (input_sha256).
+Another run's shards in DIR are refused unless --overwrite, which replaces them only once the
 new corpus has given its first shard. A run that fails before its first shard, or refuses its input (a binary file,
 too little text), leaves nothing behind; one whose reading fails part-way (the network, the disk) keeps its shards.
 It exits 2 on bad arguments, 1 on an error, 130 when interrupted (Ctrl-C), and 3 where DIR holds shards it cannot
@@ -410,7 +411,7 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
     bar = tqdm(unit="tok", unit_scale=True, initial=written, file=sys.stderr, disable=None, desc="prepare")
     # byte counts of the documents done; a document's own are added once it is written to its end
     counts = {"text_bytes": meta["text_bytes"], "binary_bytes": meta["binary_bytes"]}
-    buf, buffered, worst = [], 0, (0.0, None)
+    buf, buffered, worst, doc = [], 0, (0.0, None), first - 1  # doc: the last document read
     for doc, (toks, nbytes, binary, digest) in enumerate(stream, first):
         if args.max_docs is not None and done >= args.max_docs:
             break
@@ -453,6 +454,8 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
         if args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens:
             break
     bar.close()
+    if skip and doc < first:  # the document written in part is no longer in the input
+        raise _changed(args.out, first + 1)
     if args.fit_val and not meta["shards"] and 3 <= buffered <= args.val_tokens:
         val = max(2, buffered // 10)  # a target and the token before it, and at least one token to train on
         print(f"prepare: the corpus gave {plural(buffered, 'token')}, fewer than the default val split "
@@ -460,7 +463,8 @@ def _tokenize(args: argparse.Namespace, corpus: sources.Corpus, meta: dict, dtyp
               file=sys.stderr)
         rest = write(np.concatenate(buf), size=val)
         buf, buffered = [rest], len(rest)
-    _check_training_left(meta, buffered, empty, args.val_tokens, args.max_tokens)
+    cut = args.max_tokens is not None and meta["tokens"] + buffered >= args.max_tokens
+    _check_training_left(meta, buffered, empty, args.val_tokens, args.max_tokens if cut else None)
     rest = np.concatenate(buf) if buf else np.empty(0, dtype)  # none: a resume that found no document left
     while len(rest):  # after the small corpus's val split, more than a shard's worth can be left
         rest = write(rest)
@@ -478,7 +482,7 @@ def _read_past(corpus: sources.Corpus, meta: dict, out: Path) -> tuple[Iterator[
     the one meta.json keeps (where it keeps one): an input changed since the last shard would be continued on
     other documents (a row mended in a shuffled corpus moves the others)."""
     first = meta["documents"] + meta["empty_documents"]
-    docs, chain = corpus.documents(0), b""
+    docs, chain = corpus.documents(), hashlib.sha256().digest()  # no document yet: the digest of nothing
     if first:
         print(f"prepare: continuing {out} at document {first:,}: reading the ones before it, to check that they "
               f"are those its shards hold", file=sys.stderr)
@@ -491,7 +495,8 @@ def _read_past(corpus: sources.Corpus, meta: dict, out: Path) -> tuple[Iterator[
 
 def _changed(out: Path, documents: int) -> OtherShards:
     return OtherShards(f"{out} holds shards of other documents than the input's first {documents:,} now (it changed "
-                       f"since they were written): restore the input, or pass --overwrite to re-create them")
+                       f"since they were written): restore the input, write to another --out, or pass --overwrite to "
+                       f"re-create them")
 
 
 def _binary_error(path: Path, binary: int, nbytes: int) -> PrepareError:
@@ -504,7 +509,7 @@ def _binary_error(path: Path, binary: int, nbytes: int) -> PrepareError:
 
 def _check_training_left(meta: dict, buffered: int, empty: int, val_tokens: int, max_tokens: int | None) -> None:
     """Refuse a corpus with no text, or with none left for a train shard after the val split (`buffered`
-    tokens not yet written; `empty` documents skipped; `max_tokens`: --max-tokens, which may be what cut it)."""
+    tokens not yet written; `empty` documents skipped; `max_tokens`: --max-tokens where it cut the corpus)."""
     if not meta["tokens"] + buffered:
         raise PrepareError("the corpus has no text: " + ("it has no documents" if not empty else
                            "its one document is empty" if empty == 1 else f"its {empty:,} documents are all empty"))

@@ -1,5 +1,5 @@
 """Corpus sources: each is a `Corpus` whose documents come in a fixed order (a permutation drawn from a
-seed, or as stored; seed=None), so that a run can be resumed by starting at the first document it did not write.
+seed, or as stored; seed=None), so that a run can be resumed at the first document it did not write.
 
     text_corpus(stdlib_files())                     the running Python's standard library (offline demo)
     text_corpus(local_files("dir/*.txt"))           local .txt files, one document per file
@@ -45,11 +45,11 @@ READERS_NEED = "reading .jsonl/.json/.parquet files and hub datasets"  # what th
 
 @dataclass(frozen=True)
 class Corpus:
-    """A source's documents in their final order. `documents(start)` yields them from index `start` on: bytes
-    for whole files (then `files` lists them, in the same order; `decode` turns them into text), str for the
-    text of rows. `shuffle_buffer`: the rows a streamed dataset is shuffled within (None: shuffled as a whole,
-    or not at all); it changes the order, so it is one of the output's settings."""
-    documents: Callable[[int], Iterator[str | bytes]]
+    """A source's documents in their final order. `documents()` yields them: bytes for whole files (then
+    `files` lists them, in the same order; `decode` turns them into text), str for the text of rows.
+    `shuffle_buffer`: the rows a streamed dataset is shuffled within (None: shuffled as a whole, or not at all); it
+    changes the order, so it is one of the output's settings."""
+    documents: Callable[[], Iterator[str | bytes]]
     files: list[Path] | None = None
     shuffle_buffer: int | None = None
 
@@ -70,7 +70,7 @@ def text_corpus(files: list[Path], seed: int | None = 0) -> Corpus:
     if seed is not None:
         random.Random(seed).shuffle(files)
     # Read as bytes: text mode (and datasets' "text" builder) would turn "\r\n" into "\n".
-    return Corpus(lambda start: (p.read_bytes() for p in files[start:]), files)
+    return Corpus(lambda: (p.read_bytes() for p in files), files)
 
 
 def decode(raw: bytes) -> tuple[str, int]:
@@ -89,11 +89,16 @@ def _matches(pattern: str, skip: Path | None) -> list[Path]:
     (prepare's own meta.json, where its output folder lies in the corpus's: no document)."""
     pattern = os.path.expanduser(pattern)
     found = [pattern] if os.path.isfile(pattern) else glob.glob(pattern, recursive=True)
-    files = {}
+    files = {}  # (device, inode): the first name of each file in sorted order (a link's, where it sorts first)
     for path in sorted(Path(p) for p in found if os.path.isfile(p)):
-        files.setdefault(path.resolve(), path)
-    skip = skip.resolve() if skip is not None and skip.is_file() else None
-    return [path for real, path in files.items() if real != skip]
+        files.setdefault(_identity(path), path)
+    files.pop(_identity(skip) if skip is not None and skip.is_file() else None, None)
+    return list(files.values())
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_dev, info.st_ino
 
 
 def folder_glob(folder: str, skip: Path | None = None) -> str:
@@ -187,41 +192,63 @@ def _check_parquet(files: list[Path], field: str) -> None:
 
 
 def _check_json(files: list[Path], field: str) -> None:
-    """Refuse, naming the file and row, a .jsonl/.json row whose `field` is not text, and a file none of whose rows
+    """Refuse, naming the file and line, a .jsonl/.json row whose `field` is not text, and a file none of whose rows
     has it: datasets reads every file by the first one's types (a later file's numbers would become their digits,
     its rows without the field empty documents), and its errors name no file. Empty files are let through."""
+    for path in files:
+        with open(path, "rb") as f:
+            array = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")  # one JSON array of rows
+        (_check_json_array if array else _check_json_lines)(path, field)
+
+
+def _check_json_lines(path: Path, field: str) -> None:
+    """_check_json for a file of JSON lines: its `field` alone, read as text by pyarrow in blocks as large as its
+    longest line needs (pyarrow's 1 MiB refuses a longer one)."""
     pa = import_optional("pyarrow", READERS_NEED, SourceError)
     pa_json = import_optional("pyarrow.json", READERS_NEED, SourceError)
     only_field = pa_json.ParseOptions(explicit_schema=pa.schema([(field, pa.string())]),
                                       unexpected_field_behavior="ignore")
-    for path in files:
-        with open(path, "rb") as f:
-            if f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # one JSON array of rows
-                _check_json_array(path, field)
-                continue
+    block = 1 << 20
+    while True:
         rows = texts = 0
         try:
-            for batch in pa_json.open_json(path, parse_options=only_field):
+            for batch in pa_json.open_json(path, pa_json.ReadOptions(block_size=block), only_field):
                 _check_utf8(batch.column(0), path, field, rows)
                 rows, texts = rows + batch.num_rows, texts + batch.num_rows - batch.column(0).null_count
+            break
         except SourceError:
             raise
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             why = str(e).removeprefix("JSON parse error: ")
-            if why == "Empty JSON stream":
+            if "straddl" in why and block < path.stat().st_size:
+                block *= 4
                 continue
+            if why == "Empty JSON stream":
+                return
             where = re.search(r" in row (\d+)$", why)  # counted from the start of the block that failed
-            row = f"row {rows + int(where[1]) + 1}" if where else "a row"
-            if kind := re.fullmatch(r"Column\(/.*\) changed from string to (\w+) in row \d+", why):
-                raise SourceError(f"{path}: {row}'s {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} "
+            line = f"line {_line_of(path, rows + int(where[1]) + 1)}" if where else "a line"
+            if kind := re.fullmatch(r"Column\(/.+\) changed from string to (\w+) in row \d+", why):
+                raise SourceError(f"{path}, {line}: its {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} "
                                   f"{kind[1]}, not text; fix or remove that row, or pass the text column with "
                                   f"--text-field") from None
-            why = why[:where.start() if where else 200].rstrip(".")
-            raise SourceError(f"{path}: {row} is not valid JSON ({why}); fix or remove it") from None
-        if rows and not texts:
-            with open(path, "rb") as f:
-                first = json.loads(next(line for line in f if line.strip()).lstrip(b"\xef\xbb\xbf"))
-            raise _textless(path, field, first, rows, "row")
+            what = "not a JSON object" if why.startswith("Column() changed from object") else \
+                f"not valid JSON ({why[:where.start() if where else 200].rstrip('.')})"
+            raise SourceError(f"{path}, {line}: {what}; fix or remove it") from None
+    if rows and not texts:
+        with open(path, "rb") as f:
+            first = json.loads(next(line for line in f if line.strip()).lstrip(b"\xef\xbb\xbf"))
+        raise _textless(path, field, first, rows, "row")
+
+
+def _line_of(path: Path, row: int) -> int:
+    """The line of `path` that holds its `row`-th row (counted from 1): blank lines hold none."""
+    with open(path, "rb") as f:
+        seen = 0
+        for number, line in enumerate(f, 1):
+            seen += bool(line.strip())
+            if seen == row:
+                return number
+    return row
 
 
 def _check_utf8(texts: Any, path: Path, field: str, before: int) -> None:
@@ -231,8 +258,8 @@ def _check_utf8(texts: Any, path: Path, field: str, before: int) -> None:
         texts.validate(full=True)
     except ValueError as e:  # ArrowInvalid: "Invalid UTF8 sequence at string index N"
         index = re.search(r"index (\d+)", str(e))
-        row = f"row {before + int(index[1]) + 1}" if index else "a row"
-        raise SourceError(f"{path}: {row}'s {field!r} is not UTF-8 text; fix or remove that row") from None
+        line = f"line {_line_of(path, before + int(index[1]) + 1)}" if index else "a line"
+        raise SourceError(f"{path}, {line}: its {field!r} is not UTF-8 text; fix or remove that row") from None
 
 
 def _textless(path: Path, field: str, first: Any, count: int, noun: str) -> SourceError:
@@ -251,7 +278,10 @@ def _check_json_array(path: Path, field: str) -> None:
         raise SourceError(f"{path}: not valid JSON ({str(e)[:200]}); fix or remove it") from None
     texts = 0
     for i, row in enumerate(rows, 1):
-        text = row if isinstance(row, str) and field == "text" else row.get(field) if isinstance(row, dict) else row
+        if not isinstance(row, (dict, str)):
+            raise SourceError(f"{path}: item {i} is {str(row)[:60]!r} ({type(row).__name__}), not a JSON object; "
+                              f"fix or remove it")
+        text = row.get(field) if isinstance(row, dict) else row if field == "text" else None
         if text is not None and not isinstance(text, str):
             raise SourceError(f"{path}: item {i}'s {field!r} is {str(text)[:60]!r} ({type(text).__name__}), not "
                               f"text; fix or remove it, or pass the text column with --text-field")
@@ -281,24 +311,24 @@ def hub_corpus(dataset: str, subset: str | None = None, split: str = "train", te
 
 def _row_corpus(load: Callable[[], Any], field: str, where: str, seed: int | None, streaming: bool, buffer: int,
                 malformed: str | None = None) -> Corpus:
-    return Corpus(lambda start: _texts(load(), field, where, malformed, seed, buffer, start),
+    return Corpus(lambda: _texts(load(), field, where, malformed, seed, buffer),
                   shuffle_buffer=buffer if streaming and seed is not None else None)
 
 
-def _texts(rows: Any, field: str, where: str, malformed: str | None, seed: int | None, buffer: int,
-           start: int) -> Iterator[str]:
-    """The `field` strings of a Dataset or IterableDataset from row `start` on, shuffled by `seed` (None: as
-    stored): a Dataset as a whole (a permutation of its indices), an IterableDataset within `buffer` rows."""
+def _texts(rows: Any, field: str, where: str, malformed: str | None, seed: int | None,
+           buffer: int) -> Iterator[str]:
+    """The `field` strings of a Dataset or IterableDataset, shuffled by `seed` (None: as stored): a Dataset as a
+    whole (a permutation of its indices), an IterableDataset within `buffer` rows."""
     datasets = import_optional("datasets", READERS_NEED, SourceError)
 
     if isinstance(rows, datasets.IterableDataset):  # the columns are known only row by row
         rows = rows.shuffle(seed=seed, buffer_size=buffer) if seed is not None else rows
-        return text_column(rows.skip(start), field, where, malformed)
+        return text_column(rows, field, where, malformed)
     if field not in rows.column_names:
         raise _no_text(where, field, rows.column_names)
     if seed is not None:
         rows = rows.shuffle(seed=seed, keep_in_memory=True)  # its index: 8 bytes a row, not one more cache file
-    batches = rows.select_columns([field]).skip(start).iter(batch_size=BATCH_ROWS)
+    batches = rows.select_columns([field]).iter(batch_size=BATCH_ROWS)
     return text_column(({field: text} for batch in batches for text in batch[field]), field, where, malformed,
                        rows.column_names)
 

@@ -56,8 +56,9 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
     if marker and not cfg.train.save_checkpoint:
         raise ConfigError(f"{run_dir}: this run saved its state (step {marker['step']}), so it goes on saving it: "
                           f"with train.save_checkpoint = false its end would lie past its last state and "
-                          f"checkpoint.pt, and a relaunch would train it again from step {marker['step']}; leave "
-                          f"the key out, or start a new run (another --log.run_id)")
+                          f"checkpoint.pt, and a relaunch would train it again from step {marker['step']}; set "
+                          f"train.save_checkpoint = true (or leave it out), or start a new run (another "
+                          f"--log.run_id)")
     if not marker and resume == "auto" and (ended := distributed.broadcast(
             ended_summary(run_dir) if dist.master else None)):  # it saved nothing to go on from
         raise RunFinished(f"{run_dir}: this run finished ({_said(ended)}) and saved no state to train on from "
@@ -65,7 +66,7 @@ def open_run_folder(cfg: Config, dist: Dist, run_dir: Path) -> tuple[dict | None
                           f"start)")
     _check_access(cfg, dist, run_dir)
     hold(run_dir, dist)
-    if dist.master:  # the run is ours now: a save it was killed in left its temporary file
+    if run_dir.resolve() in _held:  # the run is ours alone now: a save it was killed in left its temporary file
         saved = checkpoint_path(run_dir, cfg.train.checkpoint_path)
         remove_left_behind(run_dir, recursive=True)
         remove_left_behind(saved.parent, saved.name)

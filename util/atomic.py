@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
@@ -15,10 +16,10 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 TMP = ".tmp"  # atomic_path writes `name` as .<name>.tmp<pid> beside it
 
 
-def remove_left_behind(folder: Path, name: str = "*", recursive: bool = False) -> None:
-    """Delete the temporary files of atomic_path's writes of `name` (a glob) in `folder` (and below it) that a
-    killed process left: a kill during a save leaves one as large as the file. Only where no writer is running."""
-    for path in (folder.rglob if recursive else folder.glob)(f".{name}{TMP}*"):
+def remove_left_behind(folder: Path, name: str | None = None, recursive: bool = False) -> None:
+    """Delete the temporary files of atomic_path's writes (of the file `name`; None: of any) in `folder` (and below
+    it) that a killed process left: a kill during a save leaves one as large as the file. Only where no writer runs."""
+    for path in (folder.rglob if recursive else folder.glob)(f".{glob.escape(name) if name else '*'}{TMP}*"):
         if path.name.rsplit(TMP, 1)[-1].isdigit():
             path.unlink(missing_ok=True)
 

@@ -50,8 +50,14 @@ def test_resume_refuses_shards_remade_under_the_same_names_and_takes_an_older_st
     with TokenLoader(files, B, T, seed=1) as b:
         with pytest.raises(ValueError, match="test_train_000001.bin held 200 tokens at the save and holds 260 now"):
             b.load_state_dict(state)
-        b.load_state_dict({k: v for k, v in state.items() if k != "tokens"})  # saved before the counts were kept
-        assert b.state_dict() == {**state, "tokens": [300, 260]}
+        older = {k: v for k, v in state.items() if k not in ("tokens", "ends")}  # saved before they were kept
+        b.load_state_dict(older)
+        assert b.state_dict() == {**older, "tokens": [300, 260], "ends": b.state_dict()["ends"]}
+    make_shards(tmp_path, [300, 200], seed=2)  # as many tokens as at the save, other ones
+    with TokenLoader(files, B, T, seed=1) as b:
+        with pytest.raises(ValueError, match="test_train_000000.bin holds other tokens than at the save: the data "
+                                             "files were re-made or changed since"):
+            b.load_state_dict(state)
 
 
 def test_bad_inputs_are_refused_with_the_fix(tmp_path):

@@ -286,8 +286,8 @@ def test_cli_errors_are_clear_and_fast(tmp_path):
         (["--demo", "--tokenizer", "gpt2"], ["TIKTOKEN_CACHE_DIR", ".tiktoken"]),
         (["--files", str(tmp_path / "none" / "*.txt")], ["matches no file"]),
         # the files as the user named them (here: relative to the folder prepare runs in)
-        (["--files", typed, "--tokenizer", "bytes"], [f"{typed}: row 2 is not valid JSON (", "fix or remove it"]),
-        (["--files", str(malformed), "--tokenizer", "bytes", "--streaming"], [f"{malformed}: row 2 is not valid"]),
+        (["--files", typed, "--tokenizer", "bytes"], [f"{typed}, line 2: not valid JSON (", "fix or remove it"]),
+        (["--files", str(malformed), "--tokenizer", "bytes", "--streaming"], [f"{malformed}, line 2: not valid JSON"]),
         (["--files", str(empty), "--tokenizer", "bytes"], [str(empty.parent), "cannot read them (no rows)"]),
         # the same file as a local dataset folder: datasets' own reader, as for the hub
         (["--dataset", str(malformed.parent), "--tokenizer", "bytes"], [f"dataset {str(malformed.parent)!r}: "

@@ -299,11 +299,41 @@ def test_a_resume_on_input_changed_before_its_resume_point_is_refused_and_the_sh
     message, _ = prepare_cli(capsys, *common)
     assert message == (f"prepare: error: {out} holds shards of other documents than the input's first "
                        f"{kept['documents'] + kept['empty_documents']:,} now (it changed since they were written): "
-                       f"restore the input, or pass --overwrite to re-create them"), message
+                       f"restore the input, write to another --out, or pass --overwrite to re-create them"), message
     assert {name: (out / name).read_bytes() for name in shards} == shards
     assert json.loads((out / "meta.json").read_text()) == kept
     assert prepare_cli(capsys, *common, "--overwrite")[0] == ""
     assert sorted(documents_of(token_stream(out))) == sorted(texts)
+
+
+@pytest.mark.parametrize("mend", ["changed", "gone"])
+def test_a_resume_whose_document_written_in_part_changed_or_is_gone_is_refused(tmp_path, capsys, monkeypatch, mend):
+    # killed after its first shard: document 0 written whole, 19 of document 1's 61 tokens with it
+    import data.prepare
+    from tests.data.test_prepare import Killed
+
+    folder, out = tmp_path / "ds", tmp_path / "out"
+    folder.mkdir()
+    rows = [json.dumps({"text": text}) + "\n" for text in ("a" * 10, "b" * 60)]
+    (folder / "train.jsonl").write_text("".join(rows))
+    common = ["--dataset", str(folder), "--no-shuffle", "--out", str(out), "--val-tokens", "0", "--shard-tokens", "30"]
+    shards, write_shard = [], data.prepare.write_shard
+
+    def dying(*args, **kwargs):
+        if shards:
+            raise Killed
+        shards.append(write_shard(*args, **kwargs))
+    monkeypatch.setattr(data.prepare, "write_shard", dying)
+    with pytest.raises(Killed):
+        prepare_cli(capsys, *common)
+    monkeypatch.undo()
+    kept = json.loads((out / "meta.json").read_text())
+    assert (kept["documents"], kept["partial_doc_tokens"]) == (1, 19)
+    (folder / "train.jsonl").write_text(rows[0] + ("" if mend == "gone" else json.dumps({"text": "c" * 60}) + "\n"))
+    message, _ = prepare_cli(capsys, *common)
+    assert message.startswith(f"prepare: error: {out} holds shards of other documents than the input's first 2 now"), \
+        message
+    assert json.loads((out / "meta.json").read_text()) == kept
 
 
 def test_parquet_files_without_rows_or_with_other_columns_are_named(tmp_path, capsys):
@@ -352,13 +382,14 @@ def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tm
     corpus.mkdir()
     (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"row {i} " * 10}) + "\n" for i in range(40)))
     good = "".join(json.dumps({"text": f"more {i} " * 10}) + "\n" for i in range(40))
-    cases = [(good + '{"text": 12345}\n', ": row 41's 'text' is a number, not text; fix or remove that row"),
-             ("\n" + good + '{"text": [1, 2]}\n', ": row 41's 'text' is an array, not text"),  # blank lines: no row
-             (good + "{bad json\n", ": row 41 is not valid JSON (Missing a name for object member); fix or remove it"),
-             ("".join(json.dumps({"id": i}) + "\n" for i in range(5)), " has no column 'text'; available columns: "
-                                                                         "['id']. Pass the right one with --text-field"),
+    cases = [(good + '{"text": 12345}\n', ", line 41: its 'text' is a number, not text; fix or remove that row"),
+             ("\n\n" + good + '{"text": [1, 2]}\n', ", line 43: its 'text' is an array, not text"),  # blank lines
+             (good + "{bad json\n", ", line 41: not valid JSON (Missing a name for object member); fix or remove it"),
+             (good + "[1, 2]\n", ", line 41: not a JSON object; fix or remove it"),
+             ("".join(json.dumps({"id": i}) + "\n" for i in range(5)),
+              " has no column 'text'; available columns: ['id']. Pass the right one with --text-field"),
              ('{"text": null}\n' * 3, ": every one of its 3 rows has 'text' null or missing")]
-    cases.append((good + '{"text": "caf\udce9"}\n', ": row 41's 'text' is not UTF-8 text; fix or remove that row"))
+    cases.append((good + '{"text": "caf\udce9"}\n', ", line 41: its 'text' is not UTF-8 text; fix or remove that row"))
     for text, error in cases:
         (corpus / "b.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))  # a lone byte 0xe9
         message, _ = prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")
@@ -373,6 +404,9 @@ def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tm
                        f"remove it, or pass the text column with --text-field"), message
     (corpus / "b.jsonl").write_text("")  # an empty file gives no document, as before
     assert prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")[0] == ""
+    # a row longer than pyarrow's 1 MiB block (a book): read in larger blocks, not refused as "not valid JSON"
+    (corpus / "b.jsonl").write_text(json.dumps({"text": "a long book " * 200_000}) + "\n")
+    assert prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "long"), "--val-tokens", "10")[0] == ""
 
 
 def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, capsys):
@@ -391,8 +425,8 @@ def test_null_texts_are_empty_documents_and_other_values_are_named(tmp_path, cap
         assert documents_of(token_stream(out)) == ["first row " * 10, "last row " * 10]
     (corpus / "a.jsonl").write_text(json.dumps({"text": "a row " * 10}) + "\n" + json.dumps({"text": 12345}) + "\n")
     message, _ = prepare_cli(capsys, "--files", str(corpus / "a.jsonl"), "--out", str(tmp_path / "bad"))
-    assert message == (f"prepare: error: {corpus / 'a.jsonl'}: row 2's 'text' is a number, not text; fix or remove "
-                       f"that row, or pass the text column with --text-field"), message
+    assert message == (f"prepare: error: {corpus / 'a.jsonl'}, line 2: its 'text' is a number, not text; fix or "
+                       f"remove that row, or pass the text column with --text-field"), message
     # parquet: datasets would read a later file's numbers as the first file's strings (their digits), or a file
     # without the column as nulls
     folder = tmp_path / "p"

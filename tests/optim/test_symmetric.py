@@ -65,8 +65,8 @@ def test_inductor_calls_the_kernel_in_its_compiled_graph():
     """The default backend's code generation around the op (its absent term, None, included), not only tracing."""
     g = torch.randn(2, 128, 160, generator=torch.Generator().manual_seed(3))
     compiled = torch.compile(newton_schulz, fullgraph=True, dynamic=False)
-    # inductor fuses the scaled sums, which round apart from eager's by ~1e-6 after five iterations (1.1e-6 here):
-    # the bound of the kernel against the plain matmuls above
+    # inductor fuses the scaled sums, which round apart from eager's by ~1e-6 after five iterations: the bound of the
+    # kernel against the plain matmuls above
     torch.testing.assert_close(compiled(g, 5, "polar_express", True), newton_schulz(g, 5, "polar_express", True),
                                atol=1e-5, rtol=0)
 

@@ -123,12 +123,14 @@ def test_a_launch_removes_what_saves_killed_mid_write_left_behind(finished, tmp_
     # a SIGKILL while a save writes leaves its temporary file, as large as the checkpoint, for ever
     data, run_dir = finished
     run_dir = copy_of(run_dir, tmp_path)
+    elsewhere = tmp_path / "saves"  # train.checkpoint_path, outside the run folder, a glob's brackets in its name
+    elsewhere.mkdir()
     left = [run_dir / ".checkpoint.pt.tmp4242", run_dir / "resume" / ".done.json.tmp4242",
-            next((run_dir / "resume").glob("step*")) / ".rank0.pt.tmp4242"]
-    kept = [run_dir / ".notes.tmpfoo", run_dir / "notes.tmp4242"]  # not the name of one of our writes
+            elsewhere / ".ck[1].pt.tmp4242"]
+    kept = [run_dir / ".notes.tmpfoo", run_dir / "notes.tmp4242", elsewhere / ".ck1.pt.tmp4242"]  # not our writes'
     for path in left + kept:
         path.write_bytes(b"partial")
-    relaunch(data, run_dir, "--train.max_steps=32", "--extend-budget")
+    relaunch(data, run_dir, "--train.max_steps=32", "--extend-budget", f"--train.checkpoint_path={elsewhere}/ck[1].pt")
     assert [p for p in left if p.exists()] == [] and all(p.exists() for p in kept)
 
 
