@@ -226,7 +226,7 @@ def _check_json_lines(path: Path, field: str) -> None:
             if why == "Empty JSON stream":
                 return
             where = re.search(r" in row (\d+)$", why)  # counted from the start of the block that failed
-            line = f"line {_line_of(path, rows + int(where[1]) + 1)}" if where else "a line"
+            line = _where(path, rows + int(where[1]) + 1) if where else "a line"
             if kind := re.fullmatch(r"Column\(/.+\) changed from string to (\w+) in row \d+", why):
                 raise SourceError(f"{path}, {line}: its {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} "
                                   f"{kind[1]}, not text; fix or remove that row, or pass the text column with "
@@ -240,15 +240,22 @@ def _check_json_lines(path: Path, field: str) -> None:
         raise _textless(path, field, first, rows, "row")
 
 
-def _line_of(path: Path, row: int) -> int:
-    """The line of `path` that holds its `row`-th row (counted from 1): blank lines hold none."""
+def _where(path: Path, row: int) -> str:
+    """Where `path`'s `row`-th row (counted from 1) is: its line, where each line before it holds one row (blank
+    lines none), else the row's number (pyarrow also reads a row over several lines, or two on one)."""
     with open(path, "rb") as f:
         seen = 0
         for number, line in enumerate(f, 1):
-            seen += bool(line.strip())
+            if not line.strip():
+                continue
+            seen += 1
             if seen == row:
-                return number
-    return row
+                return f"line {number}"
+            try:
+                json.loads(line.lstrip(b"\xef\xbb\xbf"))
+            except ValueError:
+                break
+    return f"row {row}"
 
 
 def _check_utf8(texts: Any, path: Path, field: str, before: int) -> None:
@@ -258,7 +265,7 @@ def _check_utf8(texts: Any, path: Path, field: str, before: int) -> None:
         texts.validate(full=True)
     except ValueError as e:  # ArrowInvalid: "Invalid UTF8 sequence at string index N"
         index = re.search(r"index (\d+)", str(e))
-        line = f"line {_line_of(path, before + int(index[1]) + 1)}" if index else "a line"
+        line = _where(path, before + int(index[1]) + 1) if index else "a line"
         raise SourceError(f"{path}, {line}: its {field!r} is not UTF-8 text; fix or remove that row") from None
 
 
@@ -278,7 +285,7 @@ def _check_json_array(path: Path, field: str) -> None:
         raise SourceError(f"{path}: not valid JSON ({str(e)[:200]}); fix or remove it") from None
     texts = 0
     for i, row in enumerate(rows, 1):
-        if not isinstance(row, (dict, str)):
+        if row is not None and not isinstance(row, (dict, str)):  # a null: a row with no text, as in .jsonl
             raise SourceError(f"{path}: item {i} is {str(row)[:60]!r} ({type(row).__name__}), not a JSON object; "
                               f"fix or remove it")
         text = row.get(field) if isinstance(row, dict) else row if field == "text" else None

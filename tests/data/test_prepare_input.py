@@ -386,6 +386,7 @@ def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tm
              ("\n\n" + good + '{"text": [1, 2]}\n', ", line 43: its 'text' is an array, not text"),  # blank lines
              (good + "{bad json\n", ", line 41: not valid JSON (Missing a name for object member); fix or remove it"),
              (good + "[1, 2]\n", ", line 41: not a JSON object; fix or remove it"),
+             ('{\n"text": "two lines"\n}\n{"text": 5}\n', ", row 2: its 'text' is a number"),  # no line per row
              ("".join(json.dumps({"id": i}) + "\n" for i in range(5)),
               " has no column 'text'; available columns: ['id']. Pass the right one with --text-field"),
              ('{"text": null}\n' * 3, ": every one of its 3 rows has 'text' null or missing")]
@@ -398,9 +399,9 @@ def test_a_later_json_file_is_checked_as_the_first_is_naming_the_file_and_row(tm
     arrays = tmp_path / "arrays"
     arrays.mkdir()
     (arrays / "a.json").write_text(json.dumps([{"text": "an item " * 10}] * 40))
-    (arrays / "b.json").write_text(json.dumps([{"text": "an item " * 10}, {"text": 7.5}]))
+    (arrays / "b.json").write_text(json.dumps([{"text": "an item " * 10}, None, {"text": 7.5}]))  # a null: no text
     message, _ = prepare_cli(capsys, "--files", str(arrays), "--out", str(tmp_path / "out"), "--val-tokens", "10")
-    assert message == (f"prepare: error: {arrays / 'b.json'}: item 2's 'text' is '7.5' (float), not text; fix or "
+    assert message == (f"prepare: error: {arrays / 'b.json'}: item 3's 'text' is '7.5' (float), not text; fix or "
                        f"remove it, or pass the text column with --text-field"), message
     (corpus / "b.jsonl").write_text("")  # an empty file gives no document, as before
     assert prepare_cli(capsys, "--files", str(corpus), "--out", str(tmp_path / "out"), "--val-tokens", "10")[0] == ""
