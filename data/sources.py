@@ -225,19 +225,24 @@ def _check_json_lines(path: Path, field: str) -> None:
                 continue
             if why == "Empty JSON stream":
                 return
-            where = re.search(r" in row (\d+)$", why)  # counted from the start of the block that failed
-            line = _where(path, rows + int(where[1]) + 1) if where else "a line"
-            if kind := re.fullmatch(r"Column\(/.+\) changed from string to (\w+) in row \d+", why):
-                raise SourceError(f"{path}, {line}: its {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} "
-                                  f"{kind[1]}, not text; fix or remove that row, or pass the text column with "
-                                  f"--text-field") from None
-            what = "not a JSON object" if why.startswith("Column() changed from object") else \
-                f"not valid JSON ({why[:where.start() if where else 200].rstrip('.')})"
-            raise SourceError(f"{path}, {line}: {what}; fix or remove it") from None
+            raise _json_error(path, field, why, rows) from None
     if rows and not texts:
         with open(path, "rb") as f:
             first = json.loads(next(line for line in f if line.strip()).lstrip(b"\xef\xbb\xbf"))
         raise _textless(path, field, first, rows, "row")
+
+
+def _json_error(path: Path, field: str, why: str, before: int) -> SourceError:
+    """The error for pyarrow's `why` (its "JSON parse error: " left out), met in the block after `before` rows of
+    `path`: the line, and a row whose field is no text, or that is no JSON object, said as such."""
+    where = re.search(r" in row (\d+)$", why)  # counted from the start of the block that failed
+    line = _where(path, before + int(where[1]) + 1) if where else "a line"
+    if kind := re.fullmatch(r"Column\(/.+\) changed from string to (\w+) in row \d+", why):
+        return SourceError(f"{path}, {line}: its {field!r} is {'an' if kind[1][0] in 'aeiou' else 'a'} {kind[1]}, "
+                           f"not text; fix or remove that row, or pass the text column with --text-field")
+    what = "not a JSON object" if why.startswith("Column() changed from object") else \
+        f"not valid JSON ({why[:where.start() if where else 200].rstrip('.')})"
+    return SourceError(f"{path}, {line}: {what}; fix or remove it")
 
 
 def _where(path: Path, row: int) -> str:
